@@ -1,0 +1,1 @@
+"""Data parallelism the compiler writes: shardings on the inputs, collectives inserted by XLA."""

@@ -1,0 +1,107 @@
+"""Training and evaluation batches in pure numpy, each a pure function of (seed, step).
+
+Both twins (auto/ and explicit/) draw from these, so they see the same global batch at every step;
+a run resumed from a checkpoint at step s continues with exactly the batches it would have seen.
+
+    train = ClassificationBatches(x, y, batch_size=128, seed=0)
+    batch = train.batch(step)  # {'image': f32[B, 784], 'label': i32[B]}
+"""
+
+import operator
+
+import numpy as np
+
+
+def _check_int(name: str, value, minimum: int = 1) -> None:
+    """Accept anything integer-like (int, np.int64, a scalar int array) that is >= minimum."""
+    try:
+        ok = operator.index(value) >= minimum
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f'{name} must be an integer >= {minimum}, got {value!r}')
+
+
+class ClassificationBatches:
+    """Shuffled epochs without replacement; the remainder of each epoch is dropped."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int):
+        n = len(images)
+        _check_int('batch_size', batch_size)
+        _check_int('seed', seed, 0)  # default_rng takes non-negative seeds only
+        if len(labels) != n:
+            raise ValueError(f'{n} images but {len(labels)} labels')
+        if batch_size > n:
+            raise ValueError(f'batch_size {batch_size} exceeds the {n} examples in the set')
+        self.images, self.labels = images, labels
+        self.batch_size, self.seed = batch_size, seed
+        self.steps_per_epoch = n // batch_size
+        self._epoch, self._perm = -1, None
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The order of examples in `epoch`; the current one is cached since steps go in order."""
+        if epoch != self._epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.images))
+            self._epoch = epoch
+        return self._perm
+
+    def batch(self, step: int) -> dict:
+        _check_int('step', step, 0)
+        epoch, i = divmod(step, self.steps_per_epoch)
+        idx = self.permutation(epoch)[i * self.batch_size : (i + 1) * self.batch_size]  # (B,)
+        return dict(
+            image=np.asarray(self.images[idx], np.float32),
+            label=np.asarray(self.labels[idx], np.int32),
+        )
+
+
+class LanguageModelBatches:
+    """nanoGPT's get_batch: B random windows of T tokens, targets shifted by one."""
+
+    def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int):
+        _check_int('batch_size', batch_size)
+        _check_int('seq_len', seq_len)
+        _check_int('seed', seed, 0)
+        if len(tokens) < seq_len + 1:  # y reads one token past x
+            raise ValueError(
+                f'{len(tokens)} tokens are too few for seq_len {seq_len}; '
+                f'need at least seq_len + 1 = {seq_len + 1}'
+            )
+        self.tokens, self.batch_size, self.seq_len, self.seed = tokens, batch_size, seq_len, seed
+
+    def batch(self, step: int) -> dict:
+        _check_int('step', step, 0)
+        n, t = len(self.tokens), self.seq_len
+        ix = np.random.default_rng([self.seed, step]).integers(0, n - t, size=self.batch_size)
+        window = ix[:, None] + np.arange(t)  # (B, T); the largest index is n - t - 1 + t = n - 1
+        return dict(
+            x=self.tokens[window].astype(np.int32), y=self.tokens[window + 1].astype(np.int32)
+        )
+
+
+def eval_batches_classification(
+    images: np.ndarray, labels: np.ndarray, batch_size: int
+) -> list[dict]:
+    """The whole set in order; the last batch is zero-padded and `mask` marks the real examples."""
+    _check_int('batch_size', batch_size)
+    _check_int('number of examples', len(images))
+    if len(labels) != len(images):
+        raise ValueError(f'{len(images)} images but {len(labels)} labels')
+    out = []
+    for start in range(0, len(images), batch_size):
+        k = min(batch_size, len(images) - start)  # real examples in this batch
+        image = np.zeros((batch_size, *images.shape[1:]), np.float32)
+        label = np.zeros(batch_size, np.int32)
+        mask = np.zeros(batch_size, np.float32)
+        image[:k], label[:k], mask[:k] = images[start : start + k], labels[start : start + k], 1
+        out.append(dict(image=image, label=label, mask=mask))
+    return out
+
+
+def eval_batches_lm(
+    tokens: np.ndarray, batch_size: int, seq_len: int, num_batches: int, seed: int = 0
+) -> list[dict]:
+    """A fixed set of `num_batches` random windows: the same for every call with these arguments."""
+    _check_int('num_batches', num_batches)
+    batches = LanguageModelBatches(tokens, batch_size, seq_len, seed)
+    return [batches.batch(step) for step in range(num_batches)]

@@ -1,0 +1,1 @@
+"""Data parallelism written by hand: `jax.shard_map` over local shards, one visible `pmean`."""

@@ -1,0 +1,111 @@
+"""Claim: `python -m auto.train` and `python -m explicit.train` run long on 8 emulated devices
+without the CPU all-reduce deadlock, keep the metrics.jsonl contract, agree line for line, and
+answer bad input with one clear line and a non-zero exit."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from parity_tests.conftest import REPO
+from shard_parity import UsageError
+from shard_parity.mesh import configure_jax
+
+
+def run_cli(twin, *flags, timeout=240):
+    return subprocess.run(
+        [sys.executable, '-m', f'{twin}.train', *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,  # a deadlocked all-reduce aborts after 40 s; never wait forever
+        env=dict(os.environ, PYTHONUNBUFFERED='1'),
+    )
+
+
+def read_metrics(workdir):
+    return [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+
+
+@pytest.fixture(scope='module')
+def long_runs(tmp_path_factory):
+    """300 steps of each twin on 8 devices: long enough to have hit the deadlock."""
+    out = {}
+    for twin in ('auto', 'explicit'):
+        workdir = tmp_path_factory.mktemp(twin)
+        flags = ['--steps=300', '--cpu_devices=8', '--log_every=25', '--eval_every=100']
+        result = run_cli(twin, *flags, f'--workdir={workdir}')
+        assert result.returncode == 0, result.stderr[-3000:]
+        out[twin] = workdir
+    return out
+
+
+@pytest.mark.parametrize('twin', ['auto', 'explicit'])
+def test_long_run_keeps_the_output_contract(twin, long_runs):
+    workdir = long_runs[twin]
+    lines = read_metrics(workdir)
+    assert all('step' in line for line in lines)
+    train = [line for line in lines if 'train_loss' in line]
+    evals = [line for line in lines if 'eval_loss' in line and not line.get('final')]
+    assert [line['step'] for line in train] == list(range(25, 301, 25))
+    assert [line['step'] for line in evals] == [100, 200, 300]
+    assert train[-1]['train_loss'] < 0.5 * train[0]['train_loss']
+    final = lines[-1]
+    assert final['final'] is True and final['step'] == 300 and final['examples_per_sec'] > 0
+    assert final['eval_accuracy'] == evals[-1]['eval_accuracy'] > 0.9
+    assert (workdir / 'confusion_matrix.txt').read_text().startswith('rows: true digit')
+    assert len((workdir / 'wrong_predictions.txt').read_text().splitlines()) > 1
+    assert json.loads((workdir / 'config.json').read_text())['devices'] == 8
+
+
+def test_twins_log_identical_losses(long_runs):
+    drop = ('examples_per_sec',)
+    a, e = (
+        [{k: v for k, v in line.items() if k not in drop} for line in read_metrics(w)]
+        for w in (long_runs['auto'], long_runs['explicit'])
+    )
+    assert a == e
+
+
+@pytest.mark.parametrize(
+    'flags, message',
+    [
+        (['--batch_size=100'], '--batch_size=100 is not divisible by the 8 devices'),
+        (['--num_devices=9'], '--num_devices=9, but this process has 8 CPU devices'),
+        (['--model=resnet'], 'flag --model=resnet: value should be one of'),
+        (['--steps=0'], 'flag --steps=0: 0 is not a positive integer'),
+        (['--cpu_devices=0'], 'flag --cpu_devices=0: 0 is not a positive integer'),
+        (['stray'], "unexpected arguments ['stray']"),
+    ],
+)
+def test_bad_flags_get_one_clear_line(flags, message):
+    result = run_cli('explicit', '--cpu_devices=8', *flags, timeout=60)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert 'Traceback' not in result.stderr
+
+
+def test_missing_data_says_where_to_put_it(tmp_path):
+    result = run_cli('auto', f'--data_dir={tmp_path}', '--nodownload', '--steps=1', timeout=60)
+    assert result.returncode != 0
+    assert f'{tmp_path}/mnist/train-images-idx3-ubyte.gz is missing' in result.stderr
+    assert 'Traceback' not in result.stderr
+
+
+def test_corrupt_data_names_the_file(tmp_path):
+    (tmp_path / 'mnist').mkdir()
+    for name in ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz'):
+        (tmp_path / 'mnist' / name).write_bytes(b'\x1f\x8b\x08\x00 truncated')
+    result = run_cli('auto', f'--data_dir={tmp_path}', '--nodownload', '--steps=1', timeout=60)
+    assert result.returncode != 0
+    assert 'train-images-idx3-ubyte.gz is not a readable gzip file' in result.stderr
+    assert 'Traceback' not in result.stderr
+
+
+def test_cpu_devices_after_jax_started_is_refused():
+    jax.devices()  # JAX is running in this process (conftest asked for 8 devices first)
+    with pytest.raises(UsageError, match='--cpu_devices=4 came too late.*8 devices'):
+        configure_jax(4)

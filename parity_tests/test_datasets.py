@@ -1,0 +1,301 @@
+"""The data layer: verified atomic downloads, strict IDX parsing, and batches as pure functions.
+
+Offline: downloads are served by a loopback HTTP server from synthetic files in tmp_path.
+The real-data test reads $SHARD_PARITY_DATA_DIR (e.g. ../shared/data) and is skipped without it.
+
+    SHARD_PARITY_DATA_DIR=../shared/data python -m pytest parity_tests/test_datasets.py -q
+"""
+
+import gzip
+import hashlib
+import os
+import pathlib
+import re
+import struct
+
+import numpy as np
+import pytest
+
+import datasets
+from datasets import DataError, batches, download, mnist, shakespeare
+from parity_tests._http import closed_port_url, serve
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    """(folder, base URL) of a loopback server; files put in the folder are served."""
+    for var in ('no_proxy', 'NO_PROXY'):  # a proxy from the environment must not see loopback
+        monkeypatch.setenv(var, '127.0.0.1,localhost')
+    (tmp_path / 'served').mkdir()
+    with serve(tmp_path / 'served') as url:
+        yield tmp_path / 'served', url
+
+
+def write_idx(path, array, *, dims=None):
+    """A gzipped IDX file of unsigned bytes; `dims` overrides the header to fake a mismatch."""
+    dims = array.shape if dims is None else dims
+    header = struct.pack('>I', 0x0800 | len(dims)) + struct.pack(f'>{len(dims)}I', *dims)
+    with gzip.open(path, 'wb') as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+    return path
+
+
+def write_mnist(folder, n=50, seed=0):
+    """The four official file names with n synthetic examples each; returns (images, labels)."""
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+    for images_name, labels_name in mnist.SPLITS.values():
+        write_idx(folder / images_name, images)
+        write_idx(folder / labels_name, labels)
+    return images, labels
+
+
+def md5(path):
+    return hashlib.md5(pathlib.Path(path).read_bytes()).hexdigest()
+
+
+# --- downloads ------------------------------------------------------------------------------
+
+
+def test_fetch_verifies_checksums_and_leaves_only_the_file(server, tmp_path):
+    served, url = server
+    (served / 'a.bin').write_bytes(os.urandom(5000))
+    dest = tmp_path / 'out' / 'a.bin'
+    sha = hashlib.sha256((served / 'a.bin').read_bytes()).hexdigest()
+    download.fetch(url + 'a.bin', dest, md5=md5(served / 'a.bin'), sha256=sha)
+    assert dest.read_bytes() == (served / 'a.bin').read_bytes()
+    assert os.listdir(dest.parent) == ['a.bin']  # no temp file left beside it
+
+
+def test_wrong_checksum_leaves_no_file(server, tmp_path):
+    served, url = server
+    (served / 'a.bin').write_bytes(b'not what you asked for')
+    dest = tmp_path / 'out' / 'a.bin'
+    with pytest.raises(DataError, match=f'expected {"0" * 32}, got {md5(served / "a.bin")}'):
+        download.fetch(url + 'a.bin', dest, md5='0' * 32)
+    assert os.listdir(dest.parent) == []
+
+
+def test_truncated_response_leaves_no_file(server, tmp_path):
+    served, url = server
+    (served / 'a.bin').write_bytes(os.urandom(100_000))
+    dest = tmp_path / 'out' / 'a.bin'
+    with pytest.raises(DataError, match='truncated.*expected 100000 bytes, got 50000'):
+        download.fetch(url + 'truncated/a.bin', dest)  # no checksum: the size check catches it
+    assert os.listdir(dest.parent) == []
+
+
+def test_failed_download_keeps_existing_good_file(server, tmp_path):
+    served, url = server
+    (served / 'a.bin').write_bytes(b'bad bytes')
+    dest = tmp_path / 'a.bin'
+    dest.write_bytes(b'good bytes')
+    assert md5(served / 'a.bin') != md5(dest)
+    with pytest.raises(DataError):
+        download.fetch(url + 'a.bin', dest, md5=md5(dest))
+    assert dest.read_bytes() == b'good bytes'
+    assert sorted(os.listdir(tmp_path)) == ['a.bin', 'served']
+
+
+def test_mnist_download_success(server, tmp_path, monkeypatch):
+    served, url = server
+    images, labels = write_mnist(served)
+    monkeypatch.setattr(mnist, 'MD5', {name: md5(served / name) for name in mnist.MD5})
+    splits = mnist.load(tmp_path / 'root', base_url=url)
+    for x, y in splits.values():
+        assert x.shape == (50, 784) and x.dtype == np.float32 and y.dtype == np.int32
+        np.testing.assert_array_equal(
+            np.rint((x * mnist.STD + mnist.MEAN) * 255), images.reshape(50, 784)
+        )
+        np.testing.assert_array_equal(y, labels)
+    assert sorted(os.listdir(tmp_path / 'root' / 'mnist')) == sorted(mnist.MD5)
+
+
+def test_mnist_download_checks_official_md5(server, tmp_path):
+    served, url = server
+    write_mnist(served)  # synthetic files cannot match the official checksums
+    official = mnist.MD5['train-images-idx3-ubyte.gz']
+    with pytest.raises(DataError, match=f'md5 mismatch.*expected {official}'):
+        mnist.load(tmp_path, base_url=url)
+    assert os.listdir(tmp_path / 'mnist') == []
+
+
+def test_offline_error_names_the_expected_path(tmp_path):
+    url = closed_port_url()
+    with pytest.raises(DataError, match='offline or host unreachable') as e:
+        mnist.load(tmp_path, base_url=url)
+    assert str(tmp_path / 'mnist' / 'train-images-idx3-ubyte.gz') in str(e.value)
+    assert 'SHARD_PARITY_DATA_DIR' in str(e.value)
+    with pytest.raises(DataError, match='offline') as e:
+        shakespeare.load(tmp_path, base_url=url)
+    assert str(tmp_path / 'tinyshakespeare' / 'input.txt') in str(e.value)
+    with pytest.raises(DataError, match='downloading is off') as e:
+        mnist.load(tmp_path, download=False)
+    assert str(tmp_path / 'mnist' / 'train-images-idx3-ubyte.gz') in str(e.value)
+
+
+def test_existing_files_are_used_without_network(tmp_path):
+    (tmp_path / 'mnist').mkdir()
+    write_mnist(tmp_path / 'mnist', n=7)
+    splits = mnist.load(tmp_path, base_url=closed_port_url())  # unverified: not official md5s
+    assert splits['train'][0].shape == (7, 784)
+
+
+# --- parsing --------------------------------------------------------------------------------
+
+
+def test_truncated_gzip_names_the_file(tmp_path):
+    (tmp_path / 'mnist').mkdir()
+    write_mnist(tmp_path / 'mnist')
+    path = tmp_path / 'mnist' / 'train-images-idx3-ubyte.gz'
+    mnist.load(tmp_path, download=False)  # loads before the damage
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(DataError, match=f'{re.escape(str(path))}.*not a readable gzip'):
+        mnist.load(tmp_path, download=False)
+
+
+def test_idx_size_mismatch_names_the_file(tmp_path):
+    images = np.zeros((50, 28, 28), np.uint8)
+    path = write_idx(tmp_path / 'x.gz', images, dims=(51, 28, 28))
+    name = re.escape(str(path))
+    with pytest.raises(
+        DataError, match=f'{name} decompresses to {16 + 50 * 784} bytes.*calls for {16 + 51 * 784}'
+    ):
+        mnist.read_idx(path, mnist.IMAGES_MAGIC)
+    with pytest.raises(DataError, match=f'{name} has IDX magic number 0x0+803, expected 0x0+801'):
+        mnist.read_idx(path, mnist.LABELS_MAGIC)
+    assert mnist.read_idx(write_idx(path, images), mnist.IMAGES_MAGIC).shape == (50, 28, 28)
+
+
+def test_images_and_labels_counts_must_agree(tmp_path):
+    (tmp_path / 'mnist').mkdir()
+    write_mnist(tmp_path / 'mnist')
+    write_idx(tmp_path / 'mnist' / 't10k-labels-idx1-ubyte.gz', np.zeros(49, np.uint8))
+    with pytest.raises(DataError, match='50 images but .*t10k-labels.* 49 labels'):
+        mnist.load(tmp_path, download=False)
+
+
+def test_shakespeare_download_and_split(server, tmp_path, monkeypatch):
+    served, url = server
+    text = os.urandom(1000)
+    (served / 'input.txt').write_bytes(text)
+    monkeypatch.setattr(shakespeare, 'SHA256', hashlib.sha256(text).hexdigest())
+    train, val = shakespeare.load(tmp_path, base_url=url)
+    assert (len(train), len(val)) == (900, 100) and train.dtype == np.uint8
+    assert train.tobytes() + val.tobytes() == text
+    (tmp_path / 'tinyshakespeare' / 'input.txt').write_bytes(b'')
+    with pytest.raises(DataError, match='input.txt holds 0 bytes'):
+        shakespeare.load(tmp_path, download=False)
+
+
+def test_real_shared_data():
+    if not os.environ.get('SHARD_PARITY_DATA_DIR'):
+        pytest.skip('set SHARD_PARITY_DATA_DIR (e.g. ../shared/data) to check the real data')
+    root = datasets.data_root()
+    splits = mnist.load(root, download=False)
+    (x, y), (x_test, y_test) = splits['train'], splits['test']
+    assert x.shape == (8000, 784) and x_test.shape == (2000, 784) and x.dtype == np.float32
+    assert y.shape == (8000,) and y_test.shape == (2000,) and y.dtype == np.int32
+    assert set(np.unique(y)) == set(range(10)) and set(np.unique(y_test)) <= set(range(10))
+    assert abs(x.mean()) < 0.05 and 0.9 < x.std() < 1.1  # standardised with MNIST's mean and std
+    train, val = shakespeare.load(root, download=False)
+    assert (len(train), len(val)) == (1_003_854, 111_540)
+
+
+def test_data_root_precedence(monkeypatch, tmp_path):
+    monkeypatch.setenv('SHARD_PARITY_DATA_DIR', '/env/data')
+    monkeypatch.setenv('XDG_CACHE_HOME', '/xdg')
+    assert datasets.data_root('/flag/data') == pathlib.Path('/flag/data')
+    assert datasets.data_root() == pathlib.Path('/env/data')
+    monkeypatch.delenv('SHARD_PARITY_DATA_DIR')
+    assert datasets.data_root() == pathlib.Path('/xdg/shard-parity')
+    monkeypatch.delenv('XDG_CACHE_HOME')
+    monkeypatch.setenv('HOME', str(tmp_path))
+    assert datasets.data_root() == tmp_path / '.cache' / 'shard-parity'
+
+
+def test_warns_when_hugging_face_datasets_is_installed(monkeypatch, recwarn):
+    def not_installed(name):
+        raise datasets.importlib.metadata.PackageNotFoundError(name)
+
+    assert datasets.SHARD_PARITY
+    monkeypatch.setattr(datasets.importlib.metadata, 'distribution', not_installed)
+    datasets._warn_if_shadowing()
+    assert not recwarn.list
+    monkeypatch.setattr(datasets.importlib.metadata, 'distribution', lambda name: object())
+    with pytest.warns(UserWarning, match='shadows Hugging Face `datasets`'):
+        datasets._warn_if_shadowing()
+
+
+# --- batches --------------------------------------------------------------------------------
+
+
+def classification(n=103, seed=0, batch_size=10):
+    ids = np.arange(n)
+    return batches.ClassificationBatches(np.repeat(ids[:, None], 784, 1), ids, batch_size, seed)
+
+
+def test_classification_batches_are_pure_functions_of_seed_and_step():
+    a, b = classification(), classification()
+    assert not np.array_equal(a.batch(0)['label'], a.batch(1)['label'])
+    assert not np.array_equal(a.batch(0)['label'], classification(seed=1).batch(0)['label'])
+    for step in [25, 3, 0, 10, 9, 3]:  # out of order, across the 10-step epoch boundary
+        np.testing.assert_array_equal(a.batch(step)['label'], b.batch(step)['label'])
+    batch = a.batch(0)
+    assert batch['image'].shape == (10, 784) and batch['image'].dtype == np.float32
+    assert batch['label'].dtype == np.int32
+    np.testing.assert_array_equal(batch['image'][:, 0], batch['label'])  # images follow labels
+
+
+def test_each_epoch_covers_each_example_once():
+    a = classification()  # 103 examples, 10 per batch: 10 steps per epoch, 3 dropped
+    epochs = [np.concatenate([a.batch(e * 10 + i)['label'] for i in range(10)]) for e in range(3)]
+    for seen in epochs:
+        assert len(seen) == 100 and len(np.unique(seen)) == 100
+    assert not np.array_equal(epochs[0], epochs[1])  # each epoch reshuffles
+    full = classification(n=100)
+    seen = np.concatenate([full.batch(10 + i)['label'] for i in range(10)])
+    np.testing.assert_array_equal(np.sort(seen), np.arange(100))
+
+
+@pytest.mark.parametrize('batch_size', [0, -1, 104])
+def test_classification_batch_size_is_checked(batch_size):
+    with pytest.raises(ValueError, match='batch_size'):
+        classification(batch_size=batch_size)
+
+
+def test_language_model_batches():
+    tokens = np.arange(200, dtype=np.uint8)  # each token's value is its position
+    a = batches.LanguageModelBatches(tokens, batch_size=8, seq_len=16, seed=0)
+    b = batches.LanguageModelBatches(tokens, batch_size=8, seq_len=16, seed=0)
+    assert not np.array_equal(a.batch(0)['x'], a.batch(1)['x'])
+    np.testing.assert_array_equal(a.batch(5)['x'], b.batch(5)['x'])
+    batch = a.batch(5)
+    assert batch['x'].shape == (8, 16) and batch['x'].dtype == np.int32
+    np.testing.assert_array_equal(batch['y'], batch['x'] + 1)
+    np.testing.assert_array_equal(batch['x'][:, 1:], batch['x'][:, :-1] + 1)  # contiguous windows
+    tight = batches.LanguageModelBatches(tokens[:17], batch_size=4, seq_len=16, seed=0)
+    np.testing.assert_array_equal(tight.batch(3)['y'][0], np.arange(1, 17))  # reaches the end
+    with pytest.raises(ValueError, match='need at least seq_len \\+ 1 = 17'):
+        batches.LanguageModelBatches(tokens[:16], batch_size=4, seq_len=16, seed=0)
+
+
+def test_eval_batches_cover_each_example_once():
+    ids = np.arange(23)
+    evals = batches.eval_batches_classification(np.repeat(ids[:, None], 784, 1), ids, 10)
+    assert len(evals) == 3 and all(b['image'].shape == (10, 784) for b in evals)
+    mask = np.concatenate([b['mask'] for b in evals])
+    labels = np.concatenate([b['label'] for b in evals])
+    np.testing.assert_array_equal(mask, [1] * 23 + [0] * 7)
+    np.testing.assert_array_equal(labels[mask == 1], ids)
+
+
+def test_eval_batches_lm_are_fixed():
+    tokens = np.random.default_rng(0).integers(0, 256, 500).astype(np.uint8)
+    first = batches.eval_batches_lm(tokens, 4, 32, num_batches=3)
+    again = batches.eval_batches_lm(tokens, 4, 32, num_batches=3)
+    assert len(first) == 3 and not np.array_equal(first[0]['x'], first[1]['x'])
+    for one, two in zip(first, again):
+        np.testing.assert_array_equal(one['x'], two['x'])
+        np.testing.assert_array_equal(one['y'][:, :-1], one['x'][:, 1:])

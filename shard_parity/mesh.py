@@ -1,0 +1,49 @@
+"""Devices and the mesh. The caller (CLI or test fixture) builds the mesh and passes it down."""
+
+import os
+
+import jax
+from jax.sharding import AxisType
+
+from shard_parity import UsageError
+
+DATA = 'data'  # the one mesh axis: examples are split across it
+NO_FMA = '--xla_cpu_max_isa=AVX'  # AVX has no fused multiply-add instructions
+
+
+def configure_jax(cpu_devices: int | None, *, cpu_fma: bool = False) -> None:
+    """Settings that only take effect before JAX's backend starts.
+
+    cpu_devices: emulate this many CPU devices and run on the CPU; None keeps the default
+      platform (a GPU if there is one) and still emulates 8 CPU devices for CPU-only machines.
+    cpu_fma: let XLA's CPU code generator contract a*b+c into fused multiply-adds. Whether it does
+      depends on how each program was fused, so the auto and explicit programs would round the
+      optimizer update differently in the last bit, and those bits grow over hundreds of steps
+      into visibly different runs. Without FMA the two twins are bitwise identical on the CPU.
+    """
+    try:
+        if cpu_devices is not None:
+            jax.config.update('jax_platforms', 'cpu')
+        jax.config.update('jax_num_cpu_devices', cpu_devices or 8)
+    except RuntimeError as e:
+        raise UsageError(
+            f'--cpu_devices={cpu_devices} came too late: JAX has already started with '
+            f'{jax.device_count()} devices, and the device count is fixed from then on. '
+            'Set it before anything touches JAX (the train CLIs do it first thing).'
+        ) from e
+    if not cpu_fma and NO_FMA not in os.environ.get('XLA_FLAGS', ''):
+        os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {NO_FMA}".strip()
+
+
+def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
+    """A 1-D mesh over the first `num_devices` devices (all of them by default)."""
+    devices = jax.devices()
+    n = len(devices) if num_devices is None else num_devices
+    if not 1 <= n <= len(devices):
+        raise UsageError(
+            f'--num_devices={n}, but this process has {len(devices)} '
+            f'{devices[0].platform.upper()} devices: use 1..{len(devices)}'
+            + (', or emulate more with --cpu_devices' if devices[0].platform == 'cpu' else '')
+        )
+    # Auto: the compiler decides how sharded values flow; shard_map makes the axis manual inside.
+    return jax.make_mesh((n,), (DATA,), axis_types=(AxisType.Auto,), devices=devices[:n])

@@ -1,0 +1,73 @@
+"""The parts of a training step that do not depend on the parallelism, and the one-device reference.
+
+A twin's step is `loss_and_grads` (where the data parallelism lives) followed by
+`apply_gradients` (identical everywhere: params and optimizer state are replicated, so every device
+runs the same update on the same averaged gradient). `reference_train_step` is the plain `jit` on
+one device that both twins are tested against.
+"""
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from shard_parity.config import TrainConfig
+
+
+class TrainState(NamedTuple):
+    """Everything a step reads and writes: a pytree, so jit, device_put and Orbax take it whole."""
+
+    step: jax.Array  # i32[]
+    params: nnx.State
+    opt_state: optax.OptState
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    # Decay the weight matrices only: biases (and, in the transformer, norms) are left alone.
+    def matrices_only(params):
+        return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+    return optax.adamw(config.learning_rate, weight_decay=config.weight_decay, mask=matrices_only)
+
+
+def create_state(model: nnx.Module, tx: optax.GradientTransformation):
+    """Splits a freshly initialised model into its static graph and a TrainState."""
+    graphdef, params = nnx.split(model)
+    return graphdef, TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+
+
+def apply_gradients(state: TrainState, grads, tx) -> TrainState:
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
+
+
+def bind(graphdef, fn: Callable) -> Callable:
+    """Turns `fn(model, batch)` into `fn(params, batch)`: the form `grad` differentiates."""
+    return lambda params, batch: fn(nnx.merge(graphdef, params), batch)
+
+
+# --- The one-device reference: no mesh, no sharding, no collective. ---
+
+
+def reference_loss_and_grads(graphdef, loss_fn) -> Callable:
+    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
+
+    @jax.jit
+    def loss_and_grads(params, batch):
+        (_, metrics), grads = grad_fn(params, batch)
+        return metrics, grads
+
+    return loss_and_grads
+
+
+def reference_train_step(graphdef, loss_fn, tx) -> Callable:
+    loss_and_grads = reference_loss_and_grads(graphdef, loss_fn)
+
+    @jax.jit
+    def train_step(state: TrainState, batch: dict[str, Any]):
+        metrics, grads = loss_and_grads(state.params, batch)
+        return apply_gradients(state, grads, tx), metrics
+
+    return train_step

@@ -1,0 +1,81 @@
+"""A task is what the loop needs to know about one model: its data, losses and evaluation.
+
+The loop in shard_parity/train.py is the same for every model and both twins; it asks the task
+for batches, hands its loss to the twin's train step, and lets it summarise the evaluation.
+"""
+
+import dataclasses
+import pathlib
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+import datasets
+from datasets import batches, mnist
+from shard_parity import config as cfg
+from shard_parity import report
+from shard_parity.models import MLP
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str
+    model_config: Any
+    make_model: Callable[[nnx.Rngs], nnx.Module]
+    loss_fn: Callable  # (model, batch) -> (mean loss, metrics): differentiated by the twins
+    eval_fn: Callable  # (model, batch) -> per-example outputs
+    train_batches: Any  # .batch(step) -> dict of host arrays, a pure function of (seed, step)
+    eval_batches: list[dict]  # fixed; a 'mask' entry marks padding and never reaches the device
+    summarize: Callable[[dict], dict]  # concatenated per-example outputs -> eval metrics
+    write_report: Callable[[pathlib.Path, dict], None]
+    throughput_unit: str  # 'examples' or 'tokens'
+    units_per_batch: int
+
+
+def classification_loss(model, batch):
+    logits = model(batch['image'])  # f32[B, 10]
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
+    accuracy = jnp.mean(jnp.argmax(logits, -1) == batch['label'])
+    return losses.mean(), {'loss': losses.mean(), 'accuracy': accuracy}
+
+
+def classification_eval(model, batch):
+    """Per-example outputs, so the host can mask padding and build the confusion matrix."""
+    logits = model(batch['image'])
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
+    return {'loss': losses, 'pred': jnp.argmax(logits, -1)}
+
+
+def mnist_task(config: cfg.TrainConfig, data_dir: str | None = None, download=True) -> Task:
+    data = mnist.load(datasets.data_root(data_dir), download=download)
+    images, labels = data['test']
+    eval_batches = batches.eval_batches_classification(images, labels, config.batch_size)
+    keep = np.concatenate([b['mask'] for b in eval_batches]) > 0
+
+    def summarize(out):
+        return {
+            'eval_loss': float(out['loss'][keep].mean()),
+            'eval_accuracy': float((out['pred'][keep] == labels).mean()),
+        }
+
+    def write_report(workdir, out):
+        pixels = images * mnist.STD + mnist.MEAN  # back to [0, 1] for the pictures
+        report.write_classification_report(workdir, pixels, labels, out['pred'][keep])
+
+    model_config = cfg.MLPConfig()
+    return Task(
+        name='mlp',
+        model_config=model_config,
+        make_model=lambda rngs: MLP(model_config, rngs=rngs),
+        loss_fn=classification_loss,
+        eval_fn=classification_eval,
+        train_batches=batches.ClassificationBatches(*data['train'], config.batch_size, config.seed),
+        eval_batches=eval_batches,
+        summarize=summarize,
+        write_report=write_report,
+        throughput_unit='examples',
+        units_per_batch=config.batch_size,
+    )
