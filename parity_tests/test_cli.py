@@ -109,3 +109,33 @@ def test_cpu_devices_after_jax_started_is_refused():
     jax.devices()  # JAX is running in this process (conftest asked for 8 devices first)
     with pytest.raises(UsageError, match='--cpu_devices=4 came too late.*8 devices'):
         configure_jax(4)
+
+
+TINY = [
+    '--model=transformer',
+    '--seq_len=16',
+    '--num_layers=1',
+    '--num_heads=2',
+    '--num_kv_heads=1',
+    '--embed_dim=16',
+    '--batch_size=16',
+    '--steps=20',
+    '--warmup_steps=2',
+    '--log_every=5',
+    '--eval_every=10',
+    '--cpu_devices=8',
+]
+
+
+@pytest.mark.parametrize('twin', ['auto', 'explicit'])
+def test_transformer_cli_trains_and_saves_a_checkpoint(twin, tmp_path):
+    result = run_cli(twin, *TINY, f'--workdir={tmp_path}')
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = read_metrics(tmp_path)
+    final = lines[-1]
+    assert final['final'] and final['step'] == 20 and final['tokens_per_sec'] > 0
+    assert final['eval_perplexity'] == pytest.approx(2.718281828 ** final['eval_loss'])
+    assert lines[0]['train_loss'] > lines[-3]['train_loss']  # first vs last train line
+    assert (tmp_path / 'checkpoints' / '20').is_dir()
+    saved = json.loads((tmp_path / 'config.json').read_text())
+    assert saved['model_config']['num_kv_heads'] == 1

@@ -1,17 +1,73 @@
-"""The train CLI's flags, defined once: `auto.train` and `explicit.train` take the same ones."""
+"""The train CLI's flags, defined once: `auto.train` and `explicit.train` take the same ones.
+
+Training flags left unset take the model's defaults from shard_parity/config.py (TRAIN_DEFAULTS):
+the MLP's MNIST recipe, or nanoGPT's shakespeare_char CPU recipe for the transformer.
+"""
+
+import dataclasses
 
 from absl import flags
 
-MODEL = flags.DEFINE_enum('model', 'mlp', ['mlp'], 'Which model to train.')
-STEPS = flags.DEFINE_integer('steps', 600, 'Total training steps.', lower_bound=1)
+from shard_parity import config as cfg
+
+MODEL = flags.DEFINE_enum('model', 'mlp', ['mlp', 'transformer'], 'Which model to train.')
+STEPS = flags.DEFINE_integer('steps', None, 'Total training steps.', lower_bound=1)
 BATCH_SIZE = flags.DEFINE_integer(
-    'batch_size', 128, 'Global batch size, split evenly over the devices.', lower_bound=1
+    'batch_size', None, 'Global batch size, split evenly over the devices.', lower_bound=1
 )
-LEARNING_RATE = flags.DEFINE_float('learning_rate', 1e-3, 'AdamW learning rate.', lower_bound=0.0)
+LEARNING_RATE = flags.DEFINE_float(
+    'learning_rate', None, 'Peak AdamW learning rate.', lower_bound=0.0
+)
 WEIGHT_DECAY = flags.DEFINE_float(
-    'weight_decay', 1e-4, 'AdamW decay of weight matrices.', lower_bound=0.0
+    'weight_decay', None, 'AdamW decay of weight matrices (not biases or norms).', lower_bound=0.0
 )
-SEED = flags.DEFINE_integer('seed', 0, 'Seeds the init and the batch order.')
+BETA2 = flags.DEFINE_float(
+    'beta2', None, "AdamW's second-moment decay.", lower_bound=0.0, upper_bound=1.0
+)
+WARMUP_STEPS = flags.DEFINE_integer('warmup_steps', None, 'Linear warm-up steps.', lower_bound=0)
+DECAY_STEPS = flags.DEFINE_integer(
+    'decay_steps', None, 'Cosine decay length (default: --steps).', lower_bound=1
+)
+MIN_LEARNING_RATE = flags.DEFINE_float(
+    'min_learning_rate', None, 'Learning rate at the end of the cosine decay.', lower_bound=0.0
+)
+GRAD_CLIP = flags.DEFINE_float(
+    'grad_clip', None, 'Clip the global gradient norm to this (0: off).', lower_bound=0.0
+)
+SEED = flags.DEFINE_integer('seed', 0, 'Seeds the init and the batch order.', lower_bound=0)
+LOG_EVERY = flags.DEFINE_integer(
+    'log_every', None, 'Log the train loss every N steps.', lower_bound=1
+)
+EVAL_EVERY = flags.DEFINE_integer(
+    'eval_every', None, 'Evaluate every N steps (and at the end).', lower_bound=1
+)
+
+# The transformer's shape (ignored by --model=mlp).
+_T = cfg.TransformerConfig()
+SEQ_LEN = flags.DEFINE_integer('seq_len', _T.seq_len, 'Context length in bytes.', lower_bound=1)
+NUM_LAYERS = flags.DEFINE_integer('num_layers', _T.num_layers, 'Transformer blocks.', lower_bound=1)
+NUM_HEADS = flags.DEFINE_integer('num_heads', _T.num_heads, 'Query heads.', lower_bound=1)
+NUM_KV_HEADS = flags.DEFINE_integer(
+    'num_kv_heads',
+    None,
+    'Key/value heads: = num_heads (MHA, default), a divisor (GQA), 1 (MQA).',
+    lower_bound=1,
+)
+EMBED_DIM = flags.DEFINE_integer('embed_dim', _T.embed_dim, 'Model width.', lower_bound=1)
+ATTENTION = flags.DEFINE_enum(
+    'attention',
+    _T.attention,
+    ['naive', 'fused'],
+    'Attention implementation (shard_parity/attention.py).',
+)
+DTYPE = flags.DEFINE_enum(
+    'dtype',
+    _T.dtype,
+    ['float32', 'bfloat16'],
+    'Compute dtype; parameters and the optimizer stay float32.',
+)
+
+# Devices, data and outputs.
 CPU_DEVICES = flags.DEFINE_integer(
     'cpu_devices',
     None,
@@ -38,14 +94,42 @@ DOWNLOAD = flags.DEFINE_bool(
     'download', True, 'Download missing data files (checksum-verified) into the data folder.'
 )
 WORKDIR = flags.DEFINE_string(
-    'workdir', None, 'Where metrics.jsonl and reports go. Default: runs/<twin>_<model>.'
-)
-LOG_EVERY = flags.DEFINE_integer(
-    'log_every', 50, 'Log the train loss every N steps.', lower_bound=1
-)
-EVAL_EVERY = flags.DEFINE_integer(
-    'eval_every', 200, 'Evaluate every N steps (and at the end).', lower_bound=1
+    'workdir',
+    None,
+    'Where metrics.jsonl, reports and the checkpoint go. Default: runs/<twin>_<model>.',
 )
 SHOW_SHARDING = flags.DEFINE_bool(
     'show_sharding', False, 'Print where one batch and one weight live on the devices.'
 )
+
+
+def train_config() -> cfg.TrainConfig:
+    """The model's defaults, overridden by every training flag given."""
+    given = {
+        'steps': STEPS,
+        'batch_size': BATCH_SIZE,
+        'learning_rate': LEARNING_RATE,
+        'weight_decay': WEIGHT_DECAY,
+        'beta2': BETA2,
+        'warmup_steps': WARMUP_STEPS,
+        'decay_steps': DECAY_STEPS,
+        'min_learning_rate': MIN_LEARNING_RATE,
+        'grad_clip': GRAD_CLIP,
+        'seed': SEED,
+        'log_every': LOG_EVERY,
+        'eval_every': EVAL_EVERY,
+    }
+    changes = {k: f.value for k, f in given.items() if f.value is not None}
+    return dataclasses.replace(cfg.TRAIN_DEFAULTS[MODEL.value], **changes)
+
+
+def transformer_config() -> cfg.TransformerConfig:
+    return cfg.TransformerConfig(
+        seq_len=SEQ_LEN.value,
+        num_layers=NUM_LAYERS.value,
+        num_heads=NUM_HEADS.value,
+        num_kv_heads=NUM_KV_HEADS.value or NUM_HEADS.value,
+        embed_dim=EMBED_DIM.value,
+        attention=ATTENTION.value,
+        dtype=DTYPE.value,
+    )

@@ -24,12 +24,31 @@ class TrainState(NamedTuple):
     opt_state: optax.OptState
 
 
+def learning_rate(config: TrainConfig):
+    """Linear warm-up, then cosine decay to min_learning_rate; a constant when neither is set."""
+    end = config.learning_rate if config.min_learning_rate is None else config.min_learning_rate
+    if config.warmup_steps == 0 and end == config.learning_rate:
+        return config.learning_rate
+    return optax.warmup_cosine_decay_schedule(
+        0.0, config.learning_rate, config.warmup_steps, config.decay_steps or config.steps, end
+    )
+
+
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    # Decay the weight matrices only: biases (and, in the transformer, norms) are left alone.
-    def matrices_only(params):
+    """AdamW on the averaged gradient, after clipping its global norm (when grad_clip is set)."""
+
+    def matrices_only(params):  # decay weight matrices and embeddings, not biases or norms
         return jax.tree.map(lambda p: p.ndim >= 2, params)
 
-    return optax.adamw(config.learning_rate, weight_decay=config.weight_decay, mask=matrices_only)
+    adamw = optax.adamw(
+        learning_rate(config),
+        b2=config.beta2,
+        weight_decay=config.weight_decay,
+        mask=matrices_only,
+    )
+    if not config.grad_clip:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(config.grad_clip), adamw)
 
 
 def create_state(model: nnx.Module, tx: optax.GradientTransformation):

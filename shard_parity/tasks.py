@@ -14,10 +14,11 @@ import optax
 from flax import nnx
 
 import datasets
-from datasets import batches, mnist
+from datasets import batches, mnist, shakespeare
 from shard_parity import config as cfg
 from shard_parity import report
 from shard_parity.models import MLP
+from shard_parity.transformer import Transformer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,4 +79,44 @@ def mnist_task(config: cfg.TrainConfig, data_dir: str | None = None, download=Tr
         write_report=write_report,
         throughput_unit='examples',
         units_per_batch=config.batch_size,
+    )
+
+
+def lm_loss(model, batch):
+    logits, _ = model(batch['x'])  # f32[B, T, 256]
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch['y']).mean()
+    return loss, {'loss': loss}
+
+
+def lm_eval(model, batch):
+    """The mean next-byte loss of each sequence: f32[B]."""
+    logits, _ = model(batch['x'])
+    return {'loss': optax.softmax_cross_entropy_with_integer_labels(logits, batch['y']).mean(-1)}
+
+
+EVAL_BATCHES = 100  # fixed validation windows: 100 x 12 x 64 = 76,800 bytes at the defaults
+
+
+def shakespeare_task(
+    config: cfg.TrainConfig, model_config: cfg.TransformerConfig, data_dir=None, download=True
+) -> Task:
+    train, val = shakespeare.load(datasets.data_root(data_dir), download=download)
+    b, t = config.batch_size, model_config.seq_len
+
+    def summarize(out):
+        loss = float(out['loss'].mean())
+        return {'eval_loss': loss, 'eval_perplexity': float(np.exp(loss))}
+
+    return Task(
+        name='transformer',
+        model_config=model_config,
+        make_model=lambda rngs: Transformer(model_config, rngs=rngs),
+        loss_fn=lm_loss,
+        eval_fn=lm_eval,
+        train_batches=batches.LanguageModelBatches(train, b, t, config.seed),
+        eval_batches=batches.eval_batches_lm(val, b, t, EVAL_BATCHES, seed=0),
+        summarize=summarize,
+        write_report=lambda workdir, out: None,
+        throughput_unit='tokens',
+        units_per_batch=b * t,
     )

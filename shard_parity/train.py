@@ -15,28 +15,16 @@ import time
 
 import jax
 import numpy as np
-from absl import logging
+from absl import flags, logging
 from flax import nnx
 from tqdm import tqdm
 
 import datasets
-from shard_parity import UsageError, report, tasks
+from shard_parity import UsageError, checkpoint, report, tasks
 from shard_parity import config as cfg
 from shard_parity import flags as F
 from shard_parity.mesh import configure_jax, make_mesh
 from shard_parity.step import create_state, make_optimizer
-
-
-def train_config() -> cfg.TrainConfig:
-    return cfg.TrainConfig(
-        steps=F.STEPS.value,
-        batch_size=F.BATCH_SIZE.value,
-        learning_rate=F.LEARNING_RATE.value,
-        weight_decay=F.WEIGHT_DECAY.value,
-        seed=F.SEED.value,
-        log_every=F.LOG_EVERY.value,
-        eval_every=F.EVAL_EVERY.value,
-    )
 
 
 def check_batch(batch_size: int, mesh) -> None:
@@ -124,7 +112,7 @@ def run(
             train_seconds += time.perf_counter() - t0
             evals, out = evaluate(twin, eval_step, state.params, task, mesh)
             log.write(step=step, **evals)
-            logging.info('step %d: %s', step, evals)
+            tqdm.write(f'step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in evals.items()))
             t0 = time.perf_counter()
     bar.close()
     rate = (config.steps - 1) * task.units_per_batch / max(train_seconds, 1e-9)
@@ -133,6 +121,7 @@ def run(
     )
     log.write(**final)
     task.write_report(workdir, out)
+    checkpoint.save(workdir, state, saved)
     return final
 
 
@@ -142,12 +131,20 @@ def main(twin):
     def _main(argv):
         if len(argv) > 1:
             sys.exit(f'error: unexpected arguments {argv[1:]}: every setting is a --flag')
+        if not flags.FLAGS['verbosity'].present:  # Orbax and XLA log a lot at INFO
+            logging.set_verbosity(logging.WARNING)
         try:
             configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
             mesh = make_mesh(F.NUM_DEVICES.value)
-            config = train_config()
+            config = F.train_config()
             check_batch(config.batch_size, mesh)
-            task = tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value)
+            if F.MODEL.value == 'mlp':
+                task = tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value)
+            else:
+                model_config = F.transformer_config()
+                task = tasks.shakespeare_task(
+                    config, model_config, F.DATA_DIR.value, F.DOWNLOAD.value
+                )
             name = twin.__name__.split('.')[0]
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{name}_{F.MODEL.value}')
             final = run(twin, task, config, mesh, workdir, F.SHOW_SHARDING.value)

@@ -1,0 +1,110 @@
+"""Claims about the transformer itself: naive and fused attention agree, MHA, GQA and MQA each
+train in both twins, and bad shapes are refused with a clear message."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from auto import train_step as auto
+from explicit import train_step as explicit
+from parity_tests.conftest import TINY_TRANSFORMER, fresh_state, make_case
+from shard_parity import UsageError, attention
+from shard_parity import config as cfg
+from shard_parity.step import reference_loss_and_grads
+from shard_parity.tasks import lm_loss
+from shard_parity.transformer import Transformer
+
+HEADS = {'mha': 4, 'gqa': 2, 'mqa': 1}  # key/value heads for 4 query heads
+
+
+def qkv(kv_heads, t=16, s=16, seed=0):
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    return (
+        jax.random.normal(k1, (2, t, 4, 8)),
+        jax.random.normal(k2, (2, s, kv_heads, 8)),
+        jax.random.normal(k3, (2, s, kv_heads, 8)),
+    )
+
+
+@pytest.mark.parametrize('kv_heads', HEADS.values(), ids=HEADS.keys())
+def test_naive_and_fused_attention_agree(kv_heads):
+    q, k, v = qkv(kv_heads)
+    naive = attention.naive(q, k, v)
+    assert not np.allclose(naive, attention.naive(*qkv(kv_heads, seed=1)), atol=1e-3)
+    np.testing.assert_allclose(attention.fused(q, k, v), naive, rtol=1e-5, atol=1e-6)
+    # With a cache: queries 5..7 over 16 slots of which 8 are written.
+    q3 = q[:, :3]
+    np.testing.assert_allclose(
+        attention.fused(q3, k, v, offset=5, valid=8),
+        attention.naive(q3, k, v, offset=5, valid=8),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+def test_attention_is_causal():
+    q, k, v = qkv(4)
+    before = attention.naive(q, k, v)
+    k2, v2 = k.at[:, 10:].set(0.0), v.at[:, 10:].set(0.0)  # change only the future of t < 10
+    after = attention.naive(q, k2, v2)
+    np.testing.assert_array_equal(before[:, :10], after[:, :10])
+    assert not np.allclose(before[:, 10:], after[:, 10:])
+
+
+@pytest.mark.parametrize('kv_heads', HEADS.values(), ids=HEADS.keys())
+def test_models_with_naive_and_fused_attention_agree(kv_heads):
+    case = make_case('transformer')
+    batch = case.batches.batch(0)
+    grads = {}
+    for impl in ('naive', 'fused'):
+        model_config = dataclasses.replace(TINY_TRANSFORMER, num_kv_heads=kv_heads, attention=impl)
+        graphdef, params = nnx.split(Transformer(model_config, rngs=nnx.Rngs(0)))
+        grads[impl] = reference_loss_and_grads(graphdef, lm_loss)(params, batch)
+    np.testing.assert_allclose(grads['naive'][0]['loss'], grads['fused'][0]['loss'], rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(grads['naive'][1]), jax.tree.leaves(grads['fused'][1])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize('kv_heads', HEADS.values(), ids=HEADS.keys())
+def test_each_head_layout_trains_in_both_twins(kv_heads, mesh8):
+    case = make_case('transformer', dataclasses.replace(TINY_TRANSFORMER, num_kv_heads=kv_heads))
+    losses = {}
+    for twin in (auto, explicit):
+        graphdef, tx, state = fresh_state(case=case)
+        step = twin.train_step(graphdef, case.loss_fn, tx, mesh8)
+        state = twin.place_state(state, mesh8)
+        losses[twin] = []
+        for i in range(10):
+            state, metrics = step(state, twin.place_batch(case.batches.batch(i), mesh8))
+            losses[twin].append(float(metrics['loss']))
+    assert losses[auto][-1] < losses[auto][0] - 0.3
+    np.testing.assert_allclose(losses[auto], losses[explicit], rtol=1e-6)
+    kernel = nnx.merge(graphdef, state.params).blocks[0].attn.key_value.kernel
+    assert kernel.shape == (32, 2 * kv_heads * 8)  # K heads of size 8, for keys and values
+
+
+@pytest.mark.parametrize(
+    'changes, message',
+    [
+        (dict(num_heads=4, num_kv_heads=3), '--num_kv_heads=3 does not divide --num_heads=4'),
+        (dict(embed_dim=30, num_heads=4), '--embed_dim=30 is not divisible by --num_heads=4'),
+        (dict(seq_len=0), '--seq_len=0 must be at least 1'),
+    ],
+)
+def test_bad_shapes_are_refused(changes, message):
+    with pytest.raises(UsageError, match=message):
+        dataclasses.replace(cfg.TransformerConfig(), **changes)
+
+
+def test_bfloat16_compute_keeps_float32_parameters():
+    model_config = dataclasses.replace(TINY_TRANSFORMER, dtype='bfloat16')
+    model = Transformer(model_config, rngs=nnx.Rngs(0))
+    logits, _ = model(jnp.zeros((2, 16), jnp.int32))
+    assert logits.dtype == jnp.float32
+    assert {p.dtype for p in jax.tree.leaves(nnx.state(model))} == {jnp.dtype('float32')}
+    loss, _ = lm_loss(model, make_case('transformer').batches.batch(0))
+    assert np.isfinite(float(loss))

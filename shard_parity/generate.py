@@ -1,0 +1,153 @@
+"""Byte generation from a trained transformer checkpoint, shared by both twins' generate CLIs.
+
+    python -m auto.generate --workdir=runs/auto_transformer --prompt="ROMEO:" --max_new_bytes=200
+    python -m explicit.generate --workdir=runs/explicit_transformer --prompt="" --kv_cache
+
+One prompt is not data-parallel, so generation runs on one device; the twin decides only how the
+restored state is placed. Two paths, both compiled once whatever the length:
+- padded: the last `seq_len` bytes, padded to `seq_len`, go through the whole model for every new
+  byte (one full forward per byte);
+- KV cache (`--kv_cache`): the prompt fills a cache of keys and values once, then each new byte
+  costs one single-position forward. Greedy output is identical to the padded path while prompt
+  plus output fit in the context; past it, the padded path slides its window by one byte, while
+  the cache path refills its cache from the last seq_len/2 bytes every seq_len/2 bytes (learned
+  absolute positions cannot shift inside a cache), so the two then condition on different spans.
+An empty prompt starts from a newline, as nanoGPT's sample.py does; it is not printed.
+"""
+
+import collections
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from shard_parity import UsageError
+
+TRACES = collections.Counter()  # how often each jitted function was traced, for the tests
+
+
+def sample(logits, key, temperature: float, top_k: int | None):
+    """logits f32[V] -> one byte: greedy at temperature 0, else top-k softmax sampling."""
+    if temperature == 0:
+        return jnp.argmax(logits)
+    logits = logits / temperature
+    if top_k:
+        kth = jax.lax.top_k(logits, top_k)[0][-1]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    return jax.random.categorical(key, logits)
+
+
+def kv_cache_bytes_per_token(cfg) -> int:
+    """Keys and values of one position, in every layer: 2 * L * K * D * itemsize."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
+
+
+class Generator:
+    """Holds the compiled steps of both paths for one model; `generate` runs either."""
+
+    def __init__(self, graphdef, params, temperature=0.0, top_k=None):
+        self.params = params
+        self.model = nnx.merge(graphdef, params)
+        self.seq_len = self.model.cfg.seq_len
+        pick = functools.partial(sample, temperature=temperature, top_k=top_k)
+
+        @jax.jit
+        def padded_step(params, window, length, key):  # window: i32[1, T], `length` real bytes
+            TRACES['padded_step'] += 1
+            logits, _ = nnx.merge(graphdef, params)(window)
+            return pick(logits[0, length - 1], key)
+
+        @jax.jit
+        def prefill(params, window, length, key):  # fills the cache with the whole window
+            TRACES['prefill'] += 1
+            model = nnx.merge(graphdef, params)
+            logits, caches = model(window, model.init_caches(1), 0)
+            return pick(logits[0, length - 1], key), caches
+
+        @jax.jit
+        def decode(params, caches, byte, index, key):  # one byte at position `index`
+            TRACES['decode'] += 1
+            logits, caches = nnx.merge(graphdef, params)(byte.reshape(1, 1), caches, index)
+            return pick(logits[0, 0], key), caches
+
+        self.padded_step, self.prefill, self.decode = padded_step, prefill, decode
+
+    def window(self, context: list[int]):
+        """The last seq_len bytes, zero-padded on the right to seq_len: one shape, one compile."""
+        context = context[-self.seq_len :]
+        padded = np.zeros((1, self.seq_len), np.int32)
+        padded[0, : len(context)] = context
+        return jnp.asarray(padded), len(context)
+
+    def generate(self, prompt: bytes, n: int, seed: int = 0, kv_cache: bool = False) -> bytes:
+        if len(prompt) > self.seq_len:
+            raise UsageError(
+                f'--prompt is {len(prompt)} bytes, longer than the model\'s context of '
+                f'{self.seq_len} bytes (its --seq_len): shorten it'
+            )
+        tokens, self._caches = list(prompt or b'\n'), None
+        keys = jax.random.split(jax.random.key(seed), max(n, 1))
+        step = self._cached if kv_cache else self._padded
+        for key, _ in zip(keys, range(n)):
+            tokens.append(step(tokens, key))
+        return bytes(tokens[len(prompt or b'\n') :])
+
+    def _padded(self, tokens, key) -> int:
+        window, length = self.window(tokens)
+        return int(self.padded_step(self.params, window, length, key))
+
+    def _cached(self, tokens, key) -> int:
+        # (Re)fill the cache at the start and whenever it is full, from the last half window.
+        if self._caches is None or self._index >= self.seq_len:
+            keep = tokens if len(tokens) <= self.seq_len else tokens[-(self.seq_len // 2) :]
+            window, length = self.window(keep)
+            byte, self._caches = self.prefill(self.params, window, length, key)
+            self._index = length
+            return int(byte)
+        byte, self._caches = self.decode(
+            self.params, self._caches, jnp.asarray(tokens[-1], jnp.int32), self._index, key
+        )
+        self._index += 1
+        return int(byte)
+
+
+def main(twin):
+    """The absl main of `python -m <twin>.generate`; its flags live in shard_parity/gen_flags.py."""
+    import sys
+
+    from absl import flags, logging
+
+    from shard_parity import checkpoint
+    from shard_parity import gen_flags as F
+    from shard_parity.mesh import configure_jax, make_mesh
+
+    def _main(argv):
+        if len(argv) > 1:
+            sys.exit(f'error: unexpected arguments {argv[1:]}: every setting is a --flag')
+        if not flags.FLAGS['verbosity'].present:  # Orbax logs a lot at INFO
+            logging.set_verbosity(logging.WARNING)
+        try:
+            configure_jax(F.CPU_DEVICES.value)
+            saved, graphdef, state = checkpoint.restore(F.WORKDIR.value, twin, make_mesh(1))
+            if saved['model'] != 'transformer':
+                raise UsageError(
+                    f"{F.WORKDIR.value} holds a {saved['model']} checkpoint: "
+                    'generation needs --model=transformer'
+                )
+            gen = Generator(graphdef, state.params, F.TEMPERATURE.value, F.TOP_K.value)
+            prompt = F.PROMPT.value.encode('utf-8')
+            out = gen.generate(prompt, F.MAX_NEW_BYTES.value, F.SEED.value, F.KV_CACHE.value)
+        except UsageError as e:
+            sys.exit(f'error: {e}')
+        # Bytes that are not valid UTF-8 (a sampled byte may cut a character) print as \xNN.
+        print((prompt + out).decode('utf-8', errors='backslashreplace'))
+        if F.KV_CACHE.value:
+            per_token = kv_cache_bytes_per_token(gen.model.cfg)
+            print(
+                f'[KV cache: {per_token} bytes per token, {per_token * gen.seq_len} in all]',
+                file=sys.stderr,
+            )
+
+    return _main

@@ -1,0 +1,120 @@
+"""A byte-level causal transformer in Flax NNX, laid out as nanoGPT's model.py.
+
+Pre-norm blocks (LayerNorm -> causal self-attention -> residual; LayerNorm -> GELU MLP ->
+residual), learned position embeddings, a final LayerNorm, and an output head tied to the byte
+embedding. No biases and no dropout, as nanoGPT's shakespeare_char configuration; nanoGPT's init.
+Like the MLP, it knows nothing of meshes.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from shard_parity.attention import ATTENTION
+from shard_parity.config import TransformerConfig
+
+normal = nnx.initializers.normal
+
+
+def dense(din, dout, cfg, rngs, std=0.02):
+    return nnx.Linear(
+        din, dout, use_bias=False, kernel_init=normal(std), dtype=cfg.compute_dtype, rngs=rngs
+    )
+
+
+def layer_norm(cfg, rngs):
+    return nnx.LayerNorm(
+        cfg.embed_dim,
+        epsilon=1e-5,
+        use_bias=False,
+        use_fast_variance=False,
+        dtype=cfg.compute_dtype,
+        rngs=rngs,
+    )
+
+
+class CausalSelfAttention(nnx.Module):
+    def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        hd = cfg.head_dim
+        self.query = dense(cfg.embed_dim, cfg.num_heads * hd, cfg, rngs)
+        self.key_value = dense(cfg.embed_dim, 2 * cfg.num_kv_heads * hd, cfg, rngs)
+        # nanoGPT scales the residual projections' init by 1/sqrt(2 * num_layers)
+        self.out = dense(
+            cfg.num_heads * hd, cfg.embed_dim, cfg, rngs, 0.02 / math.sqrt(2 * cfg.num_layers)
+        )
+
+    def __call__(self, x, cache=None, index=0):  # x: [B, T, C]
+        b, t, _ = x.shape
+        cfg = self.cfg
+        q = self.query(x).reshape(b, t, cfg.num_heads, cfg.head_dim)  # [B, T, H, D]
+        k, v = jnp.split(self.key_value(x).reshape(b, t, 2 * cfg.num_kv_heads, cfg.head_dim), 2, 2)
+        if cache is None:  # training, or the padded generation path: the whole window at once
+            y = ATTENTION[cfg.attention](q, k, v)
+        else:  # write this chunk's keys and values at `index`, attend over everything written
+            k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, index, 0, 0))
+            v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, index, 0, 0))
+            y = ATTENTION[cfg.attention](q, k, v, offset=index, valid=index + t)
+            cache = (k, v)  # [B, S, K, D] each
+        return self.out(y.reshape(b, t, -1)), cache
+
+
+class FeedForward(nnx.Module):
+    def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
+        self.up = dense(cfg.embed_dim, 4 * cfg.embed_dim, cfg, rngs)
+        self.down = dense(
+            4 * cfg.embed_dim, cfg.embed_dim, cfg, rngs, 0.02 / math.sqrt(2 * cfg.num_layers)
+        )
+
+    def __call__(self, x):
+        return self.down(jax.nn.gelu(self.up(x), approximate=False))
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
+        self.norm1, self.attn = layer_norm(cfg, rngs), CausalSelfAttention(cfg, rngs)
+        self.norm2, self.ffn = layer_norm(cfg, rngs), FeedForward(cfg, rngs)
+
+    def __call__(self, x, cache=None, index=0):
+        y, cache = self.attn(self.norm1(x), cache, index)
+        x = x + y
+        return x + self.ffn(self.norm2(x)), cache
+
+
+class Transformer(nnx.Module):
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = nnx.Embed(
+            cfg.vocab_size,
+            cfg.embed_dim,
+            embedding_init=normal(0.02),
+            dtype=cfg.compute_dtype,
+            rngs=rngs,
+        )
+        self.pos = nnx.Embed(
+            cfg.seq_len,
+            cfg.embed_dim,
+            embedding_init=normal(0.02),
+            dtype=cfg.compute_dtype,
+            rngs=rngs,
+        )
+        self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.norm = layer_norm(cfg, rngs)
+
+    def __call__(self, tokens, caches=None, index=0):
+        """tokens: i32[B, T] at positions index..index+T-1 -> (logits f32[B, T, 256], caches)."""
+        t = tokens.shape[1]
+        x = self.embed(tokens) + self.pos(index + jnp.arange(t))  # [B, T, C]
+        new_caches = []
+        for i, block in enumerate(self.blocks):
+            x, cache = block(x, None if caches is None else caches[i], index)
+            new_caches.append(cache)
+        logits = self.embed.attend(self.norm(x)).astype(jnp.float32)  # head tied to the embedding
+        return logits, (None if caches is None else new_caches)
+
+    def init_caches(self, batch: int, dtype=jnp.float32):
+        """Empty KV caches: per layer two [B, seq_len, K, D] arrays."""
+        shape = (batch, self.cfg.seq_len, self.cfg.num_kv_heads, self.cfg.head_dim)
+        return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.blocks]
