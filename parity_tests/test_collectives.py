@@ -2,13 +2,17 @@
 step holds the one the compiler inserted, both move exactly the gradient bytes (plus the two
 metric scalars), and neither gathers the replicated parameters."""
 
+import json
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
 
 from auto import train_step as auto
 from explicit import train_step as explicit
-from parity_tests.conftest import fresh_state
+from parity_tests.conftest import REPO, fresh_state
 from parity_tests.hlo import collectives, compiled_text
 from shard_parity.step import reference_train_step
 from shard_parity.tasks import classification_loss
@@ -52,3 +56,44 @@ def test_twins_reduce_the_same_arrays(mesh8, mnist_batches):
         # auto may lay a weight gradient out transposed ([out, in]): compare element counts.
         shapes[twin] = sorted(int(np.prod(s)) for c in found for s in c.shapes)
     assert shapes[auto] == shapes[explicit]
+
+
+def run_inspector(*flags):
+    result = subprocess.run(
+        [sys.executable, '-m', 'parity_tests.collectives', '--json', '--cpu_devices=8', *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout)
+
+
+def test_inspector_pins_the_mlp_collectives():
+    r = run_inspector('--model=mlp')
+    grads = r['expected']['gradient_bytes']
+    assert grads == 669_706 * 4 and r['expected']['ring_bytes_per_device'] == 2 * 7 / 8 * grads
+    assert r['programs']['reference'] == []
+    for twin in ('auto', 'explicit'):
+        (op,) = r['programs'][twin]  # exactly one, combined all-reduce
+        assert op['kind'] == 'all-reduce' and op['group_size'] == 8
+        assert op['bytes'] == grads + 8  # + the mean loss and accuracy
+    assert r['differences'] == []
+
+
+def test_inspector_pins_the_transformer_collectives():
+    """Pinned compiler behaviour (jax 0.10.2): the tied embedding gets two gradient terms, the
+    lookup and the output head. explicit/ adds them on each device and all-reduces the sum once;
+    auto/ all-reduces each term, moving one extra [256, 128] float32 (131,072 bytes)."""
+    r = run_inspector('--model=transformer', '--batch_size=16')
+    grads = r['expected']['gradient_bytes']
+    assert grads == 828_544 * 4
+    sizes = {twin: sum(op['bytes'] for op in r['programs'][twin]) for twin in ('auto', 'explicit')}
+    assert sizes['explicit'] == grads + 4  # + the mean loss
+    assert sizes['auto'] == grads + 4 + 256 * 128 * 4
+    assert r['differences'] == [
+        'auto has all-reduce of 32,768 elements over 8 devices that explicit lacks (x1)'
+    ]
+    for twin in ('auto', 'explicit'):
+        assert {op['kind'] for op in r['programs'][twin]} == {'all-reduce'}
