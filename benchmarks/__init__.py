@@ -1,0 +1,1 @@
+"""Benchmarks: measured figures, never assertions. Run `python -m benchmarks.run`."""

@@ -1,0 +1,113 @@
+"""The benchmark suite: `python -m benchmarks.run` (CPU, 8 emulated devices) or `--platform=gpu`.
+
+Writes <out>/results.json (every figure), <out>/results.md (the tables the README carries) and,
+where matplotlib is installed, PNG plots. Each comparison is timed side by side in this one
+process, interleaved, as the median of --rounds after warm-up. Targets are printed beside the
+figures; nothing here passes or fails.
+"""
+
+import json
+import pathlib
+import platform
+import sys
+import time
+
+import jax
+from absl import app, flags
+
+from shard_parity.mesh import configure_jax
+
+SECTIONS = ['twins', 'sweep', 'attention', 'generation', 'nanogpt']
+SECTION = flags.DEFINE_list('sections', SECTIONS, f'Which of {SECTIONS} to run.')
+ROUNDS = flags.DEFINE_integer(
+    'rounds', 7, 'Timed rounds per comparison (after warm-up).', lower_bound=1
+)
+PLATFORM = flags.DEFINE_enum(
+    'platform',
+    'cpu',
+    ['cpu', 'gpu'],
+    'cpu: 8 emulated CPU devices; gpu: the real GPUs, bf16, cuDNN.',
+)
+OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Folder for the results.')
+
+
+def machine() -> dict:
+    d = jax.devices()
+    return {
+        'platform': d[0].platform,
+        'device_kind': d[0].device_kind,
+        'devices': len(d),
+        'host': platform.processor() or platform.machine(),
+        'cpu_count': _cores(),
+        'jax': jax.__version__,
+        'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+    }
+
+
+def _cores():
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+def run_sections(names, rounds, gpu: bool) -> dict:
+    import dataclasses
+
+    from benchmarks import sections as S
+
+    model_config = S.NANOGPT
+    if gpu:  # bf16 compute lets cuDNN's fused attention run
+        model_config = dataclasses.replace(S.NANOGPT, dtype='bfloat16', attention='fused')
+    n = min(8, jax.device_count())
+    counts = [c for c in (1, 2, 4, 8) if c <= n]
+    results = {}
+    for name in names:
+        start = time.perf_counter()
+        print(f'[{name}] running ...', file=sys.stderr, flush=True)
+        if name == 'twins':
+            results[name] = S.twins(n, rounds)
+        elif name == 'sweep':
+            results[name] = S.sweep(counts, rounds)
+        elif name == 'attention':
+            results[name] = S.attention_sweep(
+                [128, 256, 512, 1024, 2048, 4096], rounds, model_config.compute_dtype
+            )
+        elif name == 'generation':
+            results[name] = S.generation([64, 256, 1024], max(3, rounds // 2), model_config)
+        elif name == 'nanogpt':
+            results[name] = S.nanogpt(rounds, model_config)
+        print(f'[{name}] {time.perf_counter() - start:.0f} s', file=sys.stderr, flush=True)
+    return results
+
+
+def main(argv):
+    if len(argv) > 1:
+        sys.exit(f'error: unexpected arguments {argv[1:]}')
+    unknown = set(SECTION.value) - set(SECTIONS)
+    if unknown:
+        sys.exit(f'error: --sections has {sorted(unknown)}; choose from {SECTIONS}')
+    configure_jax(8 if PLATFORM.value == 'cpu' else None)
+    if PLATFORM.value == 'gpu' and jax.devices()[0].platform != 'gpu':
+        sys.exit('error: --platform=gpu, but JAX finds no GPU (pip install -e ".[gpu]")')
+    results = {
+        'machine': machine(),
+        'command': 'python -m benchmarks.run ' + ' '.join(sys.argv[1:]),
+        **run_sections(SECTION.value, ROUNDS.value, PLATFORM.value == 'gpu'),
+    }
+    out = pathlib.Path(OUT.value)
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = '' if PLATFORM.value == 'cpu' else '_gpu'
+    from benchmarks import report
+
+    markdown = report.markdown(results)
+    for name, text in (
+        (f'results{suffix}.json', json.dumps(results, indent=1)),
+        (f'results{suffix}.md', markdown),
+    ):
+        report.atomic_write(out / name, lambda f, text=text: f.write(text.encode()))
+    report.plots(results, out, suffix)
+    print(markdown)
+
+
+if __name__ == '__main__':
+    app.run(main)

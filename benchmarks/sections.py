@@ -1,0 +1,210 @@
+"""The measurements of `python -m benchmarks.run`, one function per section of the results.
+
+Every section builds synthetic batches (speed does not depend on the data) and random weights,
+and times its candidates side by side with benchmarks.timing.interleaved.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from auto import train_step as auto
+from benchmarks.timing import interleaved
+from explicit import train_step as explicit
+from shard_parity import attention, generate, tasks
+from shard_parity import config as cfg
+from shard_parity.mesh import make_mesh
+from shard_parity.models import MLP
+from shard_parity.step import create_state, make_optimizer, reference_train_step
+from shard_parity.transformer import Transformer
+
+NANOGPT = cfg.TransformerConfig()  # 4 layers, 4 heads, embed 128, seq_len 64
+
+
+def setup(model: str, batch_size: int, model_config=NANOGPT, seed=0):
+    """(graphdef, tx, host state, loss, host batch, units per batch) for one model."""
+    rng = np.random.default_rng(seed)
+    if model == 'mlp':
+        config, make = cfg.TRAIN_DEFAULTS['mlp'], lambda r: MLP(cfg.MLPConfig(), rngs=r)
+        batch = {
+            'image': rng.normal(size=(batch_size, 784)).astype(np.float32),
+            'label': rng.integers(0, 10, batch_size).astype(np.int32),
+        }
+        loss, units = tasks.classification_loss, batch_size
+    else:
+        config, make = (
+            cfg.TRAIN_DEFAULTS['transformer'],
+            lambda r: Transformer(model_config, rngs=r),
+        )
+        x = rng.integers(0, 256, (batch_size, model_config.seq_len + 1)).astype(np.int32)
+        batch, loss = {'x': x[:, :-1], 'y': x[:, 1:]}, tasks.lm_loss
+        units = batch_size * model_config.seq_len
+    tx = make_optimizer(config)
+    graphdef, state = create_state(make(nnx.Rngs(seed)), tx)
+    return graphdef, tx, jax.tree.map(np.array, state), loss, batch, units
+
+
+def runner(twin, n: int | None, model: str, batch_size: int, steps=5, model_config=NANOGPT):
+    """A callable running `steps` train steps of `twin` on the first n devices (None: the
+    one-device reference), waiting on the previous step as the training loop does."""
+    graphdef, tx, state, loss, batch, units = setup(model, batch_size, model_config)
+    if twin is None:
+        step, placed = reference_train_step(graphdef, loss, tx), jax.device_put(state)
+        batch = jax.device_put(batch)
+    else:
+        mesh = make_mesh(n)
+        step, placed = twin.train_step(graphdef, loss, tx, mesh), twin.place_state(state, mesh)
+        batch = twin.place_batch(batch, mesh)
+    box = [placed]
+
+    def run():
+        previous = None
+        for _ in range(steps):
+            box[0], metrics = step(box[0], batch)
+            if previous is not None:
+                jax.block_until_ready(previous)
+            previous = metrics
+        jax.block_until_ready(box[0])
+
+    run.units, run.steps = units * steps, steps
+    return run
+
+
+def per_step(medians, runs):
+    return {k: medians[k] / runs[k].steps for k in runs}
+
+
+def twins(n: int, rounds: int) -> list[dict]:
+    """1. Step time of auto vs explicit (n devices) vs the one-device reference, both models."""
+    rows = []
+    for model, b in (('mlp', 128), ('transformer', 16)):
+        runs = {
+            'reference': runner(None, 1, model, b),
+            'auto': runner(auto, n, model, b),
+            'explicit': runner(explicit, n, model, b),
+        }
+        t = per_step(interleaved(runs, rounds), runs)
+        units = runs['auto'].units / runs['auto'].steps
+        rows.append(
+            {
+                'model': model,
+                'batch': b,
+                'devices': n,
+                **{f'{k}_ms': 1e3 * v for k, v in t.items()},
+                'explicit_over_auto': t['explicit'] / t['auto'],
+                **{f'{k}_per_sec': units / v for k, v in t.items()},
+            }
+        )
+    return rows
+
+
+def sweep(counts, rounds: int) -> list[dict]:
+    """2. Devices 1..8 at a fixed global batch and at a fixed per-device batch."""
+    rows = []
+    for model, per_device, fixed in (('mlp', 16, 128), ('transformer', 2, 16)):
+        for mode in ('fixed global batch', 'fixed per-device batch'):
+            runs = {}
+            for n in counts:
+                b = fixed if mode == 'fixed global batch' else per_device * n
+                for twin in (auto, explicit):
+                    runs[(twin.__name__.split('.')[0], n, b)] = runner(twin, n, model, b)
+            t = per_step(interleaved(runs, rounds), runs)
+            for (twin, n, b), v in t.items():
+                rows.append(
+                    {
+                        'model': model,
+                        'mode': mode,
+                        'twin': twin,
+                        'devices': n,
+                        'batch': b,
+                        'step_ms': 1e3 * v,
+                        'per_sec': runs[(twin, n, b)].units / runs[(twin, n, b)].steps / v,
+                    }
+                )
+    return rows
+
+
+def attention_sweep(lengths, rounds: int, dtype=jnp.float32) -> list[dict]:
+    """3. naive vs fused attention, forward and backward of one layer: latency and XLA's
+    compiled temporary memory (memory_analysis), where naive's T x T scores show up."""
+    rows = []
+    for t in lengths:
+        k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+        q, k, v = (jax.random.normal(key, (1, t, 4, 32), dtype) for key in (k1, k2, k3))
+        fns, temp = {}, {}
+        for name in ('naive', 'fused'):
+            f = jax.jit(
+                jax.grad(
+                    lambda q, k, v, f=attention.ATTENTION[name]: f(q, k, v).sum(), argnums=(0, 1, 2)
+                )
+            )
+            compiled = f.lower(q, k, v).compile()
+            temp[name] = compiled.memory_analysis().temp_size_in_bytes
+            fns[name] = lambda c=compiled: jax.block_until_ready(c(q, k, v))
+        med = interleaved(fns, rounds, warmup=1)
+        rows.append(
+            {
+                'seq_len': t,
+                **{f'{n}_ms': 1e3 * med[n] for n in fns},
+                **{f'{n}_temp_bytes': temp[n] for n in fns},
+            }
+        )
+    return rows
+
+
+def generation(lengths, rounds: int, model_config=NANOGPT) -> list[dict]:
+    """4. Bytes/s of the padded path vs the KV-cache path."""
+    graphdef, params = nnx.split(Transformer(model_config, rngs=nnx.Rngs(0)))
+    gen = generate.Generator(graphdef, params)
+    rows = []
+    for n in lengths:
+        fns = {
+            kv: (lambda kv=kv: gen.generate(b'ROMEO:', n, kv_cache=kv))
+            for kv in ('padded', 'kv_cache')
+        }
+        fns = {
+            'padded': lambda: gen.generate(b'ROMEO:', n),
+            'kv_cache': lambda: gen.generate(b'ROMEO:', n, kv_cache=True),
+        }
+        med = interleaved(fns, rounds, warmup=1)
+        rows.append({'new_bytes': n, **{f'{k}_bytes_per_sec': n / med[k] for k in fns}})
+    return rows
+
+
+def matmul_peak(n=1024, rounds=7) -> float:
+    """FLOP/s of one large float32 matmul on one device: the machine's practical peak."""
+    a = jax.random.normal(jax.random.key(0), (n, n))
+    f = jax.jit(lambda a: a @ a)
+    med = interleaved({'mm': lambda: jax.block_until_ready(f(a))}, rounds)
+    return 2 * n**3 / med['mm']
+
+
+def nanogpt(rounds: int, model_config=NANOGPT, batch_size=12) -> dict:
+    """5. The transformer at nanoGPT's CPU configuration on one device: tokens/s, the share of
+    the backward pass, and achieved FLOP/s against the measured matmul peak."""
+    graphdef, tx, state, loss, batch, units = setup('transformer', batch_size, model_config)
+    step = reference_train_step(graphdef, loss, tx)
+    flops = step.lower(state, batch).compile().cost_analysis()['flops']
+    fwd = jax.jit(lambda p, b: loss(nnx.merge(graphdef, p), b)[0])
+    train = runner(None, 1, 'transformer', batch_size, steps=10, model_config=model_config)
+    forward = lambda: [jax.block_until_ready(fwd(state.params, batch)) for _ in range(10)]  # noqa: E731
+    med = interleaved({'train': train, 'forward': forward}, rounds)
+    step_s, fwd_s = med['train'] / 10, med['forward'] / 10
+    n_params = sum(p.size for p in jax.tree.leaves(state.params))
+    c, t, layers = model_config.embed_dim, model_config.seq_len, model_config.num_layers
+    analytic = units * (6 * n_params + 12 * layers * c * t)  # nanoGPT's estimate_mfu formula
+    peak = matmul_peak()
+    return {
+        'batch': batch_size,
+        'seq_len': t,
+        'step_ms': 1e3 * step_s,
+        'tokens_per_sec': units / step_s,
+        'forward_ms': 1e3 * fwd_s,
+        'step_over_forward': step_s / fwd_s,
+        'xla_flops_per_step': flops,
+        'analytic_flops_per_step': analytic,
+        'achieved_flops_per_sec': analytic / step_s,
+        'matmul_peak_flops_per_sec': peak,
+        'fraction_of_peak': analytic / step_s / peak,
+    }
