@@ -91,3 +91,17 @@ def fresh_state(seed=0, case: Case | None = None):
     tx = make_optimizer(case.config if case else cfg.TrainConfig())
     graphdef, state = create_state(make_model(nnx.Rngs(seed)), tx)
     return graphdef, tx, jax.tree.map(np.array, state)
+
+
+def save_checkpoint(workdir, state, case: Case, model_config=TINY_TRANSFORMER):
+    """Saves `state` as the train CLI would, with the config that rebuilds it."""
+    from shard_parity import checkpoint
+
+    saved = {
+        'model': case.name,
+        'model_config': cfg.to_dict(model_config),
+        'train': cfg.to_dict(case.config),
+    }
+    with checkpoint.manager(workdir) as mngr:
+        checkpoint.save(mngr, state, saved)
+        mngr.wait_until_finished()

@@ -8,7 +8,7 @@ from flax import nnx
 
 from auto import train_step as auto
 from explicit import train_step as explicit
-from parity_tests.conftest import TINY_TRANSFORMER, fresh_state, make_case
+from parity_tests.conftest import TINY_TRANSFORMER, fresh_state, make_case, save_checkpoint
 from shard_parity import UsageError, checkpoint
 from shard_parity import config as cfg
 from shard_parity.mesh import make_mesh
@@ -28,12 +28,7 @@ def trained(mesh8, tmp_path_factory):
     for i in range(3):
         state, _ = step(state, auto.place_batch(case.batches.batch(i), mesh8))
     workdir = tmp_path_factory.mktemp('ckpt')
-    saved = {
-        'model': 'transformer',
-        'model_config': cfg.to_dict(TINY_TRANSFORMER),
-        'train': cfg.to_dict(case.config),
-    }
-    checkpoint.save(workdir, state, saved)
+    save_checkpoint(workdir, state, case)
     tokens = case.batches.batch(100)['x']
     return workdir, graphdef, state, tokens, logits(graphdef, state.params, tokens)
 

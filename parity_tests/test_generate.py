@@ -9,7 +9,7 @@ import pytest
 
 from auto import train_step as auto
 from explicit import train_step as explicit
-from parity_tests.conftest import REPO, TINY_TRANSFORMER, fresh_state, make_case
+from parity_tests.conftest import REPO, TINY_TRANSFORMER, fresh_state, make_case, save_checkpoint
 from shard_parity import UsageError, checkpoint, generate
 from shard_parity import config as cfg
 from shard_parity.mesh import make_mesh
@@ -24,12 +24,7 @@ def workdir(tmp_path_factory):
     _, _, state = fresh_state(case=case)
     state = state._replace(params=jax.tree.map(lambda p: 10 * p, state.params))
     path = tmp_path_factory.mktemp('gen')
-    saved = {
-        'model': 'transformer',
-        'model_config': cfg.to_dict(TINY_TRANSFORMER),
-        'train': cfg.to_dict(case.config),
-    }
-    checkpoint.save(path, state, saved)
+    save_checkpoint(path, state, case)
     return path
 
 

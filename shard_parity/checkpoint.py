@@ -3,9 +3,11 @@
     <workdir>/checkpoints/<step>/state   the TrainState (params, optimizer state, step)
     <workdir>/checkpoints/<step>/config  {'model': ..., 'model_config': ..., 'train': ...}
 
-`restore` needs no flags: it rebuilds the model and optimizer from the saved config, and reads
-the arrays straight into the shardings that the caller's twin gives them on the caller's mesh,
-so a checkpoint written by one twin, on any number of devices, restores into the other.
+Orbax writes each step into a temporary folder and renames it when complete, so a save killed
+half-way never looks like a checkpoint; `latest` only ever sees complete ones. `restore` needs
+no flags: it rebuilds the model and optimizer from the saved config and reads the arrays straight
+into the shardings the restoring twin uses on its own mesh, so a checkpoint written by one twin,
+on any number of devices, restores into the other on any other.
 """
 
 import pathlib
@@ -18,24 +20,72 @@ from shard_parity import UsageError
 from shard_parity import config as cfg
 from shard_parity.step import TrainState, make_optimizer
 
+RESUMABLE = ('steps', 'log_every', 'eval_every')  # train settings a resumed run may change
 
-def manager(workdir: pathlib.Path, **options) -> ocp.CheckpointManager:
-    return ocp.CheckpointManager(
-        pathlib.Path(workdir).absolute() / 'checkpoints',
-        options=ocp.CheckpointManagerOptions(**options),
-        item_names=('state', 'config'),
+
+def manager(workdir, keep: int | None = None, create: bool = True) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep,
+        create=create,
+        cleanup_tmp_directories=True,
+        enable_async_checkpointing=True,  # save() returns once the arrays are copied to host
     )
+    folder = pathlib.Path(workdir).absolute() / 'checkpoints'
+    return ocp.CheckpointManager(folder, options=options, item_names=('state', 'config'))
 
 
-def save(workdir: pathlib.Path, state: TrainState, saved_config: dict) -> None:
-    with manager(workdir) as mngr:
-        mngr.save(
-            int(state.step),
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(saved_config)
-            ),
+def save(mngr: ocp.CheckpointManager, state: TrainState, saved_config: dict) -> None:
+    """Starts an asynchronous save; mngr.wait_until_finished() waits for it."""
+    # A private copy: the train step donates its input buffers, which must not be the ones
+    # Orbax is still reading.
+    state = jax.tree.map(lambda x: x.copy(), state)
+    args = ocp.args.Composite(
+        state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(saved_config)
+    )
+    mngr.save(int(state.step), args=args, force=True)
+
+
+def read_config(mngr: ocp.CheckpointManager, step: int) -> dict:
+    args = ocp.args.Composite(config=ocp.args.JsonRestore())
+    return _guarded(mngr, step, lambda: mngr.restore(step, args=args)['config'])
+
+
+def restore_state(mngr: ocp.CheckpointManager, step: int, target: TrainState) -> TrainState:
+    """Reads step `step` into `target`'s shapes, dtypes and shardings (ShapeDtypeStructs)."""
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(target))
+    return _guarded(mngr, step, lambda: mngr.restore(step, args=args)['state'])
+
+
+def _guarded(mngr, step, read):
+    try:
+        return read()
+    except Exception as e:  # tensorstore, JSON and file errors all mean the same to the user
+        older = [s for s in mngr.all_steps() if s < step]
+        raise UsageError(
+            f'checkpoint {mngr.directory / str(step)} is corrupt or truncated '
+            f'({type(e).__name__}: {str(e)[:200]}); older checkpoints: {older or "none"}. '
+            f'Move it aside to use the newest older one.'
+        ) from e
+
+
+def check_compatible(saved: dict, requested: dict) -> None:
+    """Refuses a checkpoint of another model, naming every field that differs."""
+    diffs = (
+        [f"--model: checkpoint {saved['model']}, requested {requested['model']}"]
+        if saved['model'] != requested['model']
+        else []
+    )
+    for group, skip in (('model_config', ()), ('train', RESUMABLE)):
+        for key, value in requested[group].items():
+            old = saved[group].get(key)
+            if key not in skip and _tuples({key: old})[key] != _tuples({key: value})[key]:
+                diffs.append(f'--{key}: checkpoint {old}, requested {value}')
+    if diffs:
+        raise UsageError(
+            'the checkpoint in this --workdir was trained with other settings: '
+            + '; '.join(diffs)
+            + '. Use another --workdir, or the same settings.'
         )
-        mngr.wait_until_finished()
 
 
 def build_model(saved_config: dict, rngs: nnx.Rngs) -> nnx.Module:
@@ -51,25 +101,30 @@ def _tuples(d: dict) -> dict:  # JSON turns tuples into lists; frozen configs wa
     return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
 
 
-def restore(workdir: pathlib.Path, twin, mesh, step: int | None = None):
+def target_for(state_like, sharding) -> TrainState:
+    """ShapeDtypeStructs of `state_like` (arrays or abstract), all placed with `sharding`."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), state_like
+    )
+
+
+def restore(workdir, twin, mesh, step: int | None = None):
     """(saved config, graphdef, TrainState placed as `twin` places it on `mesh`)."""
-    folder = pathlib.Path(workdir) / 'checkpoints'
+    if not (pathlib.Path(workdir) / 'checkpoints').is_dir():
+        raise UsageError(
+            f'no checkpoint in {pathlib.Path(workdir) / "checkpoints"}: train '
+            f'with --workdir={workdir} first'
+        )
     with manager(workdir, create=False) as mngr:
-        step = mngr.latest_step() if folder.is_dir() and step is None else step
+        step = mngr.latest_step() if step is None else step
         if step is None:
-            raise UsageError(f'no checkpoint in {folder}: train with --workdir={workdir} first')
-        saved = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))['config']
-        train_config = cfg.TrainConfig(**saved['train'])
-        tx = make_optimizer(train_config)
-        model = nnx.eval_shape(lambda: build_model(saved, nnx.Rngs(0)))
-        graphdef, params = nnx.split(model)
+            raise UsageError(f'no complete checkpoint in {mngr.directory}')
+        saved = read_config(mngr, step)
+        tx = make_optimizer(cfg.TrainConfig(**saved['train']))
+        graphdef, params = nnx.split(nnx.eval_shape(lambda: build_model(saved, nnx.Rngs(0))))
         abstract = TrainState(
             jax.ShapeDtypeStruct((), 'int32'), params, jax.eval_shape(tx.init, params)
         )
-        # The target: this twin's placement of the state (replicated) on the caller's mesh.
         sharding = jax.sharding.NamedSharding(mesh, twin.REPLICATED)
-        target = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract
-        )
-        state = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
-    return saved, graphdef, state['state']
+        state = restore_state(mngr, step, target_for(abstract, sharding))
+    return saved, graphdef, state

@@ -98,6 +98,16 @@ WORKDIR = flags.DEFINE_string(
     None,
     'Where metrics.jsonl, reports and the checkpoint go. Default: runs/<twin>_<model>.',
 )
+CHECKPOINT_EVERY = flags.DEFINE_integer(
+    'checkpoint_every',
+    None,
+    'Save a checkpoint every N steps (default: at each evaluation) and '
+    'at the end. A rerun with the same --workdir resumes from the latest.',
+    lower_bound=1,
+)
+KEEP = flags.DEFINE_integer('keep', 3, 'How many checkpoints to keep.', lower_bound=1)
+DEBUG_NANS = flags.DEFINE_bool('debug_nans', False, "Turn on JAX's NaN checks (slow).")
+VERBOSE = flags.DEFINE_bool('verbose', False, 'Show the traceback of an expected error too.')
 SHOW_SHARDING = flags.DEFINE_bool(
     'show_sharding', False, 'Print where one batch and one weight live on the devices.'
 )

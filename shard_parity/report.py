@@ -25,12 +25,29 @@ def atomic_write(path: pathlib.Path, write) -> None:
         raise
 
 
+def ensure_writable(workdir: pathlib.Path) -> None:
+    """Fails early, with the path in the message, rather than after the first hour of training."""
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=workdir).close()
+    except OSError as e:
+        raise OSError(f'--workdir={workdir} is not writable ({e.strerror})') from e
+
+
 class MetricsLog:
     """<workdir>/metrics.jsonl: one JSON object per line, each with 'step'."""
 
-    def __init__(self, path: pathlib.Path):
+    def __init__(self, path: pathlib.Path, resume_from: int = 0):
+        """A new run starts a new log; a run resumed at step s keeps the lines up to s (not the
+        final one) and drops what a killed run logged after its last checkpoint."""
         self.path = path
-        path.write_text('')  # a new run starts a new log
+        keep = []
+        if resume_from and path.exists():
+            for line in path.read_text().splitlines():
+                record = json.loads(line)
+                if record['step'] <= resume_from and not record.get('final'):
+                    keep.append(line + '\n')
+        atomic_write(path, lambda f: f.write(''.join(keep).encode()))
 
     def write(self, **record) -> None:
         with self.path.open('a') as f:

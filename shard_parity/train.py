@@ -1,17 +1,20 @@
 """The training loop and CLI that both twins run; the twin only supplies its train_step module.
 
     python -m auto.train --model=mlp --steps=600 --cpu_devices=8
-    python -m explicit.train --model=mlp --steps=600 --cpu_devices=8
+    python -m explicit.train --model=transformer --cpu_devices=1 --workdir=runs/t
 
-The loop waits on the device only every `--log_every` steps, at evaluations, and to keep at most
-two steps in flight: on a 2-core host with 8 emulated devices, queueing many steps deadlocks
-XLA's in-process CPU all-reduce, so after dispatching step i we wait for step i-1.
+The loop waits on the device only every `--log_every` steps, at evaluations and checkpoints, and
+to keep at most two steps in flight: on a 2-core host with 8 emulated devices, queueing many
+steps deadlocks XLA's in-process CPU all-reduce, so after dispatching step i we wait for step
+i-1. A rerun with the same --workdir resumes from its latest complete checkpoint; --steps is the
+total, so a larger --steps trains on.
 """
 
 import json
 import pathlib
 import sys
 import time
+import traceback
 
 import jax
 import numpy as np
@@ -25,6 +28,10 @@ from shard_parity import config as cfg
 from shard_parity import flags as F
 from shard_parity.mesh import configure_jax, make_mesh
 from shard_parity.step import create_state, make_optimizer
+
+
+class Diverged(UsageError):
+    """The loss became NaN or inf: training stops before anything non-finite is saved."""
 
 
 def check_batch(batch_size: int, mesh) -> None:
@@ -55,24 +62,51 @@ def show_sharding(state, batch):
     jax.debug.visualize_array_sharding(w)
 
 
+def check_finite(pending: list, first_step: int, mngr) -> None:
+    """Raises Diverged naming the first step whose loss is not finite."""
+    if not pending:
+        return
+    losses = np.array([float(m['loss']) for m in pending])
+    bad = np.flatnonzero(~np.isfinite(losses))
+    if len(bad):
+        last = mngr.latest_step()
+        raise Diverged(
+            f'the loss is {losses[bad[0]]} at step {first_step + bad[0]}: training stopped. '
+            f'The last good checkpoint ({"step " + str(last) if last else "none"}) is kept; '
+            'lower --learning_rate, or find the operation with --debug_nans'
+        )
+    pending.clear()
+
+
+def resume(mngr, state, saved: dict, twin, mesh):
+    """(state, step): the latest complete checkpoint if this workdir has one, else (state, 0)."""
+    step = mngr.latest_step()
+    if step is None:
+        return state, 0
+    checkpoint.check_compatible(checkpoint.read_config(mngr, step), saved)
+    sharding = jax.sharding.NamedSharding(mesh, twin.REPLICATED)
+    logging.warning('resuming from %s', mngr.directory / str(step))
+    return checkpoint.restore_state(mngr, step, checkpoint.target_for(state, sharding)), step
+
+
 def run(
     twin,
     task: tasks.Task,
     config: cfg.TrainConfig,
     mesh,
     workdir: pathlib.Path,
-    sharding: bool = False,
+    sharding=False,
+    checkpoint_every=None,
+    keep=3,
 ) -> dict:
-    """Trains `task` with `twin` (auto.train_step or explicit.train_step); returns the last line."""
+    """Trains `task` with `twin` (auto.train_step or explicit.train_step); returns the last line.
+    Saves a checkpoint every `checkpoint_every` steps (default: at each evaluation) and at the
+    end, and resumes from the latest one in `workdir`."""
     check_batch(config.batch_size, mesh)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = twin.place_state(state, mesh)
-    train_step = twin.train_step(graphdef, task.loss_fn, tx, mesh)
-    eval_step = twin.eval_step(graphdef, task.eval_fn, mesh)
-
     name = twin.__name__.split('.')[0]
-    workdir.mkdir(parents=True, exist_ok=True)
     saved = {
         'model': task.name,
         'model_config': cfg.to_dict(task.model_config),
@@ -80,49 +114,106 @@ def run(
         'twin': name,
         'devices': mesh.size,
     }
-    report.atomic_write(
-        workdir / 'config.json', lambda f: f.write(json.dumps(saved, indent=2).encode())
-    )
-    log = report.MetricsLog(workdir / 'metrics.jsonl')
+    report.ensure_writable(workdir)
+    with checkpoint.manager(workdir, keep) as mngr:
+        state, start = resume(mngr, state, saved, twin, mesh)
+        text = json.dumps(saved, indent=2)
+        report.atomic_write(workdir / 'config.json', lambda f: f.write(text.encode()))
+        log = report.MetricsLog(workdir / 'metrics.jsonl', resume_from=start)
+        loop = Loop(twin, task, config, mesh, graphdef, tx, log, mngr, saved)
+        return loop.run(state, start, checkpoint_every or config.eval_every, sharding, workdir)
 
-    window, previous, train_seconds, t0 = [], None, 0.0, time.perf_counter()
-    bar = tqdm(range(config.steps), desc=name, unit='step', mininterval=1)
-    for i in bar:
-        batch = twin.place_batch(task.train_batches.batch(i), mesh)
-        if sharding and i == 0:
-            show_sharding(state, batch)
-        state, metrics = train_step(state, batch)
-        window.append(metrics)
-        if previous is not None:
-            jax.block_until_ready(previous)  # at most two steps in flight: see the docstring
-        previous, step = metrics, i + 1
-        if step == 1:  # the first step compiles: leave it out of the throughput
-            jax.block_until_ready(metrics)
-            t0 = time.perf_counter()
-        if step % config.log_every == 0 or step == config.steps:
-            means = jax.tree.map(lambda *xs: float(np.mean(xs)), *window)
-            window = []
-            log.write(step=step, **{f'train_{k}': v for k, v in means.items()})
-            rate = (step - 1) * task.units_per_batch / (train_seconds + time.perf_counter() - t0)
-            bar.set_postfix(
-                loss=f"{means['loss']:.4f}", **{f'{task.throughput_unit}/s': f'{rate:.0f}'}
-            )
-        if step % config.eval_every == 0 or step == config.steps:
-            jax.block_until_ready(state)
-            train_seconds += time.perf_counter() - t0
-            evals, out = evaluate(twin, eval_step, state.params, task, mesh)
-            log.write(step=step, **evals)
-            tqdm.write(f'step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in evals.items()))
-            t0 = time.perf_counter()
-    bar.close()
-    rate = (config.steps - 1) * task.units_per_batch / max(train_seconds, 1e-9)
-    final = dict(
-        step=config.steps, final=True, **evals, **{f'{task.throughput_unit}_per_sec': rate}
+
+class Loop:
+    """The step loop, with its timer: evaluations and checkpoints are left out of throughput."""
+
+    def __init__(self, twin, task, config, mesh, graphdef, tx, log, mngr, saved):
+        self.twin, self.task, self.config, self.mesh = twin, task, config, mesh
+        self.log, self.mngr, self.saved = log, mngr, saved
+        self.train_step = twin.train_step(graphdef, task.loss_fn, tx, mesh)
+        self.eval_step = twin.eval_step(graphdef, task.eval_fn, mesh)
+        self.seconds, self.t0 = 0.0, time.perf_counter()
+
+    def pause(self):
+        self.seconds += time.perf_counter() - self.t0
+
+    def resume(self):
+        self.t0 = time.perf_counter()
+
+    def run(self, state, start, checkpoint_every, sharding, workdir) -> dict:
+        c, twin, mesh = self.config, self.twin, self.mesh
+        window, pending, previous = [], [], None
+        bar = tqdm(
+            range(start, c.steps),
+            initial=start,
+            total=c.steps,
+            desc=twin.__name__.split('.')[0],
+            unit='step',
+            mininterval=1,
+        )
+        evals, out = None, None
+        for i in bar:
+            batch = twin.place_batch(self.task.train_batches.batch(i), mesh)
+            if sharding and i == start:
+                show_sharding(state, batch)
+            state, metrics = self.train_step(state, batch)
+            window.append(metrics)
+            pending.append(metrics)
+            if previous is not None:
+                jax.block_until_ready(previous)  # at most two steps in flight: see the docstring
+            previous, step = metrics, i + 1
+            if step == start + 1:  # the first step compiles: leave it out of the throughput
+                jax.block_until_ready(metrics)
+                self.seconds, self.t0 = 0.0, time.perf_counter()
+            if step % c.log_every == 0 or step == c.steps:
+                check_finite(pending, step - len(pending) + 1, self.mngr)
+                means = jax.tree.map(lambda *xs: float(np.mean(xs)), *window)
+                window = []
+                self.log.write(step=step, **{f'train_{k}': v for k, v in means.items()})
+                bar.set_postfix(
+                    loss=f"{means['loss']:.4f}", **{self.unit: f'{self.rate(step - start):.0f}'}
+                )
+            if step % c.eval_every == 0 or step == c.steps:
+                self.pause()
+                evals, out = evaluate(twin, self.eval_step, state.params, self.task, mesh)
+                self.log.write(step=step, **evals)
+                tqdm.write(f'step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in evals.items()))
+                self.resume()
+            if step % checkpoint_every == 0 or step == c.steps:
+                self.pause()
+                check_finite(pending, step - len(pending) + 1, self.mngr)
+                checkpoint.save(self.mngr, state, self.saved)
+                self.resume()
+        bar.close()
+        if evals is None:  # nothing left to train: this workdir already reached --steps
+            evals, out = evaluate(twin, self.eval_step, state.params, self.task, mesh)
+        self.pause()
+        final = dict(
+            step=c.steps,
+            final=True,
+            **evals,
+            **{f'{self.task.throughput_unit}_per_sec': self.rate(c.steps - start)},
+        )
+        self.log.write(**final)
+        self.task.write_report(workdir, out)
+        self.mngr.wait_until_finished()
+        return final
+
+    @property
+    def unit(self):
+        return f'{self.task.throughput_unit}/s'
+
+    def rate(self, steps_done: int) -> float:
+        seconds = self.seconds + (time.perf_counter() - self.t0)
+        return max(steps_done - 1, 0) * self.task.units_per_batch / max(seconds, 1e-9)
+
+
+def make_task(config):
+    if F.MODEL.value == 'mlp':
+        return tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value)
+    return tasks.shakespeare_task(
+        config, F.transformer_config(), F.DATA_DIR.value, F.DOWNLOAD.value
     )
-    log.write(**final)
-    task.write_report(workdir, out)
-    checkpoint.save(workdir, state, saved)
-    return final
 
 
 def main(twin):
@@ -135,20 +226,25 @@ def main(twin):
             logging.set_verbosity(logging.WARNING)
         try:
             configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
+            jax.config.update('jax_debug_nans', F.DEBUG_NANS.value)
             mesh = make_mesh(F.NUM_DEVICES.value)
             config = F.train_config()
             check_batch(config.batch_size, mesh)
-            if F.MODEL.value == 'mlp':
-                task = tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value)
-            else:
-                model_config = F.transformer_config()
-                task = tasks.shakespeare_task(
-                    config, model_config, F.DATA_DIR.value, F.DOWNLOAD.value
-                )
             name = twin.__name__.split('.')[0]
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{name}_{F.MODEL.value}')
-            final = run(twin, task, config, mesh, workdir, F.SHOW_SHARDING.value)
-        except (UsageError, datasets.DataError) as e:
+            final = run(
+                twin,
+                make_task(config),
+                config,
+                mesh,
+                workdir,
+                F.SHOW_SHARDING.value,
+                F.CHECKPOINT_EVERY.value,
+                F.KEEP.value,
+            )
+        except (UsageError, datasets.DataError, OSError) as e:
+            if F.VERBOSE.value:
+                traceback.print_exc()
             sys.exit(f'error: {e}')
         print(json.dumps(final))
 
