@@ -42,7 +42,14 @@ def save(mngr: ocp.CheckpointManager, state: TrainState, saved_config: dict) -> 
     args = ocp.args.Composite(
         state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(saved_config)
     )
-    mngr.save(int(state.step), args=args, force=True)
+    try:
+        mngr.save(int(state.step), args=args, force=True)
+    except OSError as e:  # a full disk, say: the temporary folder is dropped, older ones stay
+        raise OSError(
+            f'could not save the checkpoint of step {int(state.step)} in '
+            f'{mngr.directory} ({e.strerror or e}); the earlier checkpoints are '
+            'intact'
+        ) from e
 
 
 def read_config(mngr: ocp.CheckpointManager, step: int) -> dict:

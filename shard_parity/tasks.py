@@ -15,8 +15,8 @@ from flax import nnx
 
 import datasets
 from datasets import batches, mnist, shakespeare
+from shard_parity import UsageError, report
 from shard_parity import config as cfg
-from shard_parity import report
 from shard_parity.models import MLP
 from shard_parity.transformer import Transformer
 
@@ -102,6 +102,11 @@ def shakespeare_task(
 ) -> Task:
     train, val = shakespeare.load(datasets.data_root(data_dir), download=download)
     b, t = config.batch_size, model_config.seq_len
+    if t >= len(val):
+        raise UsageError(
+            f'--seq_len={t} is longer than the validation text ({len(val):,} '
+            'bytes): windows of that length cannot be drawn; use a shorter context'
+        )
 
     def summarize(out):
         loss = float(out['loss'].mean())

@@ -36,10 +36,11 @@ class Diverged(UsageError):
 
 def check_batch(batch_size: int, mesh) -> None:
     if batch_size % mesh.size:
+        fits = [n for n in (1, 2, 4, 8) if batch_size % n == 0 and n < mesh.size]
         raise UsageError(
             f'--batch_size={batch_size} is not divisible by the {mesh.size} devices of the '
             f'mesh: each device takes batch_size/{mesh.size} examples; use a multiple of '
-            f'{mesh.size}'
+            f'{mesh.size}, or --num_devices={fits[-1]}'
         )
 
 

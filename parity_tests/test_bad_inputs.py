@@ -1,0 +1,229 @@
+"""Claim: every bad input and fault in the README's table ends with one clear line and a
+non-zero exit, leaves earlier good files intact, and prints the message the table shows.
+
+ROWS is the table: (what goes wrong, the message fragment the user sees, the test that shows
+it). The rows run here are CLI invocations; the others point at the test file that owns them.
+"""
+
+import dataclasses
+import errno
+import importlib
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from auto import train_step as auto
+from parity_tests.conftest import REPO, TINY_TRANSFORMER, make_case
+from parity_tests.test_cli import run_cli
+from shard_parity import checkpoint, tasks
+from shard_parity.mesh import make_mesh
+from shard_parity.train import run
+
+ROWS = [
+    (
+        'batch not divisible by the device count',
+        'is not divisible by the 8 devices of the mesh',
+        'test_cli.test_bad_flags_get_one_clear_line',
+    ),
+    (
+        'more devices asked than exist',
+        'but this process has 8 CPU devices: use 1..8',
+        'test_cli.test_bad_flags_get_one_clear_line',
+    ),
+    (
+        '--cpu_devices after JAX started',
+        'came too late: JAX has already started with 8 devices',
+        'test_cli.test_cpu_devices_after_jax_started_is_refused',
+    ),
+    (
+        'unknown model',
+        'flag --model=resnet: value should be one of <mlp|transformer>',
+        'test_cli.test_bad_flags_get_one_clear_line',
+    ),
+    ('unknown flag', "Unknown command line flag 'nosuchflag'", 'test_bad_inputs.test_cli_row'),
+    (
+        'stray argument',
+        "unexpected arguments ['stray']: every setting is a --flag",
+        'test_cli.test_bad_flags_get_one_clear_line',
+    ),
+    (
+        'zero or negative size',
+        'flag --batch_size=-8: -8 is not a positive integer',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--num_kv_heads not dividing --num_heads',
+        '--num_kv_heads=3 does not divide --num_heads=4',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--embed_dim not divisible by --num_heads',
+        '--embed_dim=30 is not divisible by --num_heads=4',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--seq_len beyond the text',
+        '--seq_len=200000 is longer than the validation text (111,540 bytes)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'warm-up as long as the schedule',
+        '--warmup_steps=100 must be below the length of the schedule',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'data folder missing, downloads off',
+        'is missing and downloading is off',
+        'test_cli.test_missing_data_says_where_to_put_it',
+    ),
+    (
+        'data missing and the host unreachable (offline)',
+        'offline or host unreachable',
+        'test_datasets.test_offline_error_names_the_expected_path',
+    ),
+    (
+        'truncated or corrupt data file',
+        'is not a readable gzip file',
+        'test_cli.test_corrupt_data_names_the_file',
+    ),
+    (
+        'data file whose IDX header disagrees with its size',
+        'but its IDX header',
+        'test_datasets.test_idx_size_mismatch_names_the_file',
+    ),
+    (
+        'wrong checksum on download',
+        'md5 mismatch for',
+        'test_datasets.test_wrong_checksum_leaves_no_file',
+    ),
+    (
+        'interrupted download',
+        'truncated download from',
+        'test_datasets.test_truncated_response_leaves_no_file',
+    ),
+    (
+        'missing checkpoint',
+        'no checkpoint in',
+        'test_generate.test_cli_without_a_checkpoint_says_so',
+    ),
+    (
+        'corrupt or truncated checkpoint',
+        'is corrupt or truncated',
+        'test_resume.test_corrupt_checkpoint_is_reported_and_older_ones_stay',
+    ),
+    (
+        'checkpoint of other settings',
+        'was trained with other settings: --embed_dim: checkpoint 16, requested 32',
+        'test_resume.test_other_model_settings_are_refused_naming_the_fields',
+    ),
+    ('unwritable workdir', 'is not writable', 'test_bad_inputs.test_cli_row'),
+    (
+        'disk full while saving',
+        'could not save the checkpoint of step 10',
+        'test_bad_inputs.test_disk_full_while_saving_keeps_the_earlier_checkpoints',
+    ),
+    (
+        'NaN or inf loss',
+        'training stopped',
+        'test_resume.test_a_diverging_loss_stops_without_saving_nan',
+    ),
+    (
+        'prompt longer than the context',
+        "longer than the model's context of 16 bytes",
+        'test_generate.test_prompt_longer_than_the_context_is_refused',
+    ),
+    (
+        'generating from an MLP checkpoint',
+        'generation needs --model=transformer',
+        'test_bad_inputs.test_cli_row',
+    ),
+    ('--top_k outside 1..256', 'flag --top_k=0: 0 is not', 'test_bad_inputs.test_cli_row'),
+    (
+        'non-UTF-8 output bytes (not an error)',
+        'printed as \\xNN, exit 0',
+        'test_generate.test_cli_prints_non_utf8_bytes_and_handles_an_empty_prompt',
+    ),
+    ('unknown benchmark section', "--sections has ['foo']", 'test_bad_inputs.test_cli_row'),
+]
+
+TINY = ['--model=transformer', '--batch_size=16', '--cpu_devices=8']
+CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
+    'unknown flag': ('auto.train', ['--nosuchflag']),
+    'zero or negative size': ('explicit.train', ['--batch_size=-8']),
+    '--num_kv_heads not dividing --num_heads': ('auto.train', [*TINY, '--num_kv_heads=3']),
+    '--embed_dim not divisible by --num_heads': ('auto.train', [*TINY, '--embed_dim=30']),
+    '--seq_len beyond the text': ('explicit.train', [*TINY, '--seq_len=200000']),
+    'warm-up as long as the schedule': ('auto.train', [*TINY, '--steps=50']),
+    'unwritable workdir': ('auto.train', ['--steps=1', f'--workdir={REPO}/setup.cfg/run']),
+    'generating from an MLP checkpoint': ('auto.generate', ['--workdir={mlp}']),
+    '--top_k outside 1..256': ('explicit.generate', ['--workdir={mlp}', '--top_k=0']),
+    'unknown benchmark section': ('benchmarks.run', ['--sections=foo']),
+}
+
+
+def message(row):
+    return next(m for what, m, _ in ROWS if what == row)
+
+
+def test_every_row_has_a_test_and_is_in_the_readme():
+    readme = REPO + '/README.md'
+    text = open(readme).read()
+    table = text[text.index('## Every bad input answered') :]
+    assert len(ROWS) >= 20
+    for what, msg, test in ROWS:
+        cell = msg.replace('|', '\\|')  # Markdown tables escape the pipe
+        assert f'`{cell}`' in table, f'README table lacks the message of {what!r}: {msg}'
+        module, name = test.split('.')
+        assert hasattr(importlib.import_module(f'parity_tests.{module}'), name), test
+
+
+@pytest.fixture(scope='module')
+def mlp_workdir(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp('mlp')
+    result = run_cli('auto', '--steps=2', '--cpu_devices=8', f'--workdir={workdir}')
+    assert result.returncode == 0, result.stderr[-2000:]
+    return workdir
+
+
+@pytest.mark.parametrize('row', CLI_ROWS)
+def test_cli_row(row, mlp_workdir):
+    import subprocess
+    import sys
+
+    module, flags = CLI_ROWS[row]
+    flags = [f.format(mlp=mlp_workdir) for f in flags]
+    result = subprocess.run(
+        [sys.executable, '-m', module, *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert message(row) in result.stderr, result.stderr[-1500:]
+    assert 'Traceback' not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len([line for line in lines if message(row) in line]) == 1
+
+
+def test_disk_full_while_saving_keeps_the_earlier_checkpoints(mesh8, tmp_path, monkeypatch):
+    case = make_case('transformer')
+    config = dataclasses.replace(case.config, steps=10, eval_every=5, batch_size=16)
+    task = tasks.shakespeare_task(config, TINY_TRANSFORMER)
+    real_save = checkpoint.ocp.CheckpointManager.save
+
+    def save(self, step, *args, **kwargs):
+        if step == 10:
+            raise OSError(errno.ENOSPC, 'No space left on device')
+        return real_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'save', save)
+    with pytest.raises(OSError, match=re.escape(message('disk full while saving'))):
+        run(auto, task, config, mesh8, tmp_path, checkpoint_every=5)
+    monkeypatch.undo()
+    _, _, state = checkpoint.restore(tmp_path, auto, make_mesh(1))
+    assert int(state.step) == 5
+    assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(state.params))
+    assert sorted(p.name for p in (tmp_path / 'checkpoints').iterdir()) == ['5']
