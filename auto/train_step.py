@@ -23,8 +23,10 @@ def place_state(state: TrainState, mesh) -> TrainState:
 
 
 def place_batch(batch, mesh):
-    """A host batch of B examples -> a global array whose B/n-row slices sit on the n devices."""
-    return jax.device_put(batch, NamedSharding(mesh, BATCH))
+    """This process's rows of a batch -> global arrays split over the 'data' axis. With one
+    process those rows are the whole batch; with several, each loads only its own part."""
+    sharding = NamedSharding(mesh, BATCH)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
 
 
 def loss_and_grads(graphdef, loss_fn, mesh):

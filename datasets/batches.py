@@ -45,10 +45,11 @@ class ClassificationBatches:
             self._epoch = epoch
         return self._perm
 
-    def batch(self, step: int) -> dict:
+    def batch(self, step: int, rows: slice = slice(None)) -> dict:
+        """The global batch of `step`, or only its `rows` (a process's part of it)."""
         _check_int('step', step, 0)
         epoch, i = divmod(step, self.steps_per_epoch)
-        idx = self.permutation(epoch)[i * self.batch_size : (i + 1) * self.batch_size]  # (B,)
+        idx = self.permutation(epoch)[i * self.batch_size : (i + 1) * self.batch_size][rows]
         return dict(
             image=np.asarray(self.images[idx], np.float32),
             label=np.asarray(self.labels[idx], np.int32),
@@ -69,10 +70,12 @@ class LanguageModelBatches:
             )
         self.tokens, self.batch_size, self.seq_len, self.seed = tokens, batch_size, seq_len, seed
 
-    def batch(self, step: int) -> dict:
+    def batch(self, step: int, rows: slice = slice(None)) -> dict:
+        """The global batch of `step`, or only its `rows` (a process's part of it)."""
         _check_int('step', step, 0)
         n, t = len(self.tokens), self.seq_len
         ix = np.random.default_rng([self.seed, step]).integers(0, n - t, size=self.batch_size)
+        ix = ix[rows]
         window = ix[:, None] + np.arange(t)  # (B, T); the largest index is n - t - 1 + t = n - 1
         return dict(
             x=self.tokens[window].astype(np.int32), y=self.tokens[window + 1].astype(np.int32)

@@ -25,6 +25,20 @@ configure_jax(8)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# Small versions of both models for tests that run the train CLIs as subprocesses.
+CLI_MODELS = {
+    'mlp': ['--model=mlp', '--batch_size=64'],
+    'transformer': [
+        '--model=transformer',
+        '--seq_len=16',
+        '--num_layers=1',
+        '--num_heads=2',
+        '--embed_dim=16',
+        '--batch_size=16',
+        '--warmup_steps=2',
+    ],
+}
+
 
 @pytest.fixture(scope='session')
 def mesh8():

@@ -145,6 +145,11 @@ ROWS = [
         'printed as \\xNN, exit 0',
         'test_generate.test_cli_prints_non_utf8_bytes_and_handles_an_empty_prompt',
     ),
+    (
+        'incomplete multi-process settings',
+        'multi-process needs --coordinator_address, --num_processes and --process_id',
+        'test_bad_inputs.test_cli_row',
+    ),
     ('unknown benchmark section', "--sections has ['foo']", 'test_bad_inputs.test_cli_row'),
 ]
 
@@ -160,6 +165,7 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     'generating from an MLP checkpoint': ('auto.generate', ['--workdir={mlp}']),
     '--top_k outside 1..256': ('explicit.generate', ['--workdir={mlp}', '--top_k=0']),
     'unknown benchmark section': ('benchmarks.run', ['--sections=foo']),
+    'incomplete multi-process settings': ('explicit.train', ['--num_processes=2']),
 }
 
 

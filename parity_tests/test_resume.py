@@ -17,20 +17,12 @@ import pytest
 
 from auto import train_step as auto
 from explicit import train_step as explicit
-from parity_tests.conftest import REPO, fresh_state, make_case, save_checkpoint
+from parity_tests.conftest import CLI_MODELS, REPO, fresh_state, make_case, save_checkpoint
 from parity_tests.test_cli import read_metrics, run_cli
 from shard_parity import checkpoint
 from shard_parity.mesh import make_mesh
 
-TINY = [
-    '--seq_len=16',
-    '--num_layers=1',
-    '--num_heads=2',
-    '--embed_dim=16',
-    '--batch_size=16',
-    '--warmup_steps=2',
-]
-MODELS = {'mlp': ['--model=mlp', '--batch_size=64'], 'transformer': ['--model=transformer', *TINY]}
+MODELS = CLI_MODELS
 COMMON = [
     '--cpu_devices=8',
     '--decay_steps=40',

@@ -108,6 +108,25 @@ CHECKPOINT_EVERY = flags.DEFINE_integer(
 KEEP = flags.DEFINE_integer('keep', 3, 'How many checkpoints to keep.', lower_bound=1)
 DEBUG_NANS = flags.DEFINE_bool('debug_nans', False, "Turn on JAX's NaN checks (slow).")
 VERBOSE = flags.DEFINE_bool('verbose', False, 'Show the traceback of an expected error too.')
+# Several processes (one per host, or several on one machine: python -m parity_tests.launch).
+COORDINATOR = flags.DEFINE_string(
+    'coordinator_address', None, 'host:port of process 0, for jax.distributed.initialize.'
+)
+NUM_PROCESSES = flags.DEFINE_integer(
+    'num_processes', None, 'How many processes in all.', lower_bound=1
+)
+PROCESS_ID = flags.DEFINE_integer(
+    'process_id', None, 'This process: 0..num_processes-1.', lower_bound=0
+)
+DISTRIBUTED_AUTO = flags.DEFINE_bool(
+    'distributed_auto', False, 'Let jax.distributed.initialize detect the cluster (SLURM, ...).'
+)
+HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    'heartbeat_timeout',
+    30,
+    'Seconds before the others give up on a process that died.',
+    lower_bound=1,
+)
 SHOW_SHARDING = flags.DEFINE_bool(
     'show_sharding', False, 'Print where one batch and one weight live on the devices.'
 )

@@ -47,3 +47,37 @@ def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
         )
     # Auto: the compiler decides how sharded values flow; shard_map makes the axis manual inside.
     return jax.make_mesh((n,), (DATA,), axis_types=(AxisType.Auto,), devices=devices[:n])
+
+
+def start_processes(
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    auto_detect: bool = False,
+    heartbeat_timeout: int = 30,
+) -> None:
+    """Joins JAX's multi-process runtime, before anything else touches JAX. One process (no
+    settings) skips it. On the CPU, cross-process collectives go through gloo."""
+    if not (coordinator or num_processes or auto_detect):
+        return
+    if not auto_detect and None in (coordinator, num_processes, process_id):
+        raise UsageError(
+            'multi-process needs --coordinator_address, --num_processes and --process_id '
+            '(or --distributed_auto on a cluster JAX can detect, such as SLURM)'
+        )
+    if not auto_detect and not 0 <= process_id < num_processes:
+        raise UsageError(f'--process_id={process_id} must be in 0..{num_processes - 1}')
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')  # ignored off the CPU
+    jax.distributed.initialize(
+        coordinator, num_processes, process_id, heartbeat_timeout_seconds=heartbeat_timeout
+    )
+
+
+def local_rows(mesh, batch_size: int) -> slice:
+    """The rows of a global batch that this process's devices hold: all of them with one
+    process, a contiguous block with several (the mesh lists each process's devices together)."""
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(DATA))
+    blocks = [idx[0] for idx in sharding.addressable_devices_indices_map((batch_size,)).values()]
+    start = min(b.start or 0 for b in blocks)
+    stop = max(batch_size if b.stop is None else b.stop for b in blocks)
+    return slice(start, stop)

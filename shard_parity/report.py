@@ -37,10 +37,12 @@ def ensure_writable(workdir: pathlib.Path) -> None:
 class MetricsLog:
     """<workdir>/metrics.jsonl: one JSON object per line, each with 'step'."""
 
-    def __init__(self, path: pathlib.Path, resume_from: int = 0):
+    def __init__(self, path: pathlib.Path, resume_from: int = 0, enabled: bool = True):
         """A new run starts a new log; a run resumed at step s keeps the lines up to s (not the
         final one) and drops what a killed run logged after its last checkpoint."""
-        self.path = path
+        self.path, self.enabled = path, enabled
+        if not enabled:  # another process than 0: it writes nothing
+            return
         keep = []
         if resume_from and path.exists():
             for line in path.read_text().splitlines():
@@ -50,6 +52,8 @@ class MetricsLog:
         atomic_write(path, lambda f: f.write(''.join(keep).encode()))
 
     def write(self, **record) -> None:
+        if not self.enabled:
+            return
         with self.path.open('a') as f:
             f.write(json.dumps(record) + '\n')
 

@@ -20,13 +20,14 @@ import jax
 import numpy as np
 from absl import flags, logging
 from flax import nnx
+from jax.experimental.multihost_utils import process_allgather
 from tqdm import tqdm
 
 import datasets
 from shard_parity import UsageError, checkpoint, report, tasks
 from shard_parity import config as cfg
 from shard_parity import flags as F
-from shard_parity.mesh import configure_jax, make_mesh
+from shard_parity.mesh import configure_jax, local_rows, make_mesh, start_processes
 from shard_parity.step import create_state, make_optimizer
 
 
@@ -45,12 +46,14 @@ def check_batch(batch_size: int, mesh) -> None:
 
 
 def evaluate(twin, eval_step, params, task: tasks.Task, mesh) -> tuple[dict, dict]:
-    """Runs every fixed eval batch; returns the task's metrics and the per-example outputs."""
+    """Runs every fixed eval batch; returns the task's metrics and the per-example outputs,
+    gathered from every process (each placed and evaluated only its own rows)."""
     outs = []
     for b in task.eval_batches:
-        batch = twin.place_batch({k: v for k, v in b.items() if k != 'mask'}, mesh)
+        rows = local_rows(mesh, len(b['mask'] if 'mask' in b else next(iter(b.values()))))
+        batch = twin.place_batch({k: v[rows] for k, v in b.items() if k != 'mask'}, mesh)
         outs.append(eval_step(params, batch))
-    out = {k: np.concatenate([np.asarray(o[k]) for o in outs]) for k in outs[0]}
+    out = {k: np.concatenate([process_allgather(o[k], tiled=True) for o in outs]) for k in outs[0]}
     return task.summarize(out), out
 
 
@@ -116,11 +119,13 @@ def run(
         'devices': mesh.size,
     }
     report.ensure_writable(workdir)
+    main = jax.process_index() == 0  # with several processes, process 0 writes and prints
     with checkpoint.manager(workdir, keep) as mngr:
         state, start = resume(mngr, state, saved, twin, mesh)
         text = json.dumps(saved, indent=2)
-        report.atomic_write(workdir / 'config.json', lambda f: f.write(text.encode()))
-        log = report.MetricsLog(workdir / 'metrics.jsonl', resume_from=start)
+        if main:
+            report.atomic_write(workdir / 'config.json', lambda f: f.write(text.encode()))
+        log = report.MetricsLog(workdir / 'metrics.jsonl', resume_from=start, enabled=main)
         loop = Loop(twin, task, config, mesh, graphdef, tx, log, mngr, saved)
         return loop.run(state, start, checkpoint_every or config.eval_every, sharding, workdir)
 
@@ -144,18 +149,20 @@ class Loop:
     def run(self, state, start, checkpoint_every, sharding, workdir) -> dict:
         c, twin, mesh = self.config, self.twin, self.mesh
         window, pending, previous = [], [], None
+        main, rows = jax.process_index() == 0, local_rows(mesh, c.batch_size)
         bar = tqdm(
             range(start, c.steps),
             initial=start,
             total=c.steps,
+            disable=not main,
             desc=twin.__name__.split('.')[0],
             unit='step',
             mininterval=1,
         )
         evals, out = None, None
         for i in bar:
-            batch = twin.place_batch(self.task.train_batches.batch(i), mesh)
-            if sharding and i == start:
+            batch = twin.place_batch(self.task.train_batches.batch(i, rows), mesh)
+            if sharding and i == start and main:
                 show_sharding(state, batch)
             state, metrics = self.train_step(state, batch)
             window.append(metrics)
@@ -178,7 +185,10 @@ class Loop:
                 self.pause()
                 evals, out = evaluate(twin, self.eval_step, state.params, self.task, mesh)
                 self.log.write(step=step, **evals)
-                tqdm.write(f'step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in evals.items()))
+                if main:
+                    tqdm.write(
+                        f'step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in evals.items())
+                    )
                 self.resume()
             if step % checkpoint_every == 0 or step == c.steps:
                 self.pause()
@@ -196,7 +206,8 @@ class Loop:
             **{f'{self.task.throughput_unit}_per_sec': self.rate(c.steps - start)},
         )
         self.log.write(**final)
-        self.task.write_report(workdir, out)
+        if main:
+            self.task.write_report(workdir, out)
         self.mngr.wait_until_finished()
         return final
 
@@ -227,6 +238,13 @@ def main(twin):
             logging.set_verbosity(logging.WARNING)
         try:
             configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
+            start_processes(
+                F.COORDINATOR.value,
+                F.NUM_PROCESSES.value,
+                F.PROCESS_ID.value,
+                F.DISTRIBUTED_AUTO.value,
+                F.HEARTBEAT_TIMEOUT.value,
+            )
             jax.config.update('jax_debug_nans', F.DEBUG_NANS.value)
             mesh = make_mesh(F.NUM_DEVICES.value)
             config = F.train_config()
@@ -247,6 +265,7 @@ def main(twin):
             if F.VERBOSE.value:
                 traceback.print_exc()
             sys.exit(f'error: {e}')
-        print(json.dumps(final))
+        if jax.process_index() == 0:
+            print(json.dumps(final))
 
     return _main
