@@ -13,8 +13,8 @@ from jax.sharding import PartitionSpec as P
 from shard_parity.mesh import DATA
 from shard_parity.step import TrainState, apply_gradients, bind
 
-BATCH = P(DATA)  # each device gets B/n rows of the batch
-REPLICATED = P()  # each device gets the whole array
+BATCH = P(DATA)  # split the leading (example) dimension across the 'data' axis
+REPLICATED = P()  # no axis named: every device holds the whole array
 
 
 def place_state(state: TrainState, mesh) -> TrainState:

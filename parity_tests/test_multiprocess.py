@@ -22,7 +22,7 @@ from shard_parity import checkpoint
 from shard_parity.mesh import make_mesh
 
 FLAGS = CLI_MODELS
-COMMON = ['--steps=10', '--log_every=5', '--eval_every=5']
+COMMON = ['--log_every=5', '--eval_every=5']
 # gloo sums the 8 partial gradients in another order than XLA's in-process all-reduce, and
 # AdamW amplifies the last bits as it does across device counts, so the tolerances are those of
 # test_training_parity.py. Measured after 10 steps: MLP parameters within 3.3e-6.
@@ -56,9 +56,27 @@ def final_params(workdir):
 @pytest.mark.parametrize('twin', ['auto', 'explicit'])
 def test_two_processes_match_one(twin, model, tmp_path):
     flags = [*FLAGS[model], *COMMON]
-    multi = launch('-m', f'{twin}.train', *flags, f'--workdir={tmp_path / "multi"}')
-    assert multi.returncode == 0, multi.stderr[-3000:]
-    single = run_cli(twin, *flags, '--cpu_devices=8', f'--workdir={tmp_path / "single"}')
+    # The multi-process run stops at step 5 and resumes from its checkpoint: Orbax saves and
+    # restores across processes too.
+    for steps in (5, 10):
+        multi = launch(
+            '-m',
+            f'{twin}.train',
+            *flags,
+            f'--steps={steps}',
+            '--decay_steps=10',
+            f'--workdir={tmp_path / "multi"}',
+        )
+        assert multi.returncode == 0, multi.stderr[-3000:]
+    assert 'resuming from' in multi.stderr
+    single = run_cli(
+        twin,
+        *flags,
+        '--steps=10',
+        '--decay_steps=10',
+        '--cpu_devices=8',
+        f'--workdir={tmp_path / "single"}',
+    )
     assert single.returncode == 0, single.stderr[-3000:]
     a, b = read_metrics(tmp_path / 'multi'), read_metrics(tmp_path / 'single')
     assert [sorted(x) for x in a] == [sorted(x) for x in b]  # the same lines, from process 0 only

@@ -261,6 +261,10 @@ def main(twin):
                 F.CHECKPOINT_EVERY.value,
                 F.KEEP.value,
             )
+        except FloatingPointError as e:  # raised by JAX's checks under --debug_nans
+            if F.VERBOSE.value:
+                traceback.print_exc()
+            sys.exit(f'error: --debug_nans stopped training at the first NaN: {str(e)[:300]}')
         except (UsageError, datasets.DataError, OSError) as e:
             if F.VERBOSE.value:
                 traceback.print_exc()
