@@ -13,8 +13,14 @@ from jax.sharding import PartitionSpec as P
 from shard_parity.mesh import DATA
 from shard_parity.step import TrainState, apply_gradients, bind
 
+STRATEGY = 'dp'  # --strategy=dp
 BATCH = P(DATA)  # split the leading (example) dimension across the 'data' axis
 REPLICATED = P()  # no axis named: every device holds the whole array
+
+
+def state_shardings(state, mesh):
+    """Data parallelism keeps the whole state on every device."""
+    return jax.tree.map(lambda _: NamedSharding(mesh, REPLICATED), state)
 
 
 def place_state(state: TrainState, mesh) -> TrainState:

@@ -11,6 +11,7 @@ the other does not. Takes the train CLI's model and batch flags.
 
 import collections
 import dataclasses
+import importlib
 import json
 import sys
 
@@ -57,15 +58,21 @@ def with_sharding(tree, mesh, spec):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree)
 
 
-def inspect(model: str, config: cfg.TrainConfig, mesh) -> dict:
+def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp') -> dict:
     """Compiles the three train steps and returns their collectives and the expectation."""
     make_model, loss_fn, batch = model_and_batch(model, config.batch_size)
     tx = make_optimizer(config)
     graphdef, state = nnx.eval_shape(lambda: create_state(make_model(nnx.Rngs(0)), tx))
     programs = {'reference': reference_train_step(graphdef, loss_fn, tx).lower(state, batch)}
     for twin in (auto, explicit):
+        if strategy != 'dp':  # <twin>/fsdp.py has the same interface as <twin>/train_step.py
+            twin = importlib.import_module(f'{twin.__name__.split(".")[0]}.{strategy}')
         step = twin.train_step(graphdef, loss_fn, tx, mesh)
-        args = (with_sharding(state, mesh, twin.REPLICATED), with_sharding(batch, mesh, twin.BATCH))
+        state_shardings = twin.state_shardings(state, mesh)
+        abstract_state = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, state_shardings
+        )
+        args = (abstract_state, with_sharding(batch, mesh, twin.BATCH))
         programs[twin.__name__.split('.')[0]] = step.lower(*args)
     found = {
         name: [
@@ -86,8 +93,18 @@ def inspect(model: str, config: cfg.TrainConfig, mesh) -> dict:
         'note': 'one all-reduce of the gradients (plus the averaged metric scalars) per step; '
         'XLA may combine it into one tuple-shaped op. A ring moves 2(N-1)/N of it.',
     }
+    if strategy == 'fsdp':
+        expected |= {
+            'kind': 'all-gather + reduce-scatter',
+            'ring_bytes_per_device': 2 * (n - 1) / n * grad_bytes,
+            'note': 'each sharded weight all-gathered where it is used (the whole weight comes '
+            'back, (N-1)/N of it over the wire) and its gradient reduce-scattered ((N-1)/N '
+            'again): the same bytes as one all-reduce, in two halves. Small unsharded arrays '
+            '(biases whose size N does not divide) are all-reduced as in dp.',
+        }
     return {
         'model': model,
+        'strategy': strategy,
         'devices': n,
         'batch_size': config.batch_size,
         'programs': found,
@@ -118,10 +135,10 @@ def differences(auto_ops, explicit_ops) -> list[str]:
 
 def print_report(r: dict) -> None:
     print(
-        f"Collectives in one compiled train step: --model={r['model']}, {r['devices']} "
-        f"devices, global batch {r['batch_size']}\n"
+        f"Collectives in one compiled train step: --model={r['model']} "
+        f"--strategy={r['strategy']}, {r['devices']} devices, global batch {r['batch_size']}\n"
     )
-    print(f"{'program':<10} {'kind':<12} {'group':>5} {'dtype':<6} {'bytes':>12}  operand shapes")
+    print(f"{'program':<10} {'kind':<12} {'group':>5} {'dtype':<6} {'bytes':>12}  result shapes")
     for name, ops in r['programs'].items():
         if not ops:
             print(f'{name:<10} (none)')
@@ -132,15 +149,15 @@ def print_report(r: dict) -> None:
             print(f"{head} {op['bytes']:>12,}  {shapes}")
     x = r['expected']
     print(
-        f"\nexpected   all-reduce   {x['group_size']:>5} f32    {x['gradient_bytes']:>12,}  "
-        f"the gradients; a ring moves {x['ring_bytes_per_device']:,.0f} bytes per device"
+        f"\nexpected: {x['kind']} of the {x['gradient_bytes']:,} gradient bytes over "
+        f"{x['group_size']} devices; a ring moves {x['ring_bytes_per_device']:,.0f} bytes per "
+        f"device.\n  {x['note']}"
     )
     for name in ('auto', 'explicit'):
-        got = sum(op['bytes'] for op in r['programs'][name])
-        print(
-            f'{name:<10} moves {got:,} bytes: {got - x["gradient_bytes"]:+,} against the '
-            'gradients (the averaged loss and metrics are the rest)'
-        )
+        got = collections.Counter()
+        for op in r['programs'][name]:
+            got[op['kind']] += op['bytes']
+        print(f'{name:<10} moves ' + ', '.join(f'{k} {v:,} bytes' for k, v in got.items()))
     print('\ndifferences between the twins: ' + ('none' if not r['differences'] else ''))
     for d in r['differences']:
         print(f'  - {d}')
@@ -157,7 +174,7 @@ def main(argv):
             raise UsageError(
                 f'--batch_size={config.batch_size} is not divisible by the {mesh.size} devices'
             )
-        report = inspect(F.MODEL.value, config, mesh)
+        report = inspect(F.MODEL.value, config, mesh, F.STRATEGY.value)
     except UsageError as e:
         sys.exit(f'error: {e}')
     if JSON.value:

@@ -7,7 +7,8 @@ Orbax writes each step into a temporary folder and renames it when complete, so 
 half-way never looks like a checkpoint; `latest` only ever sees complete ones. `restore` needs
 no flags: it rebuilds the model and optimizer from the saved config and reads the arrays straight
 into the shardings the restoring twin uses on its own mesh, so a checkpoint written by one twin,
-on any number of devices, restores into the other on any other.
+on any number of devices and under any strategy (dp, fsdp), restores into the other on any
+other.
 """
 
 import pathlib
@@ -108,10 +109,11 @@ def _tuples(d: dict) -> dict:  # JSON turns tuples into lists; frozen configs wa
     return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
 
 
-def target_for(state_like, sharding) -> TrainState:
-    """ShapeDtypeStructs of `state_like` (arrays or abstract), all placed with `sharding`."""
+def target_for(state_like, shardings) -> TrainState:
+    """ShapeDtypeStructs of `state_like` (arrays or abstract), placed with `shardings` (a tree
+    like it, e.g. a twin's state_shardings): where Orbax reads each array to."""
     return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), state_like
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_like, shardings
     )
 
 
@@ -132,6 +134,6 @@ def restore(workdir, twin, mesh, step: int | None = None):
         abstract = TrainState(
             jax.ShapeDtypeStruct((), 'int32'), params, jax.eval_shape(tx.init, params)
         )
-        sharding = jax.sharding.NamedSharding(mesh, twin.REPLICATED)
-        state = restore_state(mngr, step, target_for(abstract, sharding))
+        target = target_for(abstract, twin.state_shardings(abstract, mesh))
+        state = restore_state(mngr, step, target)
     return saved, graphdef, state

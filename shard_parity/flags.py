@@ -11,6 +11,13 @@ from absl import flags
 from shard_parity import config as cfg
 
 MODEL = flags.DEFINE_enum('model', 'mlp', ['mlp', 'transformer'], 'Which model to train.')
+STRATEGY = flags.DEFINE_enum(
+    'strategy',
+    'dp',
+    ['dp', 'fsdp'],
+    'dp: replicated state (<twin>/train_step.py); fsdp: '
+    'parameters and optimizer state sharded over the devices too (<twin>/fsdp.py).',
+)
 STEPS = flags.DEFINE_integer('steps', None, 'Total training steps.', lower_bound=1)
 BATCH_SIZE = flags.DEFINE_integer(
     'batch_size', None, 'Global batch size, split evenly over the devices.', lower_bound=1

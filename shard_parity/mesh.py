@@ -81,3 +81,11 @@ def local_rows(mesh, batch_size: int) -> slice:
     start = min(b.start or 0 for b in blocks)
     stop = max(batch_size if b.stop is None else b.stop for b in blocks)
     return slice(start, stop)
+
+
+def fsdp_spec(shape: tuple[int, ...], n: int) -> jax.sharding.PartitionSpec:
+    """FSDP's placement of one parameter (or optimizer-state) array on n devices: its first
+    dimension split over 'data' when n divides it, else whole on every device (biases of odd
+    size, scalars). Both twins use this one rule."""
+    P = jax.sharding.PartitionSpec
+    return P(DATA) if len(shape) >= 1 and shape[0] % n == 0 and shape[0] >= n else P()

@@ -7,6 +7,7 @@ The step loop itself is in shard_parity/loop.py. A rerun with the same --workdir
 its latest complete checkpoint; --steps is the total, so a larger --steps trains on.
 """
 
+import importlib
 import json
 import pathlib
 import sys
@@ -41,9 +42,9 @@ def resume(mngr, state, saved: dict, twin, mesh):
     if step is None:
         return state, 0
     checkpoint.check_compatible(checkpoint.read_config(mngr, step), saved)
-    sharding = jax.sharding.NamedSharding(mesh, twin.REPLICATED)
+    target = checkpoint.target_for(state, twin.state_shardings(state, mesh))
     logging.warning('resuming from %s', mngr.directory / str(step))
-    return checkpoint.restore_state(mngr, step, checkpoint.target_for(state, sharding)), step
+    return checkpoint.restore_state(mngr, step, target), step
 
 
 def run(
@@ -69,6 +70,7 @@ def run(
         'model_config': cfg.to_dict(task.model_config),
         'train': cfg.to_dict(config),
         'twin': name,
+        'strategy': twin.STRATEGY,
         'devices': mesh.size,
     }
     report.ensure_writable(workdir)
@@ -113,9 +115,15 @@ def main(twin):
             config = F.train_config()
             check_batch(config.batch_size, mesh)
             name = twin.__name__.split('.')[0]
+            # dp: <twin>/train_step.py; fsdp: <twin>/fsdp.py, with the same interface
+            strategy = (
+                twin
+                if F.STRATEGY.value == 'dp'
+                else importlib.import_module(f'{name}.{F.STRATEGY.value}')
+            )
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{name}_{F.MODEL.value}')
             final = run(
-                twin,
+                strategy,
                 make_task(config),
                 config,
                 mesh,

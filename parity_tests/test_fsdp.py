@@ -1,0 +1,142 @@
+"""Claim: FSDP (--strategy=fsdp) keeps 1/n of the parameters and optimizer state per device,
+and trains exactly like data parallelism and the one-device run, in both twins and for both
+models. The explicit twin moves its weights with all-gathers and its gradients with
+reduce-scatters, written out; checkpoints move freely between dp and fsdp."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from auto import fsdp as auto_fsdp
+from auto import train_step as auto
+from explicit import fsdp as explicit_fsdp
+from parity_tests.conftest import fresh_state, save_checkpoint
+from parity_tests.hlo import collectives, compiled_text
+from parity_tests.test_gradient_parity import TOL, assert_trees_close, twin_loss_and_grads
+from parity_tests.test_training_parity import LOSS_TOL, PARAM_TOL, train, train_twin
+from shard_parity import checkpoint
+from shard_parity.mesh import make_mesh
+from shard_parity.step import reference_loss_and_grads, reference_train_step
+
+TWINS = [auto_fsdp, explicit_fsdp]
+IDS = ['auto', 'explicit']
+
+
+def device0_bytes(state):
+    """Bytes of the state held by the first device: what FSDP divides."""
+    d0 = jax.devices()[0]
+    return sum(
+        s.data.nbytes
+        for x in jax.tree.leaves(state)
+        for s in x.addressable_shards
+        if s.device == d0
+    )
+
+
+@pytest.mark.parametrize('twin', TWINS, ids=IDS)
+def test_state_per_device_falls_to_one_nth(twin, mesh8, case):
+    _, _, state = fresh_state(case=case)
+    replicated = device0_bytes(auto.place_state(jax.tree.map(np.array, state), mesh8))
+    sharded = device0_bytes(twin.place_state(jax.tree.map(np.array, state), mesh8))
+    small = sum(x.nbytes for x in jax.tree.leaves(state) if x.ndim == 0 or x.shape[0] % 8)
+    assert replicated == sum(x.nbytes for x in jax.tree.leaves(state))
+    assert sharded == (replicated - small) / 8 + small  # every divisible array split 8 ways
+    assert sharded < replicated / 7
+
+
+@pytest.mark.parametrize('twin', TWINS, ids=IDS)
+def test_fsdp_gradients_match_the_one_device_reference(twin, mesh8, case):
+    graphdef, _, state = fresh_state(case=case)
+    batch = case.batches.batch(0)
+    ref_metrics, ref_grads = reference_loss_and_grads(graphdef, case.loss_fn)(state.params, batch)
+    metrics, grads = twin_loss_and_grads(twin, mesh8, graphdef, case.loss_fn, state, batch)
+    np.testing.assert_allclose(metrics['loss'], ref_metrics['loss'], **TOL)
+    assert_trees_close(grads, ref_grads, **TOL)
+    kernels = [g for g in jax.tree.leaves(grads) if g.ndim == 2]
+    assert all(not g.sharding.is_fully_replicated for g in kernels)  # they stay sharded
+
+
+def test_fsdp_trains_like_the_one_device_run(mesh8, case):
+    graphdef, tx, state = fresh_state(case=case)
+    ref_losses, ref_params = train(
+        reference_train_step(graphdef, case.loss_fn, tx), state, case.batches
+    )
+    runs = [train_twin(twin, mesh8, case) for twin in TWINS]
+    for losses, params in runs:
+        np.testing.assert_allclose(losses, ref_losses, **LOSS_TOL)
+        for p, r in zip(params, ref_params, strict=True):
+            np.testing.assert_allclose(p, r, **PARAM_TOL)
+    (a_losses, _), (e_losses, _) = runs
+    assert not np.allclose(a_losses, a_losses[::-1])  # the run moved: the comparison can fail
+
+
+def test_explicit_fsdp_gathers_weights_and_scatters_gradients(mesh8, mnist_batches):
+    graphdef, tx, state = fresh_state()
+    step = explicit_fsdp.train_step(graphdef, nnx_loss(), tx, mesh8)
+    placed = explicit_fsdp.place_state(state, mesh8)
+    found = collectives(
+        compiled_text(step, placed, explicit_fsdp.place_batch(mnist_batches.batch(0), mesh8))
+    )
+    by_kind = {}
+    for c in found:
+        by_kind[c.kind] = by_kind.get(c.kind, 0) + c.bytes
+    weights = sum(p.nbytes for p in jax.tree.leaves(state.params) if p.shape[0] % 8 == 0)
+    assert set(by_kind) == {'all-gather', 'reduce-scatter', 'all-reduce'}
+    assert by_kind['all-gather'] == weights  # each sharded weight gathered once, whole
+    assert by_kind['reduce-scatter'] == weights // 8  # each device keeps 1/8 of the gradient
+    assert by_kind['all-reduce'] == 10 * 4 + 8  # the odd-sized bias (10 classes) + 2 metrics
+
+
+def nnx_loss():
+    from shard_parity.tasks import classification_loss
+
+    return classification_loss
+
+
+@pytest.mark.parametrize(
+    'save_twin, restore_twin',
+    [(auto, explicit_fsdp), (auto_fsdp, auto)],
+    ids=['dp-to-fsdp', 'fsdp-to-dp'],
+)
+def test_checkpoints_move_between_strategies(save_twin, restore_twin, mesh8, tmp_path):
+    from parity_tests.conftest import make_case
+
+    case = make_case('transformer')
+    graphdef, _, state = fresh_state(case=case)
+    state = save_twin.place_state(state, mesh8)
+    save_checkpoint(tmp_path, state, case)
+    tokens = case.batches.batch(0)['x']
+    # Logits on one device, so that both sides run the very same program.
+    one = jax.devices()[0]
+    forward = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x)[0])
+    before = np.asarray(forward(jax.device_put(state.params, one), tokens))
+    _, graphdef2, restored = checkpoint.restore(tmp_path, restore_twin, make_mesh(8))
+    kernel = next(p for p in jax.tree.leaves(restored.params) if p.ndim == 2)
+    assert kernel.sharding.is_fully_replicated == (restore_twin is auto)
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    after = np.asarray(forward(jax.device_put(restored.params, one), tokens))
+    np.testing.assert_array_equal(after, before)
+
+
+def test_cli_trains_with_fsdp_and_resumes_under_dp(tmp_path):
+    from parity_tests.conftest import CLI_MODELS
+    from parity_tests.test_cli import read_metrics, run_cli
+
+    flags = [
+        *CLI_MODELS['transformer'],
+        '--cpu_devices=8',
+        '--decay_steps=20',
+        '--log_every=5',
+        '--eval_every=10',
+        f'--workdir={tmp_path}',
+    ]
+    first = run_cli('explicit', *flags, '--strategy=fsdp', '--steps=10')
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run_cli('auto', *flags, '--strategy=dp', '--steps=20')
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert 'resuming from' in second.stderr
+    lines = read_metrics(tmp_path)
+    assert lines[-1]['final'] and lines[-1]['step'] == 20
+    assert [line['step'] for line in lines if 'train_loss' in line] == [5, 10, 15, 20]
