@@ -26,7 +26,8 @@ def trained(mesh8, tmp_path_factory):
     step = auto.train_step(graphdef, case.loss_fn, tx, mesh8)
     state = auto.place_state(state, mesh8)
     for i in range(3):
-        state, _ = step(state, auto.place_batch(case.batches.batch(i), mesh8))
+        state, metrics = step(state, auto.place_batch(case.batches.batch(i), mesh8))
+        jax.block_until_ready(metrics)  # one step in flight: see the CPU deadlock in the README
     workdir = tmp_path_factory.mktemp('ckpt')
     save_checkpoint(workdir, state, case)
     tokens = case.batches.batch(100)['x']

@@ -30,6 +30,8 @@ def evaluate(twin, eval_step, params, task: tasks.Task, mesh) -> tuple[dict, dic
         rows = local_rows(mesh, len(b['mask'] if 'mask' in b else next(iter(b.values()))))
         batch = twin.place_batch({k: v[rows] for k, v in b.items() if k != 'mask'}, mesh)
         outs.append(eval_step(params, batch))
+        if len(outs) > 1:  # at most two in flight, as in training: FSDP's eval all-gathers
+            jax.block_until_ready(outs[-2])
     out = {k: np.concatenate([process_allgather(o[k], tiled=True) for o in outs]) for k in outs[0]}
     return task.summarize(out), out
 
