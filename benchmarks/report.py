@@ -124,6 +124,23 @@ def markdown(r: dict) -> str:
                 ],
             ),
         ]
+    if 'strategies' in r:
+        rows = [
+            [
+                x['model'],
+                x['strategy'],
+                x['twin'],
+                x['devices'],
+                f"{x['step_ms']:.2f}",
+                f"{x['state_bytes_per_device'] / 2**20:,.2f}",
+            ]
+            for x in r['strategies']
+        ]
+        out += [
+            '\n**6. Strategies** (median ms per step; parameters + optimizer state held by one '
+            'device)\n',
+            _table(['model', 'strategy', 'twin', 'devices', 'ms/step', 'state MiB/device'], rows),
+        ]
     return '\n'.join(out) + '\n'
 
 

@@ -17,7 +17,7 @@ from absl import app, flags
 
 from shard_parity.mesh import configure_jax
 
-SECTIONS = ['twins', 'sweep', 'attention', 'generation', 'nanogpt']
+SECTIONS = ['twins', 'sweep', 'attention', 'generation', 'nanogpt', 'strategies']
 SECTION = flags.DEFINE_list('sections', SECTIONS, f'Which of {SECTIONS} to run.')
 ROUNDS = flags.DEFINE_integer(
     'rounds', 7, 'Timed rounds per comparison (after warm-up).', lower_bound=1
@@ -74,6 +74,8 @@ def run_sections(names, rounds, gpu: bool) -> dict:
             )
         elif name == 'generation':
             results[name] = S.generation([64, 256, 1024], max(3, rounds // 2), model_config)
+        elif name == 'strategies':
+            results[name] = S.strategies(n, rounds)
         elif name == 'nanogpt':
             results[name] = S.nanogpt(rounds, model_config)
         print(f'[{name}] {time.perf_counter() - start:.0f} s', file=sys.stderr, flush=True)

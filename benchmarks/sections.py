@@ -9,8 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from auto import fsdp as auto_fsdp
 from auto import train_step as auto
 from benchmarks.timing import interleaved
+from explicit import fsdp as explicit_fsdp
 from explicit import train_step as explicit
 from shard_parity import attention, generate, tasks
 from shard_parity import config as cfg
@@ -68,6 +70,12 @@ def runner(twin, n: int | None, model: str, batch_size: int, steps=5, model_conf
         jax.block_until_ready(box[0])
 
     run.units, run.steps = units * steps, steps
+    run.device0_bytes = sum(  # the state held by the first device: what FSDP divides
+        sh.data.nbytes
+        for x in jax.tree.leaves(box[0])
+        for sh in x.addressable_shards
+        if sh.device == jax.devices()[0]
+    )
     return run
 
 
@@ -96,6 +104,32 @@ def twins(n: int, rounds: int) -> list[dict]:
                 **{f'{k}_per_sec': units / v for k, v in t.items()},
             }
         )
+    return rows
+
+
+def strategies(n: int, rounds: int) -> list[dict]:
+    """6. dp vs fsdp in both twins: step time beside the state each device holds."""
+    rows = []
+    for model, b in (('mlp', 128), ('transformer', 16)):
+        twins = {
+            ('dp', 'auto'): auto,
+            ('dp', 'explicit'): explicit,
+            ('fsdp', 'auto'): auto_fsdp,
+            ('fsdp', 'explicit'): explicit_fsdp,
+        }
+        runs = {k: runner(t, n, model, b) for k, t in twins.items()}
+        t = per_step(interleaved(runs, rounds), runs)
+        for (strategy, twin), v in t.items():
+            rows.append(
+                {
+                    'model': model,
+                    'strategy': strategy,
+                    'twin': twin,
+                    'devices': n,
+                    'step_ms': 1e3 * v,
+                    'state_bytes_per_device': runs[(strategy, twin)].device0_bytes,
+                }
+            )
     return rows
 
 
