@@ -107,6 +107,14 @@ def fresh_state(seed=0, case: Case | None = None):
     return graphdef, tx, jax.tree.map(np.array, state)
 
 
+def logits(graphdef, params, tokens, device=None):
+    """The model's logits for `tokens`, as numpy. With `device`, the params are first copied to
+    that one device, so that differently placed params run the very same program."""
+    if device is not None:
+        params = jax.device_put(params, device)
+    return np.asarray(jax.jit(lambda p, x: nnx.merge(graphdef, p)(x)[0])(params, tokens))
+
+
 def save_checkpoint(workdir, state, case: Case, model_config=TINY_TRANSFORMER):
     """Saves `state` as the train CLI would, with the config that rebuilds it."""
     from shard_parity import checkpoint

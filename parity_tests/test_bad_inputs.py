@@ -9,6 +9,8 @@ import dataclasses
 import errno
 import importlib
 import re
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -195,9 +197,6 @@ def mlp_workdir(tmp_path_factory):
 
 @pytest.mark.parametrize('row', CLI_ROWS)
 def test_cli_row(row, mlp_workdir):
-    import subprocess
-    import sys
-
     module, flags = CLI_ROWS[row]
     flags = [f.format(mlp=mlp_workdir) for f in flags]
     result = subprocess.run(

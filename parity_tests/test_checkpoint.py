@@ -4,18 +4,19 @@ fresh model of the other twin on another mesh, and gives exactly the logits it g
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from auto import train_step as auto
 from explicit import train_step as explicit
-from parity_tests.conftest import TINY_TRANSFORMER, fresh_state, make_case, save_checkpoint
+from parity_tests.conftest import (
+    TINY_TRANSFORMER,
+    fresh_state,
+    logits,
+    make_case,
+    save_checkpoint,
+)
 from shard_parity import UsageError, checkpoint
 from shard_parity import config as cfg
 from shard_parity.mesh import make_mesh
-
-
-def logits(graphdef, params, tokens):
-    return np.asarray(jax.jit(lambda p, x: nnx.merge(graphdef, p)(x)[0])(params, tokens))
 
 
 @pytest.fixture(scope='module')

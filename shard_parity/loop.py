@@ -27,7 +27,7 @@ def evaluate(twin, eval_step, params, task: tasks.Task, mesh) -> tuple[dict, dic
     gathered from every process (each placed and evaluated only its own rows)."""
     outs = []
     for b in task.eval_batches:
-        rows = local_rows(mesh, len(b['mask'] if 'mask' in b else next(iter(b.values()))))
+        rows = local_rows(mesh, len(next(iter(b.values()))))  # every entry has B rows
         batch = twin.place_batch({k: v[rows] for k, v in b.items() if k != 'mask'}, mesh)
         outs.append(eval_step(params, batch))
         if len(outs) > 1:  # at most two in flight, as in training: FSDP's eval all-gathers
