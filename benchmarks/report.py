@@ -130,16 +130,16 @@ def markdown(r: dict) -> str:
                 x['model'],
                 x['strategy'],
                 x['twin'],
-                x['devices'],
+                x['mesh'],
                 f"{x['step_ms']:.2f}",
                 f"{x['state_bytes_per_device'] / 2**20:,.2f}",
             ]
             for x in r['strategies']
         ]
         out += [
-            '\n**6. Strategies** (median ms per step; parameters + optimizer state held by one '
-            'device)\n',
-            _table(['model', 'strategy', 'twin', 'devices', 'ms/step', 'state MiB/device'], rows),
+            '\n**6. Strategies** (median ms per step on a DATA x MODEL mesh; parameters + '
+            'optimizer state held by one device)\n',
+            _table(['model', 'strategy', 'twin', 'mesh', 'ms/step', 'state MiB/device'], rows),
         ]
     return '\n'.join(out) + '\n'
 

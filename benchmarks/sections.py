@@ -4,15 +4,15 @@ Every section builds synthetic batches (speed does not depend on the data) and r
 and times its candidates side by side with benchmarks.timing.interleaved.
 """
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from auto import fsdp as auto_fsdp
 from auto import train_step as auto
 from benchmarks.timing import interleaved
-from explicit import fsdp as explicit_fsdp
 from explicit import train_step as explicit
 from shard_parity import attention, generate, tasks
 from shard_parity import config as cfg
@@ -47,15 +47,18 @@ def setup(model: str, batch_size: int, model_config=NANOGPT, seed=0):
     return graphdef, tx, jax.tree.map(np.array, state), loss, batch, units
 
 
-def runner(twin, n: int | None, model: str, batch_size: int, steps=5, model_config=NANOGPT):
-    """A callable running `steps` train steps of `twin` on the first n devices (None: the
-    one-device reference), waiting on the previous step as the training loop does."""
+def runner(
+    twin, n: int | None, model: str, batch_size: int, steps=5, model_config=NANOGPT, shape=None
+):
+    """A callable running `steps` train steps of `twin` on the first n devices, or on a
+    DATA x MODEL mesh of `shape` (twin None: the one-device reference), waiting on the previous
+    step as the training loop does."""
     graphdef, tx, state, loss, batch, units = setup(model, batch_size, model_config)
     if twin is None:
         step, placed = reference_train_step(graphdef, loss, tx), jax.device_put(state)
         batch = jax.device_put(batch)
     else:
-        mesh = make_mesh(n)
+        mesh = make_mesh(n, shape)
         step, placed = twin.train_step(graphdef, loss, tx, mesh), twin.place_state(state, mesh)
         batch = twin.place_batch(batch, mesh)
     box = [placed]
@@ -107,27 +110,34 @@ def twins(n: int, rounds: int) -> list[dict]:
     return rows
 
 
+STRATEGY_MESHES = [('dp', (8, 1)), ('fsdp', (8, 1)), ('tp', (4, 2)), ('tp', (2, 4))]
+STRATEGY_MESHES += [('fsdp_tp', (4, 2))]
+
+
 def strategies(n: int, rounds: int) -> list[dict]:
-    """6. dp vs fsdp in both twins: step time beside the state each device holds."""
+    """6. Every strategy in both twins: step time beside the state each device holds."""
     rows = []
     for model, b in (('mlp', 128), ('transformer', 16)):
-        twins = {
-            ('dp', 'auto'): auto,
-            ('dp', 'explicit'): explicit,
-            ('fsdp', 'auto'): auto_fsdp,
-            ('fsdp', 'explicit'): explicit_fsdp,
-        }
-        runs = {k: runner(t, n, model, b) for k, t in twins.items()}
+        runs = {}
+        for strategy, (_, m) in STRATEGY_MESHES:
+            if m > n:
+                continue
+            d = n // m  # the data axis takes whatever the model axis leaves of n devices
+            for name in ('auto', 'explicit'):
+                twin = importlib.import_module(
+                    f'{name}.{"train_step" if strategy == "dp" else strategy}'
+                )
+                runs[strategy, f'{d}x{m}', name] = runner(twin, None, model, b, shape=(d, m))
         t = per_step(interleaved(runs, rounds), runs)
-        for (strategy, twin), v in t.items():
+        for (strategy, mesh, twin), v in t.items():
             rows.append(
                 {
                     'model': model,
                     'strategy': strategy,
+                    'mesh': mesh,
                     'twin': twin,
-                    'devices': n,
                     'step_ms': 1e3 * v,
-                    'state_bytes_per_device': runs[(strategy, twin)].device0_bytes,
+                    'state_bytes_per_device': runs[strategy, mesh, twin].device0_bytes,
                 }
             )
     return rows

@@ -2,11 +2,12 @@
 
     python -m parity_tests.collectives --model=mlp --cpu_devices=8
     python -m parity_tests.collectives --model=transformer --num_kv_heads=1 --cpu_devices=8 --json
+    python -m parity_tests.collectives --model=transformer --strategy=tp --mesh=4x2 --cpu_devices=8
 
 Lowers and compiles the train step of the one-device reference, auto/ and explicit/ (shapes
 only: no data is read), lists each program's collectives from its optimized HLO, prints the
-analytic expectation for data parallelism beside them, and flags whatever one twin moves that
-the other does not. Takes the train CLI's model and batch flags.
+analytic expectation of the strategy beside them, and flags whatever one twin moves that the
+other does not. Takes the train CLI's model, batch, --strategy and --mesh flags.
 """
 
 import collections
@@ -28,8 +29,9 @@ from parity_tests.hlo import collectives
 from shard_parity import UsageError, tasks
 from shard_parity import config as cfg
 from shard_parity import flags as F
-from shard_parity.mesh import configure_jax, make_mesh
+from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh
 from shard_parity.models import MLP
+from shard_parity.placement import check_tp, state_specs
 from shard_parity.step import create_state, make_optimizer, reference_train_step
 from shard_parity.transformer import Transformer
 
@@ -81,35 +83,79 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp') -> 
         ]
         for name, lowered in programs.items()
     }
-    n = mesh.size
-    grad_bytes = sum(
-        int(np.prod(p.shape)) * p.dtype.itemsize for p in jax.tree.leaves(state.params)
-    )
-    expected = {
-        'kind': 'all-reduce',
-        'group_size': n,
-        'gradient_bytes': grad_bytes,
-        'ring_bytes_per_device': 2 * (n - 1) / n * grad_bytes,
-        'note': 'one all-reduce of the gradients (plus the averaged metric scalars) per step; '
-        'XLA may combine it into one tuple-shaped op. A ring moves 2(N-1)/N of it.',
-    }
-    if strategy == 'fsdp':
-        expected |= {
-            'kind': 'all-gather + reduce-scatter',
-            'ring_bytes_per_device': 2 * (n - 1) / n * grad_bytes,
-            'note': 'each sharded weight all-gathered where it is used (the whole weight comes '
-            'back, (N-1)/N of it over the wire) and its gradient reduce-scattered ((N-1)/N '
-            'again): the same bytes as one all-reduce, in two halves. Small unsharded arrays '
-            '(biases whose size N does not divide) are all-reduced as in dp.',
-        }
+    expected = expectation(strategy, model, state.params, mesh, config.batch_size)
     return {
         'model': model,
         'strategy': strategy,
-        'devices': n,
+        'devices': mesh.size,
+        'mesh': f"{mesh.shape[DATA]}x{mesh.shape[MODEL]}",
         'batch_size': config.batch_size,
         'programs': found,
         'expected': expected,
         'differences': differences(found['auto'], found['explicit']),
+    }
+
+
+def expectation(strategy: str, model: str, params, mesh, batch_size: int) -> dict:
+    """The analytic collectives of one step: the gradient's over 'data', the activations' over
+    'model' (tensor parallelism only)."""
+    d, m = mesh.shape[DATA], mesh.shape[MODEL]
+    specs = jax.tree.leaves(state_specs(params, strategy, mesh))
+    # each device's share of the gradient after tensor parallelism's split (all of it without)
+    grad_bytes = sum(
+        int(np.prod(p.shape)) * p.dtype.itemsize // (m if MODEL in spec else 1)
+        for p, spec in zip(jax.tree.leaves(params), specs, strict=True)
+    )
+    expected = {
+        'kind': 'all-reduce',
+        'group_size': d,
+        'gradient_bytes': grad_bytes,
+        'ring_bytes_per_device': 2 * (d - 1) / d * grad_bytes,
+        'note': "one all-reduce of the gradients over 'data' (plus the averaged metric scalars) "
+        'per step; XLA may combine it into one tuple-shaped op. A ring moves 2(N-1)/N of it.',
+        'activations': None,
+    }
+    if strategy in ('fsdp', 'fsdp_tp'):
+        expected |= {
+            'kind': 'all-gather + reduce-scatter',
+            'note': 'each sharded weight all-gathered over \'data\' where it is used (the whole '
+            'weight comes back, (N-1)/N of it over the wire) and its gradient reduce-scattered '
+            '((N-1)/N again): the same bytes as one all-reduce, in two halves. Small unsharded '
+            'arrays (biases whose size N does not divide) are all-reduced as in dp.',
+        }
+    if strategy in ('tp', 'fsdp_tp') and m > 1:
+        expected['activations'] = activation_all_reduces(model, batch_size // d, m)
+    return expected
+
+
+def activation_all_reduces(model: str, rows: int, m: int) -> dict:
+    """Tensor parallelism's all-reduces over 'model', each of a [rows, ..., width] activation:
+    forward, one after every row-parallel layer; backward, one for the gradient of every
+    column-parallel layer's input (none for the MLP's first layer: its input is the data)."""
+    if model == 'mlp':
+        count, shape = 1, (rows, 512)
+        note = (
+            'forward: the partial sums of the row-parallel second layer; no backward one: the '
+            "first (column-parallel) layer's input is the data, which needs no gradient."
+        )
+    else:
+        c = F.transformer_config()
+        # forward: attention out, ffn down; backward: query, key_value and ffn up inputs
+        count, shape = 5 * c.num_layers, (rows, c.seq_len, c.embed_dim)
+        note = (
+            'forward: the partial sums of each row-parallel layer (attention out, ffn down); '
+            'backward: the input gradient of each column-parallel layer. query and key_value '
+            'read the same input but are two layers, so its gradient is all-reduced twice.'
+        )
+    each = int(np.prod(shape)) * 4
+    return {
+        'kind': 'all-reduce',
+        'group_size': m,
+        'count': count,
+        'shape': shape,
+        'bytes': count * each,
+        'ring_bytes_per_device': 2 * (m - 1) / m * count * each,
+        'note': note,
     }
 
 
@@ -135,8 +181,8 @@ def differences(auto_ops, explicit_ops) -> list[str]:
 
 def print_report(r: dict) -> None:
     print(
-        f"Collectives in one compiled train step: --model={r['model']} "
-        f"--strategy={r['strategy']}, {r['devices']} devices, global batch {r['batch_size']}\n"
+        f"Collectives in one compiled train step: --model={r['model']} --strategy="
+        f"{r['strategy']}, mesh {r['mesh']} (data x model), global batch {r['batch_size']}\n"
     )
     print(f"{'program':<10} {'kind':<12} {'group':>5} {'dtype':<6} {'bytes':>12}  result shapes")
     for name, ops in r['programs'].items():
@@ -153,6 +199,11 @@ def print_report(r: dict) -> None:
         f"{x['group_size']} devices; a ring moves {x['ring_bytes_per_device']:,.0f} bytes per "
         f"device.\n  {x['note']}"
     )
+    if a := x['activations']:
+        print(
+            f"expected: {a['count']} all-reduce(s) of f32{list(a['shape'])} activations over "
+            f"{a['group_size']} devices, {a['bytes']:,} bytes.\n  {a['note']}"
+        )
     for name in ('auto', 'explicit'):
         got = collections.Counter()
         for op in r['programs'][name]:
@@ -168,12 +219,15 @@ def main(argv):
         sys.exit(f'error: unexpected arguments {argv[1:]}')
     try:
         configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
-        mesh = make_mesh(F.NUM_DEVICES.value)
+        mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape())
         config = F.train_config()
-        if config.batch_size % mesh.size:
+        d = mesh.shape[DATA]
+        if config.batch_size % d:
             raise UsageError(
-                f'--batch_size={config.batch_size} is not divisible by the {mesh.size} devices'
+                f"--batch_size={config.batch_size} is not divisible by the {d} 'data' devices"
             )
+        if F.STRATEGY.value in ('tp', 'fsdp_tp'):
+            check_tp(F.transformer_config() if F.MODEL.value != 'mlp' else cfg.MLPConfig(), mesh)
         report = inspect(F.MODEL.value, config, mesh, F.STRATEGY.value)
     except UsageError as e:
         sys.exit(f'error: {e}')

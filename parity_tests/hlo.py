@@ -25,6 +25,8 @@ class Collective:
     def group_size(self) -> int:
         """Devices in each replica group, whichever of XLA's three spellings the HLO uses."""
         g = self.replica_groups
+        if g.startswith('pairs'):  # collective-permute: pairs={{0,0},{1,2},...}, every device
+            return g.count('},{') + 1
         if g.startswith('{{'):  # explicit device lists: {{0,1,2,3},{4,5,6,7}}
             return len(g[2:].split('}')[0].split(','))
         if g.startswith('mesh['):  # mesh['axis_0'=8,'axis_1'=1] {'axis_0'}
@@ -46,13 +48,15 @@ def collectives(hlo_text: str) -> list[Collective]:
     for m in _OP.finditer(hlo_text):
         arrays = _ARRAY.findall(m.group('type'))
         line = hlo_text[m.start() : hlo_text.find('\n', m.start())]
-        groups = re.search(r'replica_groups=(.+?)(?:, [a-z_]+=|$)', line)
+        # mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) {'axis_1'}: up to the axes
+        groups = re.search(r"replica_groups=(mesh\[.*?\{[^}]*\}|.+?)(?:, [a-z_]+=|$)", line)
+        pairs = re.search(r'source_target_pairs=(\{.*?\}\})', line)
         found.append(
             Collective(
                 kind=m.group('kind'),
                 shapes=tuple(tuple(int(d) for d in dims.split(',') if d) for _, dims in arrays),
                 dtypes=tuple(dtype for dtype, _ in arrays),
-                replica_groups=groups.group(1) if groups else '',
+                replica_groups=groups.group(1) if groups else f'pairs={pairs.group(1)}',
             )
         )
     return found

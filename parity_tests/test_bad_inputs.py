@@ -153,6 +153,21 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     ('unknown benchmark section', "--sections has ['foo']", 'test_bad_inputs.test_cli_row'),
+    (
+        'malformed --mesh',
+        '--mesh=4by2: expected DATAxMODEL, two positive integers such as 4x2',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--mesh and --num_devices disagree',
+        '--num_devices=4 and --mesh=4x2 (8 devices) disagree',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'heads not divisible by the model axis (tp)',
+        "--num_heads=4 is not divisible by the mesh's model axis (8)",
+        'test_bad_inputs.test_cli_row',
+    ),
 ]
 
 TINY = ['--model=transformer', '--batch_size=16', '--cpu_devices=8']
@@ -168,6 +183,12 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     '--top_k outside 1..256': ('explicit.generate', ['--workdir={mlp}', '--top_k=0']),
     'unknown benchmark section': ('benchmarks.run', ['--sections=foo']),
     'incomplete multi-process settings': ('explicit.train', ['--num_processes=2']),
+    'malformed --mesh': ('auto.train', ['--mesh=4by2']),
+    '--mesh and --num_devices disagree': ('auto.train', ['--mesh=4x2', '--num_devices=4']),
+    'heads not divisible by the model axis (tp)': (
+        'explicit.train',
+        [*TINY, '--strategy=tp', '--mesh=1x8'],
+    ),
 }
 
 

@@ -1,7 +1,7 @@
 """Claim: FSDP (--strategy=fsdp) keeps 1/n of the parameters and optimizer state per device,
 and trains exactly like data parallelism and the one-device run, in both twins and for both
 models. The explicit twin moves its weights with all-gathers and its gradients with
-reduce-scatters, written out; checkpoints move freely between dp and fsdp."""
+reduce-scatters, written out. (Checkpoints moving between strategies: test_tp.py.)"""
 
 import jax
 import numpy as np
@@ -10,13 +10,11 @@ import pytest
 from auto import fsdp as auto_fsdp
 from auto import train_step as auto
 from explicit import fsdp as explicit_fsdp
-from parity_tests.conftest import CLI_MODELS, fresh_state, logits, make_case, save_checkpoint
+from parity_tests.conftest import CLI_MODELS, fresh_state
 from parity_tests.hlo import collectives, compiled_text
 from parity_tests.test_cli import read_metrics, run_cli
 from parity_tests.test_gradient_parity import TOL, assert_trees_close, twin_loss_and_grads
 from parity_tests.test_training_parity import LOSS_TOL, PARAM_TOL, train, train_twin
-from shard_parity import checkpoint
-from shard_parity.mesh import make_mesh
 from shard_parity.step import reference_loss_and_grads, reference_train_step
 from shard_parity.tasks import classification_loss
 
@@ -86,27 +84,6 @@ def test_explicit_fsdp_gathers_weights_and_scatters_gradients(mesh8, mnist_batch
     assert by_kind['all-gather'] == weights  # each sharded weight gathered once, whole
     assert by_kind['reduce-scatter'] == weights // 8  # each device keeps 1/8 of the gradient
     assert by_kind['all-reduce'] == 10 * 4 + 8  # the odd-sized bias (10 classes) + 2 metrics
-
-
-@pytest.mark.parametrize(
-    'save_twin, restore_twin',
-    [(auto, explicit_fsdp), (auto_fsdp, auto)],
-    ids=['dp-to-fsdp', 'fsdp-to-dp'],
-)
-def test_checkpoints_move_between_strategies(save_twin, restore_twin, mesh8, tmp_path):
-    case = make_case('transformer')
-    graphdef, _, state = fresh_state(case=case)
-    state = save_twin.place_state(state, mesh8)
-    save_checkpoint(tmp_path, state, case)
-    tokens = case.batches.batch(0)['x']
-    one = jax.devices()[0]  # logits on one device: both sides run the very same program
-    before = logits(graphdef, state.params, tokens, one)
-    _, graphdef2, restored = checkpoint.restore(tmp_path, restore_twin, make_mesh(8))
-    kernel = next(p for p in jax.tree.leaves(restored.params) if p.ndim == 2)
-    assert kernel.sharding.is_fully_replicated == (restore_twin is auto)
-    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    np.testing.assert_array_equal(logits(graphdef2, restored.params, tokens, one), before)
 
 
 def test_cli_trains_with_fsdp_and_resumes_under_dp(tmp_path):

@@ -43,7 +43,8 @@ def test_greedy_output_is_identical_across_twins_and_paths(workdir):
     }
     assert len(set(outs.values())) == 1, outs
     assert len(set(next(iter(outs.values())))) > 1  # not one byte repeated: the test can fail
-    sampled = generator(workdir, auto, temperature=1.0).generate(prompt, n, seed=1)
+    # the 10x weights make greedy and T=1 sampling nearly the same; T=10 flattens the odds
+    sampled = generator(workdir, auto, temperature=10.0).generate(prompt, n, seed=1)
     assert sampled != next(iter(outs.values()))
 
 

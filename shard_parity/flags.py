@@ -8,15 +8,23 @@ import dataclasses
 
 from absl import flags
 
+from shard_parity import UsageError
 from shard_parity import config as cfg
 
 MODEL = flags.DEFINE_enum('model', 'mlp', ['mlp', 'transformer'], 'Which model to train.')
 STRATEGY = flags.DEFINE_enum(
     'strategy',
     'dp',
-    ['dp', 'fsdp'],
-    'dp: replicated state (<twin>/train_step.py); fsdp: '
-    'parameters and optimizer state sharded over the devices too (<twin>/fsdp.py).',
+    ['dp', 'fsdp', 'tp', 'fsdp_tp'],
+    'dp: replicated state (<twin>/train_step.py); fsdp: parameters and optimizer state '
+    "sharded over 'data' too (<twin>/fsdp.py); tp: layers split over 'model', Megatron style "
+    '(<twin>/tp.py); fsdp_tp: both (<twin>/fsdp_tp.py). See shard_parity/placement.py.',
+)
+MESH = flags.DEFINE_string(
+    'mesh',
+    None,
+    "DATAxMODEL devices, e.g. 4x2: the batch is split over 'data', tensor parallelism over "
+    "'model'. Default: all devices (or --num_devices) x 1.",
 )
 STEPS = flags.DEFINE_integer('steps', None, 'Total training steps.', lower_bound=1)
 BATCH_SIZE = flags.DEFINE_integer(
@@ -137,6 +145,24 @@ HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
 SHOW_SHARDING = flags.DEFINE_bool(
     'show_sharding', False, 'Print where one batch and one weight live on the devices.'
 )
+
+
+def mesh_shape() -> tuple[int, int] | None:
+    """--mesh=4x2 -> (4, 2); None when unset (then --num_devices x 1)."""
+    if MESH.value is None:
+        return None
+    parts = MESH.value.lower().split('x')
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise UsageError(
+            f'--mesh={MESH.value}: expected DATAxMODEL, two positive integers such as 4x2'
+        )
+    shape = (int(parts[0]), int(parts[1]))
+    if NUM_DEVICES.value is not None and NUM_DEVICES.value != shape[0] * shape[1]:
+        raise UsageError(
+            f'--num_devices={NUM_DEVICES.value} and --mesh={MESH.value} '
+            f'({shape[0] * shape[1]} devices) disagree: give one of them'
+        )
+    return shape
 
 
 def train_config() -> cfg.TrainConfig:

@@ -7,7 +7,8 @@ from jax.sharding import AxisType
 
 from shard_parity import UsageError
 
-DATA = 'data'  # the one mesh axis: examples are split across it
+DATA = 'data'  # examples are split across this mesh axis
+MODEL = 'model'  # tensor parallelism splits heads and hidden features across this one
 NO_FMA = '--xla_cpu_max_isa=AVX'  # AVX has no fused multiply-add instructions
 
 
@@ -35,18 +36,24 @@ def configure_jax(cpu_devices: int | None, *, cpu_fma: bool = False) -> None:
         os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {NO_FMA}".strip()
 
 
-def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
-    """A 1-D mesh over the first `num_devices` devices (all of them by default)."""
+def make_mesh(num_devices: int | None = None, shape: tuple[int, int] | None = None):
+    """A DATA x MODEL mesh over the first devices: `shape` (from --mesh=4x2), or by default
+    all `num_devices` (all of them) on 'data' and 1 on 'model'. Strategies name the axes they
+    split over; an axis a strategy does not name holds copies (dp on 4x2: 2 copies of each shard).
+    """
     devices = jax.devices()
-    n = len(devices) if num_devices is None else num_devices
-    if not 1 <= n <= len(devices):
+    if shape is None:
+        shape = (len(devices) if num_devices is None else num_devices, 1)
+    n = shape[0] * shape[1]
+    if not 1 <= n <= len(devices) or min(shape) < 1:
+        asked = f'--mesh={shape[0]}x{shape[1]}' if shape[1] > 1 else f'--num_devices={n}'
         raise UsageError(
-            f'--num_devices={n}, but this process has {len(devices)} '
-            f'{devices[0].platform.upper()} devices: use 1..{len(devices)}'
+            f'{asked}, but this process has {len(devices)} '
+            f'{devices[0].platform.upper()} devices: use 1..{len(devices)} in all'
             + (', or emulate more with --cpu_devices' if devices[0].platform == 'cpu' else '')
         )
-    # Auto: the compiler decides how sharded values flow; shard_map makes the axis manual inside.
-    return jax.make_mesh((n,), (DATA,), axis_types=(AxisType.Auto,), devices=devices[:n])
+    # Auto: the compiler decides how sharded values flow; shard_map makes the axes manual inside.
+    return jax.make_mesh(shape, (DATA, MODEL), axis_types=(AxisType.Auto,) * 2, devices=devices[:n])
 
 
 def start_processes(
@@ -81,11 +88,3 @@ def local_rows(mesh, batch_size: int) -> slice:
     start = min(b.start or 0 for b in blocks)
     stop = max(batch_size if b.stop is None else b.stop for b in blocks)
     return slice(start, stop)
-
-
-def fsdp_spec(shape: tuple[int, ...], n: int) -> jax.sharding.PartitionSpec:
-    """FSDP's placement of one parameter (or optimizer-state) array on n devices: its first
-    dimension split over 'data' when n divides it, else whole on every device (biases of odd
-    size, scalars). Both twins use this one rule."""
-    P = jax.sharding.PartitionSpec
-    return P(DATA) if len(shape) >= 1 and shape[0] % n == 0 and shape[0] >= n else P()

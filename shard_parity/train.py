@@ -22,17 +22,32 @@ from shard_parity import UsageError, checkpoint, report, tasks
 from shard_parity import config as cfg
 from shard_parity import flags as F
 from shard_parity.loop import Loop
-from shard_parity.mesh import configure_jax, make_mesh, start_processes
+from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh, start_processes
+from shard_parity.placement import check_tp
 from shard_parity.step import create_state, make_optimizer
 
 
 def check_batch(batch_size: int, mesh) -> None:
-    if batch_size % mesh.size:
-        fits = [n for n in (1, 2, 4, 8) if batch_size % n == 0 and n < mesh.size]
+    n = mesh.shape[DATA]
+    if batch_size % n:
+        fits = [k for k in (1, 2, 4, 8) if batch_size % k == 0 and k < n]
         raise UsageError(
-            f'--batch_size={batch_size} is not divisible by the {mesh.size} devices of the '
-            f'mesh: each device takes batch_size/{mesh.size} examples; use a multiple of '
-            f'{mesh.size}, or --num_devices={fits[-1]}'
+            f"--batch_size={batch_size} is not divisible by the {n} devices of the mesh's 'data' "
+            f'axis: each takes batch_size/{n} examples; use a multiple of {n}, or '
+            + (f'--num_devices={fits[-1]}' if mesh.shape[MODEL] == 1 else 'another --mesh')
+        )
+
+
+def check_strategy(strategy: str, model_config, mesh) -> None:
+    """Tensor parallelism needs divisible layers; dp and fsdp leave a 'model' axis as copies."""
+    if strategy in ('tp', 'fsdp_tp'):
+        check_tp(model_config, mesh)
+    elif mesh.shape[MODEL] > 1:
+        logging.warning(
+            "--strategy=%s splits nothing over 'model': the %d devices of each model group "
+            'hold the same shards and compute the same thing (use tp or fsdp_tp to split)',
+            strategy,
+            mesh.shape[MODEL],
         )
 
 
@@ -61,6 +76,7 @@ def run(
     Saves a checkpoint every `checkpoint_every` steps (default: at each evaluation) and at the
     end, and resumes from the latest one in `workdir`."""
     check_batch(config.batch_size, mesh)
+    check_strategy(twin.STRATEGY, task.model_config, mesh)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = twin.place_state(state, mesh)
@@ -72,6 +88,7 @@ def run(
         'twin': name,
         'strategy': twin.STRATEGY,
         'devices': mesh.size,
+        'mesh': dict(mesh.shape),
     }
     report.ensure_writable(workdir)
     main = jax.process_index() == 0  # with several processes, process 0 writes and prints
@@ -111,11 +128,11 @@ def main(twin):
                 F.HEARTBEAT_TIMEOUT.value,
             )
             jax.config.update('jax_debug_nans', F.DEBUG_NANS.value)
-            mesh = make_mesh(F.NUM_DEVICES.value)
+            mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape())
             config = F.train_config()
             check_batch(config.batch_size, mesh)
             name = twin.__name__.split('.')[0]
-            # dp: <twin>/train_step.py; fsdp: <twin>/fsdp.py, with the same interface
+            # dp: <twin>/train_step.py; else <twin>/<strategy>.py, with the same interface
             strategy = (
                 twin
                 if F.STRATEGY.value == 'dp'

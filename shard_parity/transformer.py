@@ -14,6 +14,7 @@ from flax import nnx
 
 from shard_parity.attention import ATTENTION
 from shard_parity.config import TransformerConfig
+from shard_parity.models import linear
 
 normal = nnx.initializers.normal
 
@@ -35,22 +36,45 @@ def layer_norm(cfg, rngs):
     )
 
 
+def per_head(init, kv_heads: int, head_dim: int):
+    """`init`'s draw for the columns [k of every head | v of every head], stored per head as
+    [k | v] (the layout __call__ reads): the same random values in the same roles as when this
+    projection was laid out [k... | v...], so a given seed trains exactly as it did then."""
+
+    def draw(key, shape, dtype=jnp.float32):
+        w = init(key, shape, dtype).reshape(shape[0], 2, kv_heads, head_dim)
+        return w.transpose(0, 2, 1, 3).reshape(shape)
+
+    return draw
+
+
 class CausalSelfAttention(nnx.Module):
     def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
         self.cfg = cfg
         hd = cfg.head_dim
         self.query = dense(cfg.embed_dim, cfg.num_heads * hd, cfg, rngs)
-        self.key_value = dense(cfg.embed_dim, 2 * cfg.num_kv_heads * hd, cfg, rngs)
+        self.key_value = nnx.Linear(
+            cfg.embed_dim,
+            2 * cfg.num_kv_heads * hd,
+            use_bias=False,
+            kernel_init=per_head(normal(0.02), cfg.num_kv_heads, hd),
+            dtype=cfg.compute_dtype,
+            rngs=rngs,
+        )
         # nanoGPT scales the residual projections' init by 1/sqrt(2 * num_layers)
         self.out = dense(
             cfg.num_heads * hd, cfg.embed_dim, cfg, rngs, 0.02 / math.sqrt(2 * cfg.num_layers)
         )
+        self.sum_partials = None  # set by explicit/tp.py (shard_parity/models.py says how)
 
     def __call__(self, x, cache=None, index=0):  # x: [B, T, C]
         b, t, _ = x.shape
         cfg = self.cfg
-        q = self.query(x).reshape(b, t, cfg.num_heads, cfg.head_dim)  # [B, T, H, D]
-        k, v = jnp.split(self.key_value(x).reshape(b, t, 2 * cfg.num_kv_heads, cfg.head_dim), 2, 2)
+        # -1: all H heads, or under tensor parallelism this device's H/m (explicit/tp.py)
+        q = self.query(x).reshape(b, t, -1, cfg.head_dim)  # [B, T, H, D]
+        # Per head [k | v], as Megatron lays out its fused projection: a split of the columns
+        # over devices falls between heads, and each device gets whole keys and values.
+        k, v = jnp.split(self.key_value(x).reshape(b, t, -1, 2 * cfg.head_dim), 2, 3)
         if cache is None:  # training, or the padded generation path: the whole window at once
             y = ATTENTION[cfg.attention](q, k, v)
         else:  # write this chunk's keys and values at `index`, attend over everything written
@@ -58,7 +82,7 @@ class CausalSelfAttention(nnx.Module):
             v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, index, 0, 0))
             y = ATTENTION[cfg.attention](q, k, v, offset=index, valid=index + t)
             cache = (k, v)  # [B, S, K, D] each
-        return self.out(y.reshape(b, t, -1)), cache
+        return linear(self.out, y.reshape(b, t, -1), self.sum_partials), cache
 
 
 class FeedForward(nnx.Module):
@@ -67,9 +91,10 @@ class FeedForward(nnx.Module):
         self.down = dense(
             4 * cfg.embed_dim, cfg.embed_dim, cfg, rngs, 0.02 / math.sqrt(2 * cfg.num_layers)
         )
+        self.sum_partials = None  # set by explicit/tp.py (shard_parity/models.py says how)
 
     def __call__(self, x):
-        return self.down(jax.nn.gelu(self.up(x), approximate=False))
+        return linear(self.down, jax.nn.gelu(self.up(x), approximate=False), self.sum_partials)
 
 
 class Block(nnx.Module):

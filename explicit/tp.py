@@ -1,0 +1,95 @@
+"""Tensor parallelism (Megatron) written by hand, with data parallelism over the other axis.
+
+On a DATA x MODEL mesh each 'model' group of devices shares one slice of the batch and splits
+every layer between them (shard_parity/placement.py): column-parallel kernels arrive as
+f32[in, out/m], row-parallel ones as f32[in/m, out]. Each device runs H/m whole attention heads
+and 4C/m feed-forward features, and a row-parallel layer leaves it a partial sum of the output:
+`sum_partials` below, a psum over 'model', is the only collective tensor parallelism adds to
+the forward pass. Its backward twin, the all-reduce of the activations' gradient before each
+column-parallel layer, comes from `grad` itself: those inputs are the same on every device of
+the group (invariant over 'model'), and the transpose of using them in per-device work is a psum.
+
+Compare auto/tp.py, which only places the weights and lets the compiler find the same all-reduces.
+"""
+
+import jax
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shard_parity.mesh import DATA, MODEL
+from shard_parity.placement import state_specs
+from shard_parity.step import TrainState, apply_gradients
+
+STRATEGY = 'tp'  # --strategy=tp
+BATCH = P(DATA)  # examples split over 'data', the same rows on every device of a 'model' group
+REPLICATED = P()
+
+
+def state_shardings(state, mesh):
+    """The same placement as auto/tp.py (shard_parity/placement.py)."""
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs(state, STRATEGY, mesh))
+
+
+def place_state(state: TrainState, mesh) -> TrainState:
+    return jax.device_put(state, state_shardings(state, mesh))
+
+
+def place_batch(batch, mesh):
+    sharding = NamedSharding(mesh, BATCH)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
+
+
+def sum_partials(y):  # y: f32[B/d, T, C], this device's share of a row-parallel matmul
+    return jax.lax.psum(y, MODEL)  # the all-reduce of activations (Megatron's "g")
+
+
+def bind(graphdef, fn):
+    """As shard_parity.step.bind, with the model's row-parallel layers summed over 'model'."""
+
+    def bound(params, batch):
+        model = nnx.merge(graphdef, params)
+        model.set_attributes(sum_partials=sum_partials)
+        return fn(model, batch)
+
+    return bound
+
+
+def loss_and_grads(graphdef, loss_fn, mesh):
+    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
+
+    def fn(params, batch):  # params: this device's slice of each layer; batch: x[B/d, ...]
+        specs = state_specs(params, STRATEGY, mesh)
+
+        def local(params, batch):
+            # As in dp: varying over 'data', so that the pmean below is a mean, not n x a sum.
+            params = jax.lax.pcast(params, DATA, to='varying')
+            (_, metrics), grads = grad_fn(params, batch)
+            return jax.lax.pmean((metrics, grads), DATA)  # the gradient all-reduce over 'data'
+
+        return jax.shard_map(
+            local, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs)
+        )(params, batch)
+
+    return jax.jit(fn)
+
+
+def train_step(graphdef, loss_fn, tx, mesh):
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
+
+    def step(state: TrainState, batch):
+        metrics, grads = grads_fn(state.params, batch)
+        state = apply_gradients(state, grads, tx)  # each device updates its own slices
+        return jax.lax.with_sharding_constraint(state, state_shardings(state, mesh)), metrics
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def eval_step(graphdef, eval_fn, mesh):
+    fn = bind(graphdef, eval_fn)
+
+    def evaluate(params, batch):
+        specs = state_specs(params, STRATEGY, mesh)
+        return jax.shard_map(fn, mesh=mesh, in_specs=(specs, BATCH), out_specs=BATCH)(params, batch)
+
+    return jax.jit(evaluate)

@@ -1,0 +1,112 @@
+"""Claim: on a DATA x MODEL mesh, every strategy (dp, fsdp, tp, fsdp_tp) in both twins gives the
+one-device run's loss and gradients, and 20 AdamW steps track it, at data parallelism's
+tolerances, for the MLP and the transformer (8 heads, so that 8 model devices get one each).
+dp and fsdp on the 1-D 8x1 mesh are in test_gradient_parity, test_training_parity, test_fsdp."""
+
+import importlib
+
+import jax
+import numpy as np
+import pytest
+
+from explicit import tp as explicit_tp
+from parity_tests.conftest import fresh_state, make_case
+from parity_tests.test_gradient_parity import TOL, assert_trees_close, twin_loss_and_grads
+from parity_tests.test_training_parity import LOSS_TOL, PARAM_TOL, train, train_twin
+from shard_parity import config as cfg
+from shard_parity.mesh import MODEL, make_mesh
+from shard_parity.step import bind, reference_loss_and_grads, reference_train_step
+
+# 8 query and 8 key/value heads split over up to 8 'model' devices; GQA (2 key/value heads per
+# 8 query heads) runs on the 4x2 mesh below. One block: every layer kind, half the compile time.
+TP_TRANSFORMER = cfg.TransformerConfig(
+    seq_len=16, num_layers=1, num_heads=8, num_kv_heads=8, embed_dim=32
+)
+GQA_TRANSFORMER = cfg.TransformerConfig(
+    seq_len=16, num_layers=1, num_heads=8, num_kv_heads=2, embed_dim=32
+)
+GRID = [
+    ('dp', (4, 2)),
+    ('dp', (2, 4)),
+    ('fsdp', (4, 2)),
+    ('fsdp', (2, 4)),
+    ('tp', (8, 1)),
+    ('tp', (4, 2)),
+    ('tp', (2, 4)),
+    ('tp', (1, 8)),
+    ('fsdp_tp', (8, 1)),
+    ('fsdp_tp', (4, 2)),
+    ('fsdp_tp', (2, 4)),
+]
+TWINS = ['auto', 'explicit']
+
+
+def twin_module(name: str, strategy: str):
+    return importlib.import_module(f'{name}.{"train_step" if strategy == "dp" else strategy}')
+
+
+CASES = [(model, s, shape) for model in ('mlp', 'transformer') for s, shape in GRID] + [
+    ('gqa', 'tp', (4, 2)),  # 2 key/value heads: one per model device
+    ('gqa', 'fsdp_tp', (4, 2)),
+]
+
+
+@pytest.fixture(scope='module')
+def references():
+    """model -> (case, one-device metrics, gradients, 20-step run), computed once each."""
+    cache = {}
+
+    def get(model):
+        if model not in cache:
+            config = {'transformer': TP_TRANSFORMER, 'gqa': GQA_TRANSFORMER}.get(model)
+            case = make_case('mlp') if model == 'mlp' else make_case('transformer', config)
+            graphdef, tx, state = fresh_state(case=case)
+            batch = case.batches.batch(0)
+            metrics, grads = reference_loss_and_grads(graphdef, case.loss_fn)(state.params, batch)
+            steps = train(reference_train_step(graphdef, case.loss_fn, tx), state, case.batches)
+            cache[model] = case, metrics, grads, steps
+        return cache[model]
+
+    return get
+
+
+@pytest.mark.parametrize('model', ['mlp', 'transformer'])
+def test_averaging_instead_of_summing_the_partials_is_caught(model, references, monkeypatch):
+    """The comparison can fail: a pmean where explicit/tp.py sums the row-parallel partial
+    sums (a plausible slip: it is the right collective for gradients) changes the loss."""
+    case, ref_metrics, _, _ = references(model)
+    graphdef, _, state = fresh_state(case=case)
+    monkeypatch.setattr(explicit_tp, 'sum_partials', lambda y: jax.lax.pmean(y, MODEL))
+    mesh, batch = make_mesh(shape=(4, 2)), case.batches.batch(0)
+    metrics, _ = twin_loss_and_grads(explicit_tp, mesh, graphdef, case.loss_fn, state, batch)
+    assert not np.allclose(metrics['loss'], ref_metrics['loss'], **TOL)
+
+
+def test_forgetting_the_psum_is_refused_by_shard_map(references, monkeypatch):
+    """Left unsummed, the partial sums vary over 'model', and shard_map's varying-axes check
+    refuses a loss declared the same on every device (out_specs P())."""
+    case, _, _, _ = references('mlp')
+    graphdef, _, state = fresh_state(case=case)
+    monkeypatch.setattr(explicit_tp, 'bind', bind)  # the plain model: no psum at all
+    mesh, batch = make_mesh(shape=(4, 2)), case.batches.batch(0)
+    with pytest.raises(ValueError, match='varying over {model}'):
+        twin_loss_and_grads(explicit_tp, mesh, graphdef, case.loss_fn, state, batch)
+
+
+@pytest.mark.parametrize('name', TWINS)
+@pytest.mark.parametrize(
+    'model, strategy, shape', CASES, ids=[f'{m}-{s}-{d}x{k}' for m, s, (d, k) in CASES]
+)
+def test_strategy_matches_the_one_device_run(name, model, strategy, shape, references):
+    case, ref_metrics, ref_grads, (ref_losses, ref_params) = references(model)
+    twin, mesh = twin_module(name, strategy), make_mesh(shape=shape)
+    graphdef, _, state = fresh_state(case=case)
+    batch = case.batches.batch(0)
+    metrics, grads = twin_loss_and_grads(twin, mesh, graphdef, case.loss_fn, state, batch)
+    np.testing.assert_allclose(metrics['loss'], ref_metrics['loss'], **TOL)
+    assert_trees_close(grads, ref_grads, **TOL)
+
+    losses, params = train_twin(twin, mesh, case)
+    np.testing.assert_allclose(losses, ref_losses, **LOSS_TOL)
+    for p, r in zip(params, ref_params, strict=True):
+        np.testing.assert_allclose(p, r, **PARAM_TOL)

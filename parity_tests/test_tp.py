@@ -1,0 +1,150 @@
+"""Claim: tensor parallelism (--strategy=tp, fsdp_tp) splits each layer Megatron's way over the
+mesh's 'model' axis, so that per-device state falls as 1/(model) for the split layers and
+1/(data x model) under fsdp_tp; the explicit twin's only forward collective is the psum after
+each row-parallel layer, and auto's compiler finds the same all-reduces; checkpoints move
+between dp, fsdp, tp and fsdp_tp with unchanged logits; the train CLIs run it on a 2-D mesh."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from auto import fsdp as auto_fsdp
+from auto import fsdp_tp as auto_fsdp_tp
+from auto import tp as auto_tp
+from auto import train_step as auto
+from explicit import fsdp as explicit_fsdp
+from explicit import fsdp_tp as explicit_fsdp_tp
+from explicit import tp as explicit_tp
+from parity_tests.conftest import CLI_MODELS, fresh_state, logits, make_case, save_checkpoint
+from parity_tests.test_cli import read_metrics, run_cli
+from parity_tests.test_collectives import run_inspector
+from parity_tests.test_fsdp import device0_bytes
+from parity_tests.test_mesh_parity import TP_TRANSFORMER
+from shard_parity import checkpoint
+from shard_parity.mesh import DATA, MODEL, make_mesh
+
+
+def test_tp_gives_each_model_device_whole_heads():
+    case = make_case('transformer', TP_TRANSFORMER)  # 8 heads of 4 dims, width 32
+    _, _, state = fresh_state(case=case)
+    placed = explicit_tp.place_state(state, make_mesh(shape=(4, 2)))
+    attn = placed.params['blocks'][0]['attn']
+    shard = lambda x: x.addressable_shards[0].data.shape  # noqa: E731
+    assert shard(attn['query']['kernel'][...]) == (32, 16)  # column-parallel: 4 of 8 heads
+    assert shard(attn['key_value']['kernel'][...]) == (32, 32)  # [k|v] of the same 4 heads
+    assert shard(attn['out']['kernel'][...]) == (16, 32)  # row-parallel: their 16 features
+    ffn = placed.params['blocks'][0]['ffn']
+    assert shard(ffn['up']['kernel'][...]) == (32, 64) and shard(ffn['down']['kernel'][...]) == (
+        64,
+        32,
+    )
+    assert shard(placed.params['embed']['embedding'][...]) == (256, 32)  # whole: not split
+
+
+@pytest.mark.parametrize('model', ['mlp', 'transformer'])
+def test_state_per_device_falls_with_each_axis(model):
+    """Bytes of params + optimizer state on device 0, read from the arrays' shardings."""
+    case = make_case('mlp') if model == 'mlp' else make_case('transformer', TP_TRANSFORMER)
+    _, _, state = fresh_state(case=case)
+    total = sum(x.nbytes for x in jax.tree.leaves(state))
+    held = {}
+    for twin, shape in [
+        (auto, (8, 1)),
+        (auto_fsdp, (8, 1)),
+        (auto_tp, (4, 2)),
+        (auto_tp, (1, 8)),
+        (auto_fsdp_tp, (4, 2)),
+    ]:
+        placed = twin.place_state(jax.tree.map(np.array, state), make_mesh(shape=shape))
+        held[twin.STRATEGY, shape] = device0_bytes(placed)
+    assert held['dp', (8, 1)] == total
+    assert held['fsdp', (8, 1)] < total / 7
+    # tp splits only the matrices it pairs (not embeddings, norms, the MLP's head):
+    assert total / 2 < held['tp', (4, 2)] < total
+    assert held['tp', (1, 8)] < held['tp', (4, 2)]
+    assert held['fsdp_tp', (4, 2)] < held['tp', (4, 2)] / 3  # and fsdp splits what is left 4 ways
+
+
+@pytest.mark.parametrize('model', ['mlp', 'transformer'])
+def test_inspector_pins_the_tp_collectives(model):
+    flags = ['--model=mlp', '--batch_size=16']
+    if model == 'transformer':
+        flags = ['--model=transformer', '--batch_size=16', '--num_layers=2', '--num_heads=4']
+    r = run_inspector(*flags, '--strategy=tp', '--mesh=4x2')
+    act, grads = r['expected']['activations'], r['expected']['gradient_bytes']
+    assert act['count'] == (1 if model == 'mlp' else 5 * 2) and act['group_size'] == 2
+    for twin in ('auto', 'explicit'):
+        ops = r['programs'][twin]
+        assert {op['kind'] for op in ops} == {'all-reduce'}
+        over_model = [s for op in ops if op['group_size'] == 2 for s in op['shapes']]
+        assert sorted(s for s in over_model if s) == [list(act['shape'])] * act['count']
+        over_data = sum(op['bytes'] for op in ops if op['group_size'] == 4)
+        extra = 4 * (2 if model == 'mlp' else 1)  # the averaged metrics
+        if twin == 'auto' and model == 'transformer':
+            extra += 256 * 128 * 4  # the tied embedding's two terms, all-reduced apart (dp too)
+        assert over_data == grads + extra, (twin, over_data, grads)
+
+
+def test_inspector_pins_the_explicit_fsdp_tp_collectives():
+    r = run_inspector('--model=mlp', '--batch_size=16', '--strategy=fsdp_tp', '--mesh=4x2')
+    ops = r['programs']['explicit']
+    by_kind = {}
+    for op in ops:
+        by_kind.setdefault((op['kind'], op['group_size']), 0)
+        by_kind[op['kind'], op['group_size']] += op['bytes']
+    tp_slice = r['expected']['gradient_bytes']  # each device's tensor-parallel slice
+    odd = (10 + 256) * 4  # the head's 10-wide bias, layer 1's bias: not split over 'data'
+    assert by_kind['all-gather', 4] == tp_slice - odd  # every data-sharded slice, whole
+    assert by_kind['reduce-scatter', 4] == (tp_slice - odd) // 4
+    assert by_kind['all-reduce', 2] == r['expected']['activations']['bytes']
+    assert by_kind['all-reduce', 4] == odd + 8  # + the two metrics
+
+
+QUERY_SPEC = {'dp': P(), 'fsdp': P(DATA), 'tp': P(None, MODEL), 'fsdp_tp': P(DATA, MODEL)}
+MOVES = {  # saved by, restored by, onto the mesh
+    'dp-to-fsdp': (auto, explicit_fsdp, (8, 1)),
+    'fsdp-to-dp': (auto_fsdp, auto, (8, 1)),
+    'dp-to-tp': (auto, auto_tp, (4, 2)),
+    'tp-to-fsdp_tp': (auto_tp, explicit_fsdp_tp, (2, 4)),
+    'fsdp-to-tp': (auto_fsdp, explicit_tp, (1, 8)),
+}
+
+
+@pytest.mark.parametrize('save_twin, restore_twin, shape', MOVES.values(), ids=MOVES.keys())
+def test_checkpoints_move_between_strategies(save_twin, restore_twin, shape, tmp_path):
+    case = make_case('transformer', TP_TRANSFORMER)
+    graphdef, _, state = fresh_state(case=case)
+    state = save_twin.place_state(state, make_mesh(shape=(4, 2)))
+    save_checkpoint(tmp_path, state, case, TP_TRANSFORMER)
+    tokens = case.batches.batch(0)['x']
+    one = jax.devices()[0]  # logits on one device: both sides run the very same program
+    before = logits(graphdef, state.params, tokens, one)
+    _, graphdef2, restored = checkpoint.restore(tmp_path, restore_twin, make_mesh(shape=shape))
+    query = restored.params['blocks'][0]['attn']['query']['kernel'][...]
+    assert query.sharding.spec == QUERY_SPEC[restore_twin.STRATEGY]  # placed as restore_twin does
+    saved_query = state.params['blocks'][0]['attn']['query']['kernel'][...]
+    assert saved_query.sharding.spec != query.sharding.spec  # ...which is not how it was saved
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(logits(graphdef2, restored.params, tokens, one), before)
+
+
+def test_cli_trains_with_tp_on_a_2d_mesh_and_resumes_under_fsdp_tp(tmp_path):
+    flags = [
+        *CLI_MODELS['transformer'],
+        '--cpu_devices=8',
+        '--decay_steps=40',
+        '--log_every=10',
+        '--eval_every=20',
+        f'--workdir={tmp_path}',
+    ]
+    first = run_cli('explicit', *flags, '--strategy=tp', '--mesh=4x2', '--steps=20')
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run_cli('auto', *flags, '--strategy=fsdp_tp', '--mesh=2x2', '--steps=40')
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert 'resuming from' in second.stderr
+    lines = read_metrics(tmp_path)
+    assert lines[-1]['final'] and lines[-1]['step'] == 40
+    assert [line['step'] for line in lines if 'train_loss' in line] == [10, 20, 30, 40]
+    assert lines[-1]['eval_loss'] < lines[0]['train_loss']

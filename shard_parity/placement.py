@@ -1,0 +1,88 @@
+"""Where each array of the training state lives, per strategy: one rule that both twins use.
+
+    dp       every array whole on every device               P()
+    fsdp     split on its first dimension over 'data'         P('data')
+    tp       Megatron's plan over 'model' (below), or whole   P(None, 'model'), P('model', None)
+    fsdp_tp  tp's spec, plus 'data' on the first free dim     P('data', 'model'), P('model', 'data')
+
+Tensor parallelism pairs a column-parallel layer (its output features split over 'model': each
+device computes some of them, no communication) with a row-parallel one (its input features
+split the same way: each device computes a partial sum of every output, and one all-reduce adds
+them). In attention the column split falls between heads, so each device runs whole heads.
+"""
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+from shard_parity import UsageError
+from shard_parity.mesh import DATA, MODEL
+
+STRATEGIES = ('dp', 'fsdp', 'tp', 'fsdp_tp')
+COLUMN = ('query', 'key_value', 'up')  # transformer layers whose outputs are split
+ROW = ('out', 'down')  # ...and the layers that take those split features in
+MLP_PLAN = {0: 'column', 1: 'row'}  # the MLP: 784-512 column, 512-512 row, 512-10 whole
+
+
+def tp_role(path) -> str | None:
+    """'column', 'row' or None, from a parameter's (or its optimizer moment's) tree path."""
+    keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    if len(keys) < 2 or keys[-1] not in ('kernel', 'bias'):
+        return None
+    if keys[-2] in COLUMN:
+        return 'column'
+    if keys[-2] in ROW:
+        return 'row'
+    if len(keys) >= 3 and keys[-3] == 'layers':
+        return MLP_PLAN.get(keys[-2])
+    return None
+
+
+def tp_spec(path, x) -> P:
+    role, is_kernel = tp_role(path), x.ndim == 2
+    if role == 'column':  # kernel [in, out/m], bias [out/m]
+        return P(None, MODEL) if is_kernel else P(MODEL)
+    if role == 'row' and is_kernel:  # kernel [in/m, out]; its bias is added after the all-reduce
+        return P(MODEL, None)
+    return P()
+
+
+def fsdp_spec(shape: tuple[int, ...], n: int, taken: P = P()) -> P:
+    """Adds 'data' to the first dimension that `taken` leaves free and n divides (else leaves
+    the array as it is: a bias of odd size, a scalar)."""
+    dims = list(taken) + [None] * (len(shape) - len(taken))
+    for i, size in enumerate(shape):
+        if dims[i] is None and size % n == 0 and size >= n:
+            dims[i] = DATA
+            break
+    while dims and dims[-1] is None:
+        dims.pop()
+    return P(*dims)
+
+
+def state_specs(state, strategy: str, mesh):
+    """The PartitionSpec of every array in `state` (params, optimizer state, step)."""
+    n = mesh.shape[DATA]
+    rules = {
+        'dp': lambda path, x: P(),
+        'fsdp': lambda path, x: fsdp_spec(x.shape, n),
+        'tp': tp_spec,
+        'fsdp_tp': lambda path, x: fsdp_spec(x.shape, n, tp_spec(path, x)),
+    }
+    return jax.tree_util.tree_map_with_path(rules[strategy], state)
+
+
+def check_tp(model_config, mesh) -> None:
+    """Tensor parallelism splits heads and hidden features over 'model': they must divide."""
+    m = mesh.shape[MODEL]
+    sizes = (
+        {'--num_heads': model_config.num_heads, '--num_kv_heads': model_config.num_kv_heads}
+        if hasattr(model_config, 'num_heads')
+        else {'the hidden layer width': model_config.layer_sizes[1]}
+    )
+    for name, size in sizes.items():
+        if size % m:
+            raise UsageError(
+                f'{name}={size} is not divisible by the mesh\'s model axis ({m}): tensor '
+                f'parallelism gives each of the {m} devices of a model group an equal share; '
+                f'use a --mesh whose MODEL divides {size}'
+            )
