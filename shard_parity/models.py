@@ -9,6 +9,7 @@ import jax
 from flax import nnx
 
 from shard_parity.config import MLPConfig
+from shard_parity.matmul import dot_general, product
 from shard_parity.placement import MLP_PLAN
 
 
@@ -18,7 +19,7 @@ def linear(layer: nnx.Linear, x, sum_partials=None):
         return layer(x)
     if layer.bias is None:
         return sum_partials(layer(x))
-    return sum_partials(x @ layer.kernel[...]) + layer.bias[...]
+    return sum_partials(product(x, layer.kernel[...])) + layer.bias[...]
 
 
 class MLP(nnx.Module):
@@ -26,7 +27,12 @@ class MLP(nnx.Module):
 
     def __init__(self, config: MLPConfig, *, rngs: nnx.Rngs):
         sizes = config.layer_sizes
-        self.layers = nnx.List([nnx.Linear(i, o, rngs=rngs) for i, o in zip(sizes[:-1], sizes[1:])])
+        self.layers = nnx.List(
+            [
+                nnx.Linear(i, o, dot_general=dot_general, rngs=rngs)
+                for i, o in zip(sizes[:-1], sizes[1:])
+            ]
+        )
         self.sum_partials = None  # set by explicit/tp.py: see the module docstring
 
     def __call__(self, x):  # x: f32[B, 784] -> logits f32[B, 10]

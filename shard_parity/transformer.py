@@ -14,6 +14,7 @@ from flax import nnx
 
 from shard_parity.attention import ATTENTION
 from shard_parity.config import TransformerConfig
+from shard_parity.matmul import dot_general, product
 from shard_parity.models import linear
 
 normal = nnx.initializers.normal
@@ -21,7 +22,13 @@ normal = nnx.initializers.normal
 
 def dense(din, dout, cfg, rngs, std=0.02):
     return nnx.Linear(
-        din, dout, use_bias=False, kernel_init=normal(std), dtype=cfg.compute_dtype, rngs=rngs
+        din,
+        dout,
+        use_bias=False,
+        kernel_init=normal(std),
+        dtype=cfg.compute_dtype,
+        dot_general=dot_general,
+        rngs=rngs,
     )
 
 
@@ -59,6 +66,7 @@ class CausalSelfAttention(nnx.Module):
             use_bias=False,
             kernel_init=per_head(normal(0.02), cfg.num_kv_heads, hd),
             dtype=cfg.compute_dtype,
+            dot_general=dot_general,
             rngs=rngs,
         )
         # nanoGPT scales the residual projections' init by 1/sqrt(2 * num_layers)
@@ -136,7 +144,10 @@ class Transformer(nnx.Module):
         for i, block in enumerate(self.blocks):
             x, cache = block(x, None if caches is None else caches[i], index)
             new_caches.append(cache)
-        logits = self.embed.attend(self.norm(x)).astype(jnp.float32)  # head tied to the embedding
+        x = self.norm(x)
+        table = self.embed.embedding[...].astype(x.dtype)
+        logits = product(x, table, transposed=True)  # the head, tied to the embedding
+        logits = logits.astype(jnp.float32)
         return logits, (None if caches is None else new_caches)
 
     def init_caches(self, batch: int, dtype=jnp.float32):
