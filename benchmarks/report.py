@@ -17,7 +17,9 @@ def markdown(r: dict) -> str:
     m = r['machine']
     out = [
         f"Machine: {m['devices']} {m['platform']} devices ({m['device_kind']}) on {m['cpu_count']} "
-        f"cores, jax {m['jax']}, {m['date']}. Command: `{r['command']}`"
+        f"cores, jax {m['jax']}, {m['date']}"
+        + (', XLA:CPU fused multiply-adds on' if m.get('cpu_fma') else '')
+        + f". Command: `{r['command']}`"
     ]
     if 'twins' in r:
         out += [

@@ -29,6 +29,12 @@ PLATFORM = flags.DEFINE_enum(
     'cpu: 8 emulated CPU devices; gpu: the real GPUs, bf16, cuDNN.',
 )
 OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Folder for the results.')
+CPU_FMA = flags.DEFINE_bool(
+    'cpu_fma',
+    False,
+    'Let XLA:CPU use fused multiply-adds: faster, but the twins then round differently '
+    '(shard_parity/mesh.py). Off by default, as in the train CLIs.',
+)
 
 
 def machine() -> dict:
@@ -41,6 +47,7 @@ def machine() -> dict:
         'cpu_count': _cores(),
         'jax': jax.__version__,
         'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+        'cpu_fma': CPU_FMA.value,
     }
 
 
@@ -88,7 +95,7 @@ def main(argv):
     unknown = set(SECTION.value) - set(SECTIONS)
     if unknown:
         sys.exit(f'error: --sections has {sorted(unknown)}; choose from {SECTIONS}')
-    configure_jax(8 if PLATFORM.value == 'cpu' else None)
+    configure_jax(8 if PLATFORM.value == 'cpu' else None, cpu_fma=CPU_FMA.value)
     if PLATFORM.value == 'gpu' and jax.devices()[0].platform != 'gpu':
         sys.exit('error: --platform=gpu, but JAX finds no GPU (pip install -e ".[gpu]")')
     results = {
