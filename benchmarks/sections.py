@@ -4,8 +4,6 @@ Every section builds synthetic batches (speed does not depend on the data) and r
 and times its candidates side by side with benchmarks.timing.interleaved.
 """
 
-import importlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +16,7 @@ from shard_parity import attention, generate, tasks
 from shard_parity import config as cfg
 from shard_parity.mesh import make_mesh
 from shard_parity.models import MLP
+from shard_parity.placement import twin_module
 from shard_parity.step import create_state, make_optimizer, reference_train_step
 from shard_parity.transformer import Transformer
 
@@ -124,9 +123,7 @@ def strategies(n: int, rounds: int) -> list[dict]:
                 continue
             d = n // m  # the data axis takes whatever the model axis leaves of n devices
             for name in ('auto', 'explicit'):
-                twin = importlib.import_module(
-                    f'{name}.{"train_step" if strategy == "dp" else strategy}'
-                )
+                twin = twin_module(name, strategy)
                 runs[strategy, f'{d}x{m}', name] = runner(twin, None, model, b, shape=(d, m))
         t = per_step(interleaved(runs, rounds), runs)
         for (strategy, mesh, twin), v in t.items():

@@ -12,11 +12,13 @@ the group (invariant over 'model'), and the transpose of using them in per-devic
 Compare auto/tp.py, which only places the weights and lets the compiler find the same all-reduces.
 """
 
+import functools
+
 import jax
 from flax import nnx
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from explicit import fsdp
 from shard_parity.mesh import DATA, MODEL
 from shard_parity.placement import state_specs
 from shard_parity.step import TrainState, apply_gradients
@@ -26,18 +28,10 @@ BATCH = P(DATA)  # examples split over 'data', the same rows on every device of 
 REPLICATED = P()
 
 
-def state_shardings(state, mesh):
-    """The same placement as auto/tp.py (shard_parity/placement.py)."""
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs(state, STRATEGY, mesh))
-
-
-def place_state(state: TrainState, mesh) -> TrainState:
-    return jax.device_put(state, state_shardings(state, mesh))
-
-
-def place_batch(batch, mesh):
-    sharding = NamedSharding(mesh, BATCH)
-    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
+# The same placement as auto/tp.py (shard_parity/placement.py), placed as explicit/fsdp.py does.
+state_shardings = functools.partial(fsdp.state_shardings, strategy=STRATEGY)
+place_state = functools.partial(fsdp.place_state, strategy=STRATEGY)
+place_batch = fsdp.place_batch
 
 
 def sum_partials(y):  # y: f32[B/d, T, C], this device's share of a row-parallel matmul

@@ -12,7 +12,6 @@ other does not. Takes the train CLI's model, batch, --strategy and --mesh flags.
 
 import collections
 import dataclasses
-import importlib
 import json
 import sys
 
@@ -23,16 +22,15 @@ from absl import app, flags
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from auto import train_step as auto
-from explicit import train_step as explicit
 from parity_tests.hlo import collectives
 from shard_parity import UsageError, tasks
 from shard_parity import config as cfg
 from shard_parity import flags as F
 from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh
 from shard_parity.models import MLP
-from shard_parity.placement import check_tp, state_specs
+from shard_parity.placement import state_specs, twin_module
 from shard_parity.step import create_state, make_optimizer, reference_train_step
+from shard_parity.train import check_batch, check_strategy
 from shard_parity.transformer import Transformer
 
 JSON = flags.DEFINE_bool('json', False, 'Print one JSON object instead of the tables.')
@@ -66,16 +64,15 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp') -> 
     tx = make_optimizer(config)
     graphdef, state = nnx.eval_shape(lambda: create_state(make_model(nnx.Rngs(0)), tx))
     programs = {'reference': reference_train_step(graphdef, loss_fn, tx).lower(state, batch)}
-    for twin in (auto, explicit):
-        if strategy != 'dp':  # <twin>/fsdp.py has the same interface as <twin>/train_step.py
-            twin = importlib.import_module(f'{twin.__name__.split(".")[0]}.{strategy}')
+    for name in ('auto', 'explicit'):
+        twin = twin_module(name, strategy)
         step = twin.train_step(graphdef, loss_fn, tx, mesh)
         state_shardings = twin.state_shardings(state, mesh)
         abstract_state = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, state_shardings
         )
         args = (abstract_state, with_sharding(batch, mesh, twin.BATCH))
-        programs[twin.__name__.split('.')[0]] = step.lower(*args)
+        programs[name] = step.lower(*args)
     found = {
         name: [
             dataclasses.asdict(c) | {'bytes': c.bytes, 'group_size': c.group_size}
@@ -221,13 +218,9 @@ def main(argv):
         configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
         mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape())
         config = F.train_config()
-        d = mesh.shape[DATA]
-        if config.batch_size % d:
-            raise UsageError(
-                f"--batch_size={config.batch_size} is not divisible by the {d} 'data' devices"
-            )
-        if F.STRATEGY.value in ('tp', 'fsdp_tp'):
-            check_tp(F.transformer_config() if F.MODEL.value != 'mlp' else cfg.MLPConfig(), mesh)
+        check_batch(config.batch_size, mesh)  # the train CLI's checks, same messages
+        model_config = F.transformer_config() if F.MODEL.value != 'mlp' else cfg.MLPConfig()
+        check_strategy(F.STRATEGY.value, model_config, mesh)
         report = inspect(F.MODEL.value, config, mesh, F.STRATEGY.value)
     except UsageError as e:
         sys.exit(f'error: {e}')

@@ -3,8 +3,6 @@ one-device run's loss and gradients, and 20 AdamW steps track it, at data parall
 tolerances, for the MLP and the transformer (8 heads, so that 8 model devices get one each).
 dp and fsdp on the 1-D 8x1 mesh are in test_gradient_parity, test_training_parity, test_fsdp."""
 
-import importlib
-
 import jax
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ from parity_tests.test_gradient_parity import TOL, assert_trees_close, twin_loss
 from parity_tests.test_training_parity import LOSS_TOL, PARAM_TOL, train, train_twin
 from shard_parity import config as cfg
 from shard_parity.mesh import MODEL, make_mesh
+from shard_parity.placement import twin_module
 from shard_parity.step import bind, reference_loss_and_grads, reference_train_step
 
 # 8 query and 8 key/value heads split over up to 8 'model' devices; GQA (2 key/value heads per
@@ -39,10 +38,6 @@ GRID = [
     ('fsdp_tp', (2, 4)),
 ]
 TWINS = ['auto', 'explicit']
-
-
-def twin_module(name: str, strategy: str):
-    return importlib.import_module(f'{name}.{"train_step" if strategy == "dp" else strategy}')
 
 
 CASES = [(model, s, shape) for model in ('mlp', 'transformer') for s, shape in GRID] + [

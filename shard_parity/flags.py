@@ -10,12 +10,13 @@ from absl import flags
 
 from shard_parity import UsageError
 from shard_parity import config as cfg
+from shard_parity.placement import STRATEGIES
 
 MODEL = flags.DEFINE_enum('model', 'mlp', ['mlp', 'transformer'], 'Which model to train.')
 STRATEGY = flags.DEFINE_enum(
     'strategy',
     'dp',
-    ['dp', 'fsdp', 'tp', 'fsdp_tp'],
+    list(STRATEGIES),
     'dp: replicated state (<twin>/train_step.py); fsdp: parameters and optimizer state '
     "sharded over 'data' too (<twin>/fsdp.py); tp: layers split over 'model', Megatron style "
     '(<twin>/tp.py); fsdp_tp: both (<twin>/fsdp_tp.py). See shard_parity/placement.py.',

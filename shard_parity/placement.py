@@ -11,6 +11,8 @@ split the same way: each device computes a partial sum of every output, and one 
 them). In attention the column split falls between heads, so each device runs whole heads.
 """
 
+import importlib
+
 import jax
 from jax.sharding import PartitionSpec as P
 
@@ -18,6 +20,14 @@ from shard_parity import UsageError
 from shard_parity.mesh import DATA, MODEL
 
 STRATEGIES = ('dp', 'fsdp', 'tp', 'fsdp_tp')
+
+
+def twin_module(twin: str, strategy: str):
+    """The module of `twin` ('auto' or 'explicit') that runs `strategy`: dp is <twin>/train_step.py,
+    the others <twin>/<strategy>.py, all with the same interface."""
+    return importlib.import_module(f'{twin}.{"train_step" if strategy == "dp" else strategy}')
+
+
 COLUMN = ('query', 'key_value', 'up')  # transformer layers whose outputs are split
 ROW = ('out', 'down')  # ...and the layers that take those split features in
 MLP_PLAN = {0: 'column', 1: 'row'}  # the MLP: 784-512 column, 512-512 row, 512-10 whole

@@ -7,7 +7,6 @@ The step loop itself is in shard_parity/loop.py. A rerun with the same --workdir
 its latest complete checkpoint; --steps is the total, so a larger --steps trains on.
 """
 
-import importlib
 import json
 import pathlib
 import sys
@@ -23,7 +22,7 @@ from shard_parity import config as cfg
 from shard_parity import flags as F
 from shard_parity.loop import Loop
 from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh, start_processes
-from shard_parity.placement import check_tp
+from shard_parity.placement import check_tp, twin_module
 from shard_parity.step import create_state, make_optimizer
 
 
@@ -132,12 +131,7 @@ def main(twin):
             config = F.train_config()
             check_batch(config.batch_size, mesh)
             name = twin.__name__.split('.')[0]
-            # dp: <twin>/train_step.py; else <twin>/<strategy>.py, with the same interface
-            strategy = (
-                twin
-                if F.STRATEGY.value == 'dp'
-                else importlib.import_module(f'{name}.{F.STRATEGY.value}')
-            )
+            strategy = twin_module(name, F.STRATEGY.value)
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{name}_{F.MODEL.value}')
             final = run(
                 strategy,
