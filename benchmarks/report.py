@@ -100,7 +100,8 @@ def markdown(r: dict) -> str:
         x = r['nanogpt']
         out += [
             '\n**5. Transformer at nanoGPT\'s CPU configuration, one device** (batch 12 × 64 '
-            'bytes)\n',
+            f"bytes; timed in a process of {x.get('process_devices', 'all the')} emulated "
+            'devices)\n',
             _table(
                 [
                     'ms/step',

@@ -232,8 +232,8 @@ def nanogpt(rounds: int, model_config=NANOGPT, batch_size=12) -> dict:
     forward = lambda: [jax.block_until_ready(fwd(state.params, batch)) for _ in range(10)]  # noqa: E731
     candidates = {'train': train, 'forward': forward}
     if jax.device_count() >= 2 and jax.devices()[0].platform == 'cpu':
-        # One XLA:CPU device keeps one core busy; nanoGPT's PyTorch used both. The same step
-        # data-parallel over 2 emulated devices (explicit twin) runs one per core.
+        # Small matmuls on one XLA:CPU device barely use a second core; nanoGPT's PyTorch used
+        # both. The same step data-parallel over 2 emulated devices (explicit twin): one per core.
         candidates['two_devices'] = runner(
             explicit, 2, 'transformer', batch_size, steps=10, model_config=model_config
         )
