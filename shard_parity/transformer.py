@@ -14,6 +14,7 @@ from flax import nnx
 
 from shard_parity.attention import ATTENTION
 from shard_parity.config import TransformerConfig
+from shard_parity.layers import LayerNorm, gelu
 from shard_parity.matmul import dot_general, product
 from shard_parity.models import linear
 
@@ -28,17 +29,6 @@ def dense(din, dout, cfg, rngs, std=0.02):
         kernel_init=normal(std),
         dtype=cfg.compute_dtype,
         dot_general=dot_general,
-        rngs=rngs,
-    )
-
-
-def layer_norm(cfg, rngs):
-    return nnx.LayerNorm(
-        cfg.embed_dim,
-        epsilon=1e-5,
-        use_bias=False,
-        use_fast_variance=False,
-        dtype=cfg.compute_dtype,
         rngs=rngs,
     )
 
@@ -102,13 +92,19 @@ class FeedForward(nnx.Module):
         self.sum_partials = None  # set by explicit/tp.py (shard_parity/models.py says how)
 
     def __call__(self, x):
-        return linear(self.down, jax.nn.gelu(self.up(x), approximate=False), self.sum_partials)
+        return linear(self.down, gelu(self.up(x)), self.sum_partials)
 
 
 class Block(nnx.Module):
     def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
-        self.norm1, self.attn = layer_norm(cfg, rngs), CausalSelfAttention(cfg, rngs)
-        self.norm2, self.ffn = layer_norm(cfg, rngs), FeedForward(cfg, rngs)
+        self.norm1, self.attn = (
+            LayerNorm(cfg.embed_dim, dtype=cfg.compute_dtype),
+            CausalSelfAttention(cfg, rngs),
+        )
+        self.norm2, self.ffn = (
+            LayerNorm(cfg.embed_dim, dtype=cfg.compute_dtype),
+            FeedForward(cfg, rngs),
+        )
 
     def __call__(self, x, cache=None, index=0):
         y, cache = self.attn(self.norm1(x), cache, index)
@@ -134,7 +130,7 @@ class Transformer(nnx.Module):
             rngs=rngs,
         )
         self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
-        self.norm = layer_norm(cfg, rngs)
+        self.norm = LayerNorm(cfg.embed_dim, dtype=cfg.compute_dtype)
 
     def __call__(self, tokens, caches=None, index=0):
         """tokens: i32[B, T] at positions index..index+T-1 -> (logits f32[B, T, 256], caches)."""

@@ -1,0 +1,80 @@
+"""shard_parity/layers.py's GELU and LayerNorm compute what jax.nn.gelu(approximate=False) and
+nnx.LayerNorm compute, values and gradients, to float32 round-off."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from shard_parity.layers import LayerNorm, erf, gelu
+
+
+def test_erf_is_within_its_stated_error():
+    x = np.linspace(-10, 10, 400_001, dtype=np.float32)
+    exact = np.vectorize(math.erf)(x.astype(np.float64))
+    ours = np.asarray(erf(jnp.asarray(x)), np.float64)
+    assert np.abs(ours - exact).max() < 4.5e-7
+    # It is our polynomial being measured, not XLA's erf under another name.
+    assert not np.array_equal(ours, np.asarray(jax.lax.erf(jnp.asarray(x)), np.float64))
+
+
+def _cotangent(shape, seed=9):
+    return jax.random.normal(jax.random.key(seed), shape)
+
+
+def test_gelu_and_its_gradient_match_jax_exact_gelu():
+    x = 4 * jax.random.normal(jax.random.key(0), (8, 64, 96))
+    w = _cotangent(x.shape)
+    exact = lambda x: jax.nn.gelu(x, approximate=False)  # noqa: E731
+    tanh = lambda x: jax.nn.gelu(x, approximate=True)  # noqa: E731
+    # The tolerance separates exact GELU from its tanh approximation.
+    assert np.abs(exact(x) - tanh(x)).max() > 1e-4
+    np.testing.assert_allclose(gelu(x), exact(x), rtol=1e-6, atol=2e-6)
+    grads = [jax.grad(lambda x, f=f: (f(x) * w).sum())(x) for f in (gelu, exact)]
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=2e-6)
+
+
+def test_gelu_keeps_bfloat16():
+    x = jnp.linspace(-3, 3, 64, dtype=jnp.bfloat16)
+    y = gelu(x)
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_allclose(
+        y.astype(np.float32), jax.nn.gelu(x.astype(jnp.float32)), atol=2e-2, rtol=1e-2
+    )
+    assert jax.grad(lambda x: gelu(x).astype(jnp.float32).sum())(x).dtype == jnp.bfloat16
+
+
+@pytest.fixture
+def norms():
+    ref = nnx.LayerNorm(
+        128, epsilon=1e-5, use_bias=False, use_fast_variance=False, rngs=nnx.Rngs(0)
+    )
+    ours = LayerNorm(128, epsilon=1e-5)
+    scale = 1 + 0.5 * jax.random.normal(jax.random.key(1), (128,))
+    ref.scale[...], ours.scale[...] = scale, scale
+    return ref, ours
+
+
+def test_layer_norm_has_nnx_layer_norms_state(norms):
+    ref, ours = norms
+    assert jax.tree.structure(nnx.state(ref)) == jax.tree.structure(nnx.state(ours))
+
+
+def test_layer_norm_and_its_gradients_match_nnx(norms):
+    ref, ours = norms
+    x = 2 + 3 * jax.random.normal(jax.random.key(2), (6, 64, 128))
+    w = _cotangent(x.shape)
+    # What the tolerance has to tell apart: the same norm with the default scale of ones.
+    plain = LayerNorm(128)
+    assert np.abs(plain(x) - ref(x)).max() > 1e-2
+    np.testing.assert_allclose(ours(x), ref(x), rtol=1e-5, atol=2e-6)
+
+    def loss(model, x):
+        return (model(x) * w).sum()
+
+    (g_ref, dx_ref), (g_ours, dx_ours) = (nnx.grad(loss, argnums=(0, 1))(m, x) for m in (ref, ours))
+    np.testing.assert_allclose(dx_ours, dx_ref, rtol=1e-4, atol=2e-6)
+    np.testing.assert_allclose(g_ours['scale'][...], g_ref['scale'][...], rtol=1e-5, atol=1e-4)
