@@ -52,7 +52,7 @@ def norms():
     ref = nnx.LayerNorm(
         128, epsilon=1e-5, use_bias=False, use_fast_variance=False, rngs=nnx.Rngs(0)
     )
-    ours = LayerNorm(128, epsilon=1e-5)
+    ours = LayerNorm(128, epsilon=1e-5, rngs=nnx.Rngs(0))
     scale = 1 + 0.5 * jax.random.normal(jax.random.key(1), (128,))
     ref.scale[...], ours.scale[...] = scale, scale
     return ref, ours
@@ -63,12 +63,27 @@ def test_layer_norm_has_nnx_layer_norms_state(norms):
     assert jax.tree.structure(nnx.state(ref)) == jax.tree.structure(nnx.state(ours))
 
 
+def test_layer_norm_draws_the_key_nnx_draws():
+    """So that a seed initialises every other layer of the model as it did with nnx.LayerNorm."""
+    keys = []
+    for make in (
+        lambda r: nnx.LayerNorm(8, use_bias=False, rngs=r),
+        lambda r: LayerNorm(8, rngs=r),
+    ):
+        rngs = nnx.Rngs(0)
+        make(rngs)
+        keys.append(jax.random.key_data(rngs.params()))
+    np.testing.assert_array_equal(keys[0], keys[1])
+    rngs = nnx.Rngs(0)
+    assert not np.array_equal(keys[0], jax.random.key_data(rngs.params()))  # a draw does move it
+
+
 def test_layer_norm_and_its_gradients_match_nnx(norms):
     ref, ours = norms
     x = 2 + 3 * jax.random.normal(jax.random.key(2), (6, 64, 128))
     w = _cotangent(x.shape)
     # What the tolerance has to tell apart: the same norm with the default scale of ones.
-    plain = LayerNorm(128)
+    plain = LayerNorm(128, rngs=nnx.Rngs(0))
     assert np.abs(plain(x) - ref(x)).max() > 1e-2
     np.testing.assert_allclose(ours(x), ref(x), rtol=1e-5, atol=2e-6)
 

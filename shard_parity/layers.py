@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from shard_parity.matmul import vary_like
+
 # erf(x) ~ x * P(x^2) / Q(x^2) on [-4, 4] and +-1 beyond: the float32 rational approximation
 # of Eigen's generic_fast_erf_float. Within 4.5e-7 of the true erf (test_layers.py measures it).
 _ERF_P = (
@@ -114,10 +116,14 @@ class LayerNorm(nnx.Module):
     """nnx.LayerNorm(use_bias=False)'s parameter (`scale`, ones) and output, with the backward
     above. Same state, so checkpoints written with nnx.LayerNorm restore into it."""
 
-    def __init__(self, num_features: int, *, epsilon: float = 1e-5, dtype=None):
+    def __init__(self, num_features: int, *, rngs: nnx.Rngs, epsilon: float = 1e-5, dtype=None):
+        rngs.params()  # the key nnx.LayerNorm draws for its scale: later layers' draws stay put
         self.scale = nnx.Param(jnp.ones((num_features,), jnp.float32))
         self.epsilon, self.dtype = epsilon, dtype
 
     def __call__(self, x):
         x = x if self.dtype is None else x.astype(self.dtype)
-        return layer_norm(x, self.scale[...], self.epsilon)
+        # Inside shard_map, the scale first varies as x does, as it would in JAX's own multiply
+        # (a custom backward must return each gradient with its input's type): the cast then
+        # transposes into a sum of the scale's gradient over devices, as autodiff's would.
+        return layer_norm(x, vary_like(self.scale[...], x), self.epsilon)

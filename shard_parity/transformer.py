@@ -98,11 +98,11 @@ class FeedForward(nnx.Module):
 class Block(nnx.Module):
     def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
         self.norm1, self.attn = (
-            LayerNorm(cfg.embed_dim, dtype=cfg.compute_dtype),
+            LayerNorm(cfg.embed_dim, dtype=cfg.compute_dtype, rngs=rngs),
             CausalSelfAttention(cfg, rngs),
         )
         self.norm2, self.ffn = (
-            LayerNorm(cfg.embed_dim, dtype=cfg.compute_dtype),
+            LayerNorm(cfg.embed_dim, dtype=cfg.compute_dtype, rngs=rngs),
             FeedForward(cfg, rngs),
         )
 
@@ -130,7 +130,7 @@ class Transformer(nnx.Module):
             rngs=rngs,
         )
         self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
-        self.norm = LayerNorm(cfg.embed_dim, dtype=cfg.compute_dtype)
+        self.norm = LayerNorm(cfg.embed_dim, dtype=cfg.compute_dtype, rngs=rngs)
 
     def __call__(self, tokens, caches=None, index=0):
         """tokens: i32[B, T] at positions index..index+T-1 -> (logits f32[B, T, 256], caches)."""
