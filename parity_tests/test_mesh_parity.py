@@ -3,6 +3,8 @@ one-device run's loss and gradients, and 20 AdamW steps track it, at data parall
 tolerances, for the MLP and the transformer (8 heads, so that 8 model devices get one each).
 dp and fsdp on the 1-D 8x1 mesh are in test_gradient_parity, test_training_parity, test_fsdp."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from explicit import tp as explicit_tp
 from parity_tests.conftest import fresh_state, make_case
 from parity_tests.test_gradient_parity import TOL, assert_trees_close, twin_loss_and_grads
 from parity_tests.test_training_parity import LOSS_TOL, PARAM_TOL, train, train_twin
+from shard_parity import attention
 from shard_parity import config as cfg
 from shard_parity.mesh import MODEL, make_mesh
 from shard_parity.placement import twin_module
@@ -24,6 +27,9 @@ TP_TRANSFORMER = cfg.TransformerConfig(
 GQA_TRANSFORMER = cfg.TransformerConfig(
     seq_len=16, num_layers=1, num_heads=8, num_kv_heads=2, embed_dim=32
 )
+# Blockwise ("fused") attention, whose loop carries must vary over the right mesh axes inside
+# shard_map; the tests cut its key blocks to 8, so that 16 positions take two blocks.
+FUSED_TRANSFORMER = dataclasses.replace(TP_TRANSFORMER, attention='fused')
 GRID = [
     ('dp', (4, 2)),
     ('dp', (2, 4)),
@@ -43,6 +49,8 @@ TWINS = ['auto', 'explicit']
 CASES = [(model, s, shape) for model in ('mlp', 'transformer') for s, shape in GRID] + [
     ('gqa', 'tp', (4, 2)),  # 2 key/value heads: one per model device
     ('gqa', 'fsdp_tp', (4, 2)),
+    ('fused', 'dp', (4, 2)),
+    ('fused', 'tp', (2, 4)),
 ]
 
 
@@ -53,7 +61,11 @@ def references():
 
     def get(model):
         if model not in cache:
-            config = {'transformer': TP_TRANSFORMER, 'gqa': GQA_TRANSFORMER}.get(model)
+            config = {
+                'transformer': TP_TRANSFORMER,
+                'gqa': GQA_TRANSFORMER,
+                'fused': FUSED_TRANSFORMER,
+            }.get(model)
             case = make_case('mlp') if model == 'mlp' else make_case('transformer', config)
             graphdef, tx, state = fresh_state(case=case)
             batch = case.batches.batch(0)
@@ -92,7 +104,8 @@ def test_forgetting_the_psum_is_refused_by_shard_map(references, monkeypatch):
 @pytest.mark.parametrize(
     'model, strategy, shape', CASES, ids=[f'{m}-{s}-{d}x{k}' for m, s, (d, k) in CASES]
 )
-def test_strategy_matches_the_one_device_run(name, model, strategy, shape, references):
+def test_strategy_matches_the_one_device_run(name, model, strategy, shape, references, monkeypatch):
+    monkeypatch.setattr(attention, 'KEY_BLOCK', 8)  # two blocks of keys for 'fused'
     case, ref_metrics, ref_grads, (ref_losses, ref_params) = references(model)
     twin, mesh = twin_module(name, strategy), make_mesh(shape=shape)
     graphdef, _, state = fresh_state(case=case)

@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from shard_parity.matmul import vary_like
+
 
 def causal_mask(t: int, s: int, offset=0, valid=None):
     """bool[T, S]: key j visible to query i iff j <= offset + i (and j < valid)."""
@@ -33,25 +35,146 @@ def naive(q, k, v, offset=0, valid=None):
 
 
 def fused(q, k, v, offset=0, valid=None):
-    """jax.nn.dot_product_attention: XLA's fused kernel on CPU, cuDNN flash attention on GPU."""
-    impl = implementation(q.dtype)
-    if offset == 0 and valid is None and q.shape[1] == k.shape[1]:
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
-    mask = causal_mask(q.shape[1], k.shape[1], offset, valid)[None, None]  # [1, 1, T, S]
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)
+    """cuDNN's flash attention where it runs (NVIDIA GPU, bf16/fp16), else `blockwise`: memory
+    linear in the sequence length on every platform (benchmarks, section 3)."""
+    if implementation(q.dtype) == 'cudnn':
+        if offset == 0 and valid is None and q.shape[1] == k.shape[1]:
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation='cudnn')
+        mask = causal_mask(q.shape[1], k.shape[1], offset, valid)[None, None]  # [1, 1, T, S]
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation='cudnn')
+    return blockwise(q, k, v, offset, valid)
+
+
+KEY_BLOCK = 128  # keys per step of blockwise's loop: its scores are [B, H, T, KEY_BLOCK]
+
+
+def blockwise(q, k, v, offset=0, valid=None):
+    """FlashAttention's algorithm in plain JAX (Dao et al. 2022, with its v2 backward): a loop
+    over blocks of KEY_BLOCK keys keeps a running max and sum of each query's softmax, so the
+    T x S scores never exist at once, and the backward recomputes each block's probabilities
+    from the saved log-sum-exp instead of storing them. jax.nn.dot_product_attention has no such
+    path off the GPU: XLA's implementation materialises the scores, as `naive` does.
+
+    The loop visits every key block for every query, masked blocks too: the same FLOPs as
+    `naive`, where a GPU kernel would skip the blocks above the diagonal."""
+    if offset == 0 and valid is None:
+        q, k, v = (_like(x, q, k, v) for x in (q, k, v))  # one type for the custom backward
+        return _flash(q, k, v)
+    return _blockwise_forward(q, k, v, offset, valid)[0]  # the KV cache: never differentiated
+
+
+def _blocks(x, block):  # [B, S, K, D] -> [S/block, B, block, K, D], zero-padded
+    b, s, kv, d = x.shape
+    pad = -s % block
+    x = jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    return x.reshape(b, (s + pad) // block, block, kv, d).swapaxes(0, 1)
+
+
+def _block_scores(qs, kj, j, block, s, offset, valid):
+    """Scaled, masked scores of every query against key block j: [B, K, G, T, block]."""
+    scores = jnp.einsum('btkgd,bskd->bkgts', qs, kj)
+    k_pos = j * block + jnp.arange(block)
+    mask = causal_mask(qs.shape[1], block, offset - j * block, None) & (k_pos < s)
+    if valid is not None:
+        mask = mask & (k_pos < valid)
+    return jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+
+
+def _grouped(q, kv_heads):  # [B, T, H, D] -> float32 [B, T, K, H/K, D], scaled by 1/sqrt(D)
+    b, t, h, d = q.shape
+    return q.astype(jnp.float32).reshape(b, t, kv_heads, h // kv_heads, d) / jnp.sqrt(d)
+
+
+def _blockwise_forward(q, k, v, offset=0, valid=None):
+    """(output [B, T, H, D], log-sum-exp [B, K, G, T]) by the online softmax."""
+    b, t, h, d = q.shape
+    s, kv_heads = k.shape[1], k.shape[2]
+    block = min(KEY_BLOCK, s)
+    qs = _grouped(q, kv_heads)
+    kb, vb = _blocks(k.astype(jnp.float32), block), _blocks(v.astype(jnp.float32), block)
+
+    def step(carry, xs):
+        top, total, acc = carry  # [B, K, G, T], [B, K, G, T], [B, T, K, G, D]
+        kj, vj, j = xs
+        scores = _block_scores(qs, kj, j, block, s, offset, valid)
+        new_top = jnp.maximum(top, scores.max(-1))
+        p = jnp.exp(scores - new_top[..., None])
+        rescale = jnp.exp(top - new_top)
+        total = total * rescale + p.sum(-1)
+        acc = acc * jnp.moveaxis(rescale, 3, 1)[..., None] + jnp.einsum('bkgts,bskd->btkgd', p, vj)
+        return (new_top, total, acc), None
+
+    zero = _like(jnp.zeros(qs.shape[:-1], jnp.float32), qs, kb)  # [B, T, K, G]
+    stats = jnp.moveaxis(zero, 1, 3)  # [B, K, G, T]
+    init = (stats + jnp.finfo(jnp.float32).min, stats, _like(jnp.zeros_like(qs), kb))
+    (top, total, acc), _ = jax.lax.scan(step, init, (kb, vb, jnp.arange(kb.shape[0])))
+    out = acc / jnp.moveaxis(total, 3, 1)[..., None]
+    return out.reshape(b, t, h, d).astype(q.dtype), top + jnp.log(total)
+
+
+@jax.custom_vjp
+def _flash(q, k, v):
+    return _blockwise_forward(q, k, v)[0]
+
+
+def _flash_fwd(q, k, v):
+    out, lse = _blockwise_forward(q, k, v)
+    return out, (q, k, v, out, lse)
+
+
+def _flash_bwd(saved, g):
+    q, k, v, out, lse = saved
+    b, t, h, d = q.shape
+    s, kv_heads = k.shape[1], k.shape[2]
+    block = min(KEY_BLOCK, s)
+    qs = _grouped(q, kv_heads)
+    kb, vb = _blocks(k.astype(jnp.float32), block), _blocks(v.astype(jnp.float32), block)
+    g = g.astype(jnp.float32).reshape(qs.shape)
+    # d(softmax) needs each query's sum_j p_j dp_j, which is its row of g . out
+    delta = jnp.moveaxis((g * out.astype(jnp.float32).reshape(qs.shape)).sum(-1), 1, 3)
+
+    def step(dq, xs):
+        kj, vj, j = xs
+        p = jnp.exp(_block_scores(qs, kj, j, block, s, 0, None) - lse[..., None])
+        dv = jnp.einsum('bkgts,btkgd->bskd', p, g)
+        ds = p * (jnp.einsum('btkgd,bskd->bkgts', g, vj) - delta[..., None])
+        dq = dq + jnp.einsum('bkgts,bskd->btkgd', ds, kj)
+        dk = jnp.einsum('bkgts,btkgd->bskd', ds, qs)
+        return dq, (dk, dv)
+
+    dq, (dk, dv) = jax.lax.scan(
+        step, _like(jnp.zeros_like(qs), kb, g), (kb, vb, jnp.arange(kb.shape[0]))
+    )
+
+    def unblock(x):  # [S/block, B, block, K, D] -> [B, S, K, D]
+        return x.swapaxes(0, 1).reshape(b, -1, kv_heads, d)[:, :s]
+
+    dq = (dq / jnp.sqrt(d)).reshape(q.shape)
+    return dq.astype(q.dtype), unblock(dk).astype(k.dtype), unblock(dv).astype(v.dtype)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _like(x, *refs):
+    """x, varying over every mesh axis any of `refs` varies over (inside shard_map), as a
+    scan's initial carry must be to match what the loop body makes of them."""
+    for ref in refs:
+        x = vary_like(x, ref)
+    return x
 
 
 _warned = set()
 
 
 def implementation(dtype) -> str | None:
-    """'cudnn' where it runs (NVIDIA GPU, bf16/fp16), else XLA's, saying why once."""
+    """'cudnn' where it runs (NVIDIA GPU, bf16/fp16), else None (blockwise), saying why once."""
     platform = jax.devices()[0].platform
     if platform == 'gpu' and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
         return 'cudnn'
     reason = f'{platform} platform' if platform != 'gpu' else f'{jnp.dtype(dtype).name} inputs'
     if reason not in _warned and platform == 'gpu':
-        logging.warning('fused attention: cuDNN needs bf16/fp16 inputs; using XLA (%s)', reason)
+        logging.warning('fused attention: cuDNN needs bf16/fp16 inputs; blockwise (%s)', reason)
     _warned.add(reason)
     return None
 
