@@ -49,8 +49,7 @@ TWINS = ['auto', 'explicit']
 CASES = [(model, s, shape) for model in ('mlp', 'transformer') for s, shape in GRID] + [
     ('gqa', 'tp', (4, 2)),  # 2 key/value heads: one per model device
     ('gqa', 'fsdp_tp', (4, 2)),
-    ('fused', 'dp', (4, 2)),
-    ('fused', 'tp', (2, 4)),
+    ('fused', 'tp', (2, 4)),  # both axes: 2-way data, heads split 4 ways
 ]
 
 

@@ -55,8 +55,9 @@ def blockwise(q, k, v, offset=0, valid=None):
     from the saved log-sum-exp instead of storing them. jax.nn.dot_product_attention has no such
     path off the GPU: XLA's implementation materialises the scores, as `naive` does.
 
-    The loop visits every key block for every query, masked blocks too: the same FLOPs as
-    `naive`, where a GPU kernel would skip the blocks above the diagonal."""
+    The loop visits every key block for every query, masked blocks too, where a GPU kernel
+    would skip those above the diagonal; and the backward computes the scores again. So it
+    saves memory, not time: its time tracks naive's (benchmarks, section 3)."""
     if offset == 0 and valid is None:
         q, k, v = (_like(x, q, k, v) for x in (q, k, v))  # one type for the custom backward
         return _flash(q, k, v)
