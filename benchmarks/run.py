@@ -148,9 +148,9 @@ def twins_processes(rounds: int, processes: int) -> list[dict]:
     every figure over the processes, and each process's explicit/auto ratio.
 
     Within one process the rounds agree with each other, yet the ratio moved between processes
-    (transformer: 0.91 to 1.01 over nine runs on the 2-core VM): 8 emulated devices run 8
-    threads on 2 cores, and how the operating system places them is fixed for a process's
-    life. More rounds cannot average that away; more processes can."""
+    (transformer: 0.91 to 1.00 over five runs of the same code on the 2-core VM): 8 emulated
+    devices run 8 threads on 2 cores, and how the operating system places them holds for a
+    process's life. More rounds cannot average that away; more processes can."""
     import statistics
 
     runs = [child('twins', jax.device_count(), rounds)['twins'] for _ in range(processes)]

@@ -1,11 +1,13 @@
 """Claims about generation: greedy output is identical across the twins and across the padded
 and KV-cache paths, each path compiles once whatever the length, and odd input is handled."""
 
+import dataclasses
 import subprocess
 import sys
 
 import jax
 import pytest
+from flax import nnx
 
 from auto import train_step as auto
 from explicit import train_step as explicit
@@ -13,6 +15,7 @@ from parity_tests.conftest import REPO, TINY_TRANSFORMER, fresh_state, make_case
 from shard_parity import UsageError, checkpoint, generate
 from shard_parity import config as cfg
 from shard_parity.mesh import make_mesh
+from shard_parity.transformer import Transformer
 
 
 @pytest.fixture(scope='module')
@@ -46,6 +49,18 @@ def test_greedy_output_is_identical_across_twins_and_paths(workdir):
     # the 10x weights make greedy and T=1 sampling nearly the same; T=10 flattens the odds
     sampled = generator(workdir, auto, temperature=10.0).generate(prompt, n, seed=1)
     assert sampled != next(iter(outs.values()))
+
+
+def test_fused_attention_generates_what_naive_does_on_both_paths(workdir):
+    """--attention=fused (blockwise on the CPU) under jit, with the cache's traced offset."""
+    _, graphdef, state = checkpoint.restore(workdir, auto, make_mesh(1))
+    fused = dataclasses.replace(TINY_TRANSFORMER, attention='fused')
+    fused_graphdef = nnx.graphdef(Transformer(fused, rngs=nnx.Rngs(0)))
+    prompt, n = b'ROMEO:', TINY_TRANSFORMER.seq_len - 6
+    naive = generate.Generator(graphdef, state.params).generate(prompt, n)
+    gen = generate.Generator(fused_graphdef, state.params)
+    assert gen.generate(prompt, n) == naive
+    assert gen.generate(prompt, n, kv_cache=True) == naive
 
 
 def test_sampling_is_the_same_on_both_paths_within_the_context(workdir):

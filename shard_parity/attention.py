@@ -38,11 +38,17 @@ def fused(q, k, v, offset=0, valid=None):
     """cuDNN's flash attention where it runs (NVIDIA GPU, bf16/fp16), else `blockwise`: memory
     linear in the sequence length on every platform (benchmarks, section 3)."""
     if implementation(q.dtype) == 'cudnn':
-        if offset == 0 and valid is None and q.shape[1] == k.shape[1]:
+        if _whole_window(offset, valid) and q.shape[1] == k.shape[1]:
             return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation='cudnn')
         mask = causal_mask(q.shape[1], k.shape[1], offset, valid)[None, None]  # [1, 1, T, S]
         return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation='cudnn')
     return blockwise(q, k, v, offset, valid)
+
+
+def _whole_window(offset, valid) -> bool:
+    """No cache: queries and keys are the same positions from 0. Decided from Python values only:
+    under jit the cache's `offset` is traced, and asking whether it is 0 would fail."""
+    return valid is None and isinstance(offset, int) and offset == 0
 
 
 KEY_BLOCK = 128  # keys per step of blockwise's loop: its scores are [B, H, T, KEY_BLOCK]
@@ -58,7 +64,7 @@ def blockwise(q, k, v, offset=0, valid=None):
     The loop visits every key block for every query, masked blocks too, where a GPU kernel
     would skip those above the diagonal; and the backward computes the scores again. So it
     saves memory, not time: its time tracks naive's (benchmarks, section 3)."""
-    if offset == 0 and valid is None:
+    if _whole_window(offset, valid):
         q, k, v = (_like(x, q, k, v) for x in (q, k, v))  # one type for the custom backward
         return _flash(q, k, v)
     return _blockwise_forward(q, k, v, offset, valid)[0]  # the KV cache: never differentiated
