@@ -33,8 +33,8 @@ def markdown(r: dict) -> str:
             '\n**1. auto vs explicit vs one-device reference** (median ms per step; target '
             'for explicit/auto: 0.95–1.05'
             + (
-                f"; medians over {len(r['twins'][0]['explicit_over_auto_runs'])} processes, "
-                'each process\'s ratio in brackets'
+                f"; of {len(r['twins'][0]['explicit_over_auto_runs'])} fresh processes, the one "
+                'with the median ratio, and every process\'s ratio in brackets'
                 if r['twins'] and 'explicit_over_auto_runs' in r['twins'][0]
                 else ''
             )

@@ -33,8 +33,9 @@ OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Folder for the results.'
 PROCESSES = flags.DEFINE_integer(
     'processes',
     3,
-    'Section twins runs in this many fresh processes, one after another, and reports the median '
-    'over them with each one\'s explicit/auto ratio (see twins_processes); 1: in this process.',
+    'Section twins runs in this many fresh processes, one after another, and reports the one '
+    'with the median explicit/auto ratio beside every ratio (see twins_processes); 1: in this '
+    'process.',
     lower_bound=1,
 )
 CPU_DEVICES = flags.DEFINE_integer(
@@ -144,22 +145,19 @@ def nanogpt_process(rounds: int) -> dict:
 
 
 def twins_processes(rounds: int, processes: int) -> list[dict]:
-    """Section twins, run `processes` times, each in a fresh process: per model, the median of
-    every figure over the processes, and each process's explicit/auto ratio.
+    """Section twins, run `processes` times, each in a fresh process. Per model, the row of the
+    process whose explicit/auto ratio is the median (so that every figure in it comes from one
+    process), with every process's ratio beside it.
 
     Within one process the rounds agree with each other, yet the ratio moved between processes
     (transformer: 0.91 to 1.00 over five runs of the same code on the 2-core VM): 8 emulated
     devices run 8 threads on 2 cores, and how the operating system places them holds for a
     process's life. More rounds cannot average that away; more processes can."""
-    import statistics
-
     runs = [child('twins', jax.device_count(), rounds)['twins'] for _ in range(processes)]
     rows = []
     for per_process in zip(*runs):
-        row = dict(per_process[0])
-        for key, value in row.items():
-            if isinstance(value, float):
-                row[key] = statistics.median(r[key] for r in per_process)
+        ranked = sorted(per_process, key=lambda r: r['explicit_over_auto'])
+        row = dict(ranked[(len(ranked) - 1) // 2])  # the median; the lower one of an even count
         row['explicit_over_auto_runs'] = [r['explicit_over_auto'] for r in per_process]
         rows.append(row)
     return rows
