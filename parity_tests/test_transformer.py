@@ -37,14 +37,17 @@ def test_naive_and_fused_attention_agree(kv_heads):
     naive = attention.naive(q, k, v)
     assert not np.allclose(naive, attention.naive(*qkv(kv_heads, seed=1)), atol=1e-3)
     np.testing.assert_allclose(attention.fused(q, k, v), naive, rtol=1e-5, atol=1e-6)
-    # With a cache: queries 5..7 over 16 slots of which 8 are written.
+    # With a cache: queries 5..7 over 16 slots of which 8 are written, and the same queries
+    # seeing only the first 7 slots, so that `valid` masks a key the causal mask would show.
     q3 = q[:, :3]
-    np.testing.assert_allclose(
-        attention.fused(q3, k, v, offset=5, valid=8),
-        attention.naive(q3, k, v, offset=5, valid=8),
-        rtol=1e-5,
-        atol=1e-6,
-    )
+    assert not np.allclose(attention.naive(q3, k, v, 5, 7), attention.naive(q3, k, v, 5, 8))
+    for valid in (8, 7):
+        np.testing.assert_allclose(
+            attention.fused(q3, k, v, offset=5, valid=valid),
+            attention.naive(q3, k, v, offset=5, valid=valid),
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 @pytest.mark.parametrize('kv_heads', HEADS.values(), ids=HEADS.keys())
@@ -61,12 +64,13 @@ def test_blockwise_attention_over_several_key_blocks_matches_naive(kv_heads, mon
     np.testing.assert_allclose(attention.blockwise(q, k, v), attention.naive(q, k, v), **ATOL)
     for a, b in zip(grads[attention.naive], grads[attention.blockwise]):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=2e-6)
-    q3 = q[:, :3]  # with a cache: queries 12..14 over 19 slots of which 15 are written
-    np.testing.assert_allclose(
-        attention.blockwise(q3, k, v, offset=12, valid=15),
-        attention.naive(q3, k, v, offset=12, valid=15),
-        **ATOL,
-    )
+    q3 = q[:, :3]  # with a cache: queries 12..14 over 19 slots, 15 written or only 13 visible
+    for valid in (15, 13):
+        np.testing.assert_allclose(
+            attention.blockwise(q3, k, v, offset=12, valid=valid),
+            attention.naive(q3, k, v, offset=12, valid=valid),
+            **ATOL,
+        )
 
 
 def test_blockwise_attention_keeps_no_score_matrix():

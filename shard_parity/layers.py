@@ -14,7 +14,10 @@ XLA:CPU. Profiling the nanoGPT configuration's step on one device (benchmarks, s
   below reads the normalised input once.
 
 Together they took the step from 50 to 45 ms (`python -m benchmarks.run --sections=nanogpt`).
-Both compute in float32 and return the input's dtype, as nnx.LayerNorm does for bfloat16.
+Both compute in float32 and return the input's dtype (LayerNorm: its `dtype`, which the
+transformer sets to its compute dtype, as it did for nnx.LayerNorm). In bfloat16 they are not
+nnx's to the bit: nnx.LayerNorm rounds its scale to bfloat16 before multiplying, this one
+multiplies in float32 and rounds once.
 """
 
 import functools
