@@ -92,13 +92,19 @@ def _grouped(q, kv_heads):  # [B, T, H, D] -> float32 [B, T, K, H/K, D], scaled 
     return q.astype(jnp.float32).reshape(b, t, kv_heads, h // kv_heads, d) / jnp.sqrt(d)
 
 
+def _operands(q, k, v):
+    """float32 (scaled grouped queries, key blocks, value blocks, block size), as both the
+    forward and the backward loop over them."""
+    block = min(KEY_BLOCK, k.shape[1])
+    qs = _grouped(q, k.shape[2])
+    return qs, _blocks(k.astype(jnp.float32), block), _blocks(v.astype(jnp.float32), block), block
+
+
 def _blockwise_forward(q, k, v, offset=0, valid=None):
     """(output [B, T, H, D], log-sum-exp [B, K, G, T]) by the online softmax."""
     b, t, h, d = q.shape
-    s, kv_heads = k.shape[1], k.shape[2]
-    block = min(KEY_BLOCK, s)
-    qs = _grouped(q, kv_heads)
-    kb, vb = _blocks(k.astype(jnp.float32), block), _blocks(v.astype(jnp.float32), block)
+    s = k.shape[1]
+    qs, kb, vb, block = _operands(q, k, v)
 
     def step(carry, xs):
         top, total, acc = carry  # [B, K, G, T], [B, K, G, T], [B, T, K, G, D]
@@ -133,9 +139,7 @@ def _flash_bwd(saved, g):
     q, k, v, out, lse = saved
     b, t, h, d = q.shape
     s, kv_heads = k.shape[1], k.shape[2]
-    block = min(KEY_BLOCK, s)
-    qs = _grouped(q, kv_heads)
-    kb, vb = _blocks(k.astype(jnp.float32), block), _blocks(v.astype(jnp.float32), block)
+    qs, kb, vb, block = _operands(q, k, v)
     g = g.astype(jnp.float32).reshape(qs.shape)
     # d(softmax) needs each query's sum_j p_j dp_j, which is its row of g . out
     delta = jnp.moveaxis((g * out.astype(jnp.float32).reshape(qs.shape)).sum(-1), 1, 3)
