@@ -69,7 +69,7 @@ def _cdf(x):  # Φ(x), the standard normal CDF
 @jax.custom_vjp
 def gelu(x):
     """Exact GELU, x * Φ(x), as nanoGPT's nn.GELU() (not the tanh approximation)."""
-    return (x.astype(jnp.float32) * _cdf(x.astype(jnp.float32))).astype(x.dtype)
+    return _gelu_fwd(x)[0]
 
 
 def _gelu_fwd(x):
