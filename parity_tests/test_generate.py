@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import pytest
 from flax import nnx
 
@@ -61,6 +62,22 @@ def test_fused_attention_generates_what_naive_does_on_both_paths(workdir):
     gen = generate.Generator(fused_graphdef, state.params)
     assert gen.generate(prompt, n) == naive
     assert gen.generate(prompt, n, kv_cache=True) == naive
+
+
+def test_the_cache_holds_bf16_keys_and_values_in_bf16(workdir):
+    """The cache takes the compute dtype: as many bytes as kv_cache_bytes_per_token says, and
+    one dtype for query, keys and values (on a GPU cuDNN refused the float32 cache beside a
+    bf16 query). Both paths then generate the same bytes in bf16 too."""
+    _, _, state = checkpoint.restore(workdir, auto, make_mesh(1))
+    bf16 = dataclasses.replace(TINY_TRANSFORMER, dtype='bfloat16')
+    model = Transformer(bf16, rngs=nnx.Rngs(0))
+    caches = model.init_caches(1)
+    assert {a.dtype for pair in caches for a in pair} == {jnp.dtype(jnp.bfloat16)}
+    nbytes = sum(a.nbytes for pair in caches for a in pair)
+    assert nbytes == generate.kv_cache_bytes_per_token(bf16) * bf16.seq_len
+    gen = generate.Generator(nnx.graphdef(model), state.params)
+    prompt, n = b'ROMEO:', bf16.seq_len - 6
+    assert gen.generate(prompt, n, kv_cache=True) == gen.generate(prompt, n)
 
 
 def test_sampling_is_the_same_on_both_paths_within_the_context(workdir):

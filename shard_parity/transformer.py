@@ -146,7 +146,9 @@ class Transformer(nnx.Module):
         logits = logits.astype(jnp.float32)
         return logits, (None if caches is None else new_caches)
 
-    def init_caches(self, batch: int, dtype=jnp.float32):
-        """Empty KV caches: per layer two [B, seq_len, K, D] arrays."""
+    def init_caches(self, batch: int):
+        """Empty KV caches: per layer two [B, seq_len, K, D] arrays in the compute dtype, the
+        keys' and values' own (cuDNN refuses a bf16 query beside float32 keys)."""
         shape = (batch, self.cfg.seq_len, self.cfg.num_kv_heads, self.cfg.head_dim)
+        dtype = self.cfg.compute_dtype
         return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.blocks]
