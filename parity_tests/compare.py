@@ -3,7 +3,8 @@
     python -m parity_tests.compare runs/auto runs/explicit
 
 Reads each workdir's metrics.jsonl and prints every logged figure of both runs with their
-difference. Exits non-zero if the final eval accuracies differ by more than --max_accuracy_gap.
+difference. Exits non-zero if the final evaluations differ by more than --max_accuracy_gap (the
+MLP's eval_accuracy) or --max_loss_gap (the transformer's eval_loss).
 """
 
 import json
@@ -13,7 +14,16 @@ import sys
 from absl import app, flags
 
 MAX_GAP = flags.DEFINE_float(
-    'max_accuracy_gap', 0.003, 'Largest final eval_accuracy difference that counts as agreeing.'
+    'max_accuracy_gap',
+    0.003,
+    'Largest final eval_accuracy difference that counts as agreeing.',
+    lower_bound=0,
+)
+MAX_LOSS_GAP = flags.DEFINE_float(
+    'max_loss_gap',
+    0.01,
+    'Largest final eval_loss difference that counts as agreeing.',
+    lower_bound=0,
 )
 KEYS = ('train_loss', 'eval_loss', 'eval_accuracy')
 
@@ -22,7 +32,10 @@ def read(workdir: str) -> list[dict]:
     path = pathlib.Path(workdir) / 'metrics.jsonl'
     if not path.exists():
         sys.exit(f'error: {path} does not exist: train first with --workdir={workdir}')
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    if not lines:
+        sys.exit(f'error: {path} is empty: the run logged nothing (did it fail at the start?)')
+    return lines
 
 
 def main(argv):
@@ -40,17 +53,23 @@ def main(argv):
     fa, fb = a[-1], b[-1]
     if not (fa.get('final') and fb.get('final')):
         sys.exit('error: a run has no final line: did it finish?')
-    gap = abs(fa['eval_accuracy'] - fb['eval_accuracy'])
+    # The MLP's runs end on an accuracy; the transformer's, which has none, on a loss.
+    key, limit = (
+        ('eval_accuracy', MAX_GAP) if 'eval_accuracy' in fa else ('eval_loss', MAX_LOSS_GAP)
+    )
+    if key not in fb:
+        sys.exit(f'error: {argv[1]} ends with {key} and {argv[2]} does not: the same model?')
+    gap = abs(fa[key] - fb[key])
     verdict = 'bitwise identical' if worst == 0 else f'largest difference {worst:.3g}'
     print(
-        f'\nfinal eval_accuracy {fa["eval_accuracy"]:.4f} vs {fb["eval_accuracy"]:.4f} '
+        f'\nfinal {key} {fa[key]:.4f} vs {fb[key]:.4f} '
         f'(gap {gap:.4f}); every logged figure: {verdict}'
     )
     for name, f in ((argv[1], fa), (argv[2], fb)):
         rate = {k: v for k, v in f.items() if k.endswith('_per_sec')}
         print(f'{name}: {rate}')
-    if gap > MAX_GAP.value:
-        sys.exit(f'error: final accuracies differ by {gap:.4f} > {MAX_GAP.value}')
+    if gap > limit.value:
+        sys.exit(f'error: final {key} values differ by {gap:.4f} > --{limit.name}={limit.value}')
 
 
 if __name__ == '__main__':
