@@ -84,9 +84,10 @@ def reference_loss_and_grads(graphdef, loss_fn) -> Callable:
 def reference_train_step(graphdef, loss_fn, tx) -> Callable:
     loss_and_grads = reference_loss_and_grads(graphdef, loss_fn)
 
-    @jax.jit
     def train_step(state: TrainState, batch: dict[str, Any]):
         metrics, grads = loss_and_grads(state.params, batch)
         return apply_gradients(state, grads, tx), metrics
 
-    return train_step
+    # The state is donated, as the twins donate theirs: the new state may reuse its buffers. On
+    # an H200, not donating made this step 1.5-1.8x slower than the twins' (benchmarks, GPU).
+    return jax.jit(train_step, donate_argnums=0)
