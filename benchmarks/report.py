@@ -26,6 +26,12 @@ def markdown(r: dict) -> str:
         f"Machine: {m['devices']} {m['platform']} devices ({m['device_kind']}) on {m['cpu_count']} "
         f"cores, jax {m['jax']}, {m['date']}"
         + (', XLA:CPU fused multiply-adds on' if m.get('cpu_fma') else '')
+        + (
+            f"; the transformer computes in {m['transformer_dtype']} with "
+            f"{m['transformer_attention']} attention (the MLP in float32)"
+            if m['platform'] != 'cpu' and 'transformer_dtype' in m
+            else ''
+        )
         + f". Command: `{r['command']}`"
     ]
     if 'twins' in r:
@@ -111,37 +117,29 @@ def markdown(r: dict) -> str:
             _table(['new bytes', 'padded', 'KV cache', 'KV/padded'], rows),
         ]
     if 'nanogpt' in r:
-        x = r['nanogpt']
+        x, cpu = r['nanogpt'], m['platform'] == 'cpu'
+        header = ['ms/step', 'tokens/s', 'nanoGPT (PyTorch, 2-core CPU) ms/step']
+        header += ['2 devices ms/step'] if cpu else []
+        header += ['forward ms', 'step/forward', 'achieved GFLOP/s', 'matmul peak GFLOP/s']
+        row = [f"{x['step_ms']:.2f}", f"{x['tokens_per_sec']:,.0f}", f'~{NANOGPT_MS:.0f}']
+        row += [f"{x['two_devices_step_ms']:.1f}"] if cpu else []
+        row += [
+            f"{x['forward_ms']:.2f}",
+            f"{x['step_over_forward']:.1f}",
+            f"{x['achieved_flops_per_sec'] / 1e9:.1f}",
+            f"{x['matmul_peak_flops_per_sec'] / 1e9:,.1f}",
+            f"{100 * x['fraction_of_peak']:.2g}%",
+        ]
+        where = (
+            f"timed in a process of {x.get('process_devices', m['devices'])} emulated devices"
+            if cpu
+            else f"one {m['device_kind']}, {x.get('dtype', 'float32')} compute, "
+            f"{x.get('attention', 'naive')} attention; peak: a {x.get('dtype')} 8192³ matmul"
+        )
         out += [
-            '\n**5. Transformer at nanoGPT\'s CPU configuration, one device** (batch 12 × 64 '
-            f"bytes; timed in a process of {x.get('process_devices', 'all the')} emulated "
-            'devices)\n',
-            _table(
-                [
-                    'ms/step',
-                    'tokens/s',
-                    'nanoGPT (PyTorch) ms/step',
-                    '2 devices ms/step',
-                    'forward ms',
-                    'step/forward',
-                    'achieved GFLOP/s',
-                    'matmul peak GFLOP/s',
-                    'of peak',
-                ],
-                [
-                    [
-                        f"{x['step_ms']:.1f}",
-                        f"{x['tokens_per_sec']:,.0f}",
-                        f'~{NANOGPT_MS:.0f}',
-                        f"{x.get('two_devices_step_ms', float('nan')):.1f}",
-                        f"{x['forward_ms']:.1f}",
-                        f"{x['step_over_forward']:.1f}",
-                        f"{x['achieved_flops_per_sec'] / 1e9:.1f}",
-                        f"{x['matmul_peak_flops_per_sec'] / 1e9:.1f}",
-                        f"{100 * x['fraction_of_peak']:.0f}%",
-                    ]
-                ],
-            ),
+            f"\n**5. Transformer at nanoGPT's CPU configuration, one device** (batch 12 × 64 "
+            f'bytes; {where})\n',
+            _table(header + ['of peak'], [row]),
         ]
     if 'strategies' in r:
         rows = [

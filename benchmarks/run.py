@@ -32,7 +32,7 @@ PLATFORM = flags.DEFINE_enum(
 OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Folder for the results.')
 PROCESSES = flags.DEFINE_integer(
     'processes',
-    3,
+    5,
     'Section twins runs in this many fresh processes, one after another, and reports the one '
     'with the median explicit/auto ratio beside every ratio (see twins_processes); 1: in this '
     'process.',
@@ -73,14 +73,21 @@ def _cores():
     return len(os.sched_getaffinity(0))
 
 
-def run_sections(names, rounds, gpu: bool) -> dict:
+def transformer_config(gpu: bool):
+    """nanoGPT's configuration; on a GPU in bf16, which lets cuDNN's fused attention run."""
     import dataclasses
 
     from benchmarks import sections as S
 
-    model_config = S.NANOGPT
-    if gpu:  # bf16 compute lets cuDNN's fused attention run
-        model_config = dataclasses.replace(S.NANOGPT, dtype='bfloat16', attention='fused')
+    if not gpu:
+        return S.NANOGPT
+    return dataclasses.replace(S.NANOGPT, dtype='bfloat16', attention='fused')
+
+
+def run_sections(names, rounds, gpu: bool) -> dict:
+    from benchmarks import sections as S
+
+    model_config = transformer_config(gpu)
     n = min(8, jax.device_count())
     counts = [c for c in (1, 2, 4, 8) if c <= n]
     results = {}
@@ -90,9 +97,9 @@ def run_sections(names, rounds, gpu: bool) -> dict:
         if name == 'twins' and not gpu and PROCESSES.value > 1:
             results[name] = twins_processes(rounds, PROCESSES.value)
         elif name == 'twins':
-            results[name] = S.twins(n, rounds)
+            results[name] = S.twins(n, rounds, model_config)
         elif name == 'sweep':
-            results[name] = S.sweep(counts, rounds)
+            results[name] = S.sweep(counts, rounds, model_config)
         elif name == 'attention':
             results[name] = S.attention_sweep(
                 [128, 256, 512, 1024, 2048, 4096], rounds, model_config.compute_dtype
@@ -100,7 +107,7 @@ def run_sections(names, rounds, gpu: bool) -> dict:
         elif name == 'generation':
             results[name] = S.generation([64, 256, 1024], max(3, rounds // 2), model_config)
         elif name == 'strategies':
-            results[name] = S.strategies(n, rounds)
+            results[name] = S.strategies(n, rounds, model_config)
         elif name == 'nanogpt' and not gpu and jax.device_count() != NANOGPT_DEVICES:
             results[name] = nanogpt_process(rounds)
         elif name == 'nanogpt':
@@ -172,10 +179,16 @@ def main(argv):
     configure_jax(CPU_DEVICES.value if PLATFORM.value == 'cpu' else None, cpu_fma=CPU_FMA.value)
     if PLATFORM.value == 'gpu' and jax.devices()[0].platform != 'gpu':
         sys.exit('error: --platform=gpu, but JAX finds no GPU (pip install -e ".[gpu]")')
+    gpu = PLATFORM.value == 'gpu'
+    config = transformer_config(gpu)
     results = {
-        'machine': machine(),
+        'machine': {
+            **machine(),
+            'transformer_dtype': config.dtype,
+            'transformer_attention': config.attention,
+        },
         'command': 'python -m benchmarks.run ' + ' '.join(sys.argv[1:]),
-        **run_sections(SECTION.value, ROUNDS.value, PLATFORM.value == 'gpu'),
+        **run_sections(SECTION.value, ROUNDS.value, gpu),
     }
     out = pathlib.Path(OUT.value)
     out.mkdir(parents=True, exist_ok=True)

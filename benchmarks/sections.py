@@ -85,14 +85,14 @@ def per_step(medians, runs):
     return {k: medians[k] / runs[k].steps for k in runs}
 
 
-def twins(n: int, rounds: int) -> list[dict]:
+def twins(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
     """1. Step time of auto vs explicit (n devices) vs the one-device reference, both models."""
     rows = []
     for model, b in (('mlp', 128), ('transformer', 16)):
         runs = {
-            'reference': runner(None, 1, model, b),
-            'auto': runner(auto, n, model, b),
-            'explicit': runner(explicit, n, model, b),
+            'reference': runner(None, 1, model, b, model_config=model_config),
+            'auto': runner(auto, n, model, b, model_config=model_config),
+            'explicit': runner(explicit, n, model, b, model_config=model_config),
         }
         t = per_step(interleaved(runs, rounds), runs)
         units = runs['auto'].units / runs['auto'].steps
@@ -113,7 +113,7 @@ STRATEGY_MESHES = [('dp', (8, 1)), ('fsdp', (8, 1)), ('tp', (4, 2)), ('tp', (2, 
 STRATEGY_MESHES += [('fsdp_tp', (4, 2))]
 
 
-def strategies(n: int, rounds: int) -> list[dict]:
+def strategies(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
     """6. Every strategy in both twins: step time beside the state each device holds."""
     rows = []
     for model, b in (('mlp', 128), ('transformer', 16)):
@@ -124,7 +124,9 @@ def strategies(n: int, rounds: int) -> list[dict]:
             d = n // m  # the data axis takes whatever the model axis leaves of n devices
             for name in ('auto', 'explicit'):
                 twin = twin_module(name, strategy)
-                runs[strategy, f'{d}x{m}', name] = runner(twin, None, model, b, shape=(d, m))
+                runs[strategy, f'{d}x{m}', name] = runner(
+                    twin, None, model, b, model_config=model_config, shape=(d, m)
+                )
         t = per_step(interleaved(runs, rounds), runs)
         for (strategy, mesh, twin), v in t.items():
             rows.append(
@@ -140,7 +142,7 @@ def strategies(n: int, rounds: int) -> list[dict]:
     return rows
 
 
-def sweep(counts, rounds: int) -> list[dict]:
+def sweep(counts, rounds: int, model_config=NANOGPT) -> list[dict]:
     """2. Devices 1..8 at a fixed global batch and at a fixed per-device batch."""
     rows = []
     for model, per_device, fixed in (('mlp', 16, 128), ('transformer', 2, 16)):
@@ -149,7 +151,9 @@ def sweep(counts, rounds: int) -> list[dict]:
             for n in counts:
                 b = fixed if mode == 'fixed global batch' else per_device * n
                 for twin in (auto, explicit):
-                    runs[(twin.__name__.split('.')[0], n, b)] = runner(twin, n, model, b)
+                    runs[(twin.__name__.split('.')[0], n, b)] = runner(
+                        twin, n, model, b, model_config=model_config
+                    )
             t = per_step(interleaved(runs, rounds), runs)
             for (twin, n, b), v in t.items():
                 rows.append(
@@ -213,9 +217,12 @@ def generation(lengths, rounds: int, model_config=NANOGPT) -> list[dict]:
     return rows
 
 
-def matmul_peak(n=1024, rounds=7) -> float:
-    """FLOP/s of one large float32 matmul on one device: the machine's practical peak."""
-    a = jax.random.normal(jax.random.key(0), (n, n))
+def matmul_peak(dtype=jnp.float32, rounds=7) -> float:
+    """FLOP/s of one large matmul in the model's compute dtype on one device: the machine's
+    practical peak. 1024 x 1024 on the CPU; 8192 x 8192 on a GPU, which a smaller one leaves
+    partly idle."""
+    n = 1024 if jax.devices()[0].platform == 'cpu' else 8192
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
     f = jax.jit(lambda a: a @ a)
     med = interleaved({'mm': lambda: jax.block_until_ready(f(a))}, rounds)
     return 2 * n**3 / med['mm']
@@ -243,10 +250,12 @@ def nanogpt(rounds: int, model_config=NANOGPT, batch_size=12) -> dict:
     n_params = sum(p.size for p in jax.tree.leaves(state.params))
     c, t, layers = model_config.embed_dim, model_config.seq_len, model_config.num_layers
     analytic = units * (6 * n_params + 12 * layers * c * t)  # nanoGPT's estimate_mfu formula
-    peak = matmul_peak()
+    peak = matmul_peak(model_config.compute_dtype)
     return {
         'batch': batch_size,
         'seq_len': t,
+        'dtype': model_config.dtype,
+        'attention': model_config.attention,
         'step_ms': 1e3 * step_s,
         'tokens_per_sec': units / step_s,
         'forward_ms': 1e3 * fwd_s,
