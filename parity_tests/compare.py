@@ -57,8 +57,11 @@ def main(argv):
     key, limit = (
         ('eval_accuracy', MAX_GAP) if 'eval_accuracy' in fa else ('eval_loss', MAX_LOSS_GAP)
     )
-    if key not in fb:
-        sys.exit(f'error: {argv[1]} ends with {key} and {argv[2]} does not: the same model?')
+    if ('eval_accuracy' in fa) != ('eval_accuracy' in fb):
+        sys.exit(
+            f'error: only one of {argv[1]} and {argv[2]} ends with an eval_accuracy: an MLP run '
+            'beside a transformer run? Compare runs of the same model.'
+        )
     gap = abs(fa[key] - fb[key])
     verdict = 'bitwise identical' if worst == 0 else f'largest difference {worst:.3g}'
     print(

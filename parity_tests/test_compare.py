@@ -45,13 +45,27 @@ def test_transformer_runs_apart_by_more_than_max_loss_gap_fail(tmp_path):
     assert compare(a, b, '--max_loss_gap=0.2').returncode == 0
 
 
-def test_mlp_runs_compare_their_accuracy(tmp_path):
-    final = {'step': 10, 'final': True, 'eval_loss': 0.2, 'eval_accuracy': 0.95}
-    a = workdir(tmp_path, 'a', [{'step': 10, 'train_loss': 0.3}, final])
-    b = workdir(tmp_path, 'b', [{'step': 10, 'train_loss': 0.3}, {**final, 'eval_accuracy': 0.9}])
-    done = compare(a, b)
+MLP_FINAL = {'step': 10, 'final': True, 'eval_loss': 0.2, 'eval_accuracy': 0.95}
+
+
+def test_mlp_runs_are_judged_on_their_accuracy_alone(tmp_path):
+    a = workdir(tmp_path, 'a', [{'step': 10, 'train_loss': 0.3}, MLP_FINAL])
+    b = workdir(tmp_path, 'b', [{'step': 10, 'train_loss': 0.3}, {**MLP_FINAL, 'eval_loss': 0.5}])
+    c = workdir(
+        tmp_path, 'c', [{'step': 10, 'train_loss': 0.3}, {**MLP_FINAL, 'eval_accuracy': 0.9}]
+    )
+    assert compare(a, b).returncode == 0  # losses 0.3 apart, the same accuracy: they agree
+    done = compare(a, c)
     assert done.returncode != 0
     assert 'final eval_accuracy values differ by 0.0500 > --max_accuracy_gap=0.003' in done.stderr
+
+
+def test_an_mlp_run_beside_a_transformer_run_is_refused(tmp_path):
+    a = workdir(tmp_path, 'a', [MLP_FINAL])
+    b = workdir(tmp_path, 'b', transformer_log(0.2))
+    for pair in ((a, b), (b, a)):
+        done = compare(*pair)
+        assert done.returncode != 0 and 'only one of' in done.stderr, done.stderr
 
 
 def test_an_empty_log_is_named(tmp_path):
