@@ -3,26 +3,36 @@
 # suite with --platform=gpu, and the transformer at nanoGPT's configuration trained by both twins
 # in bf16 with cuDNN attention, compared, with a sample generated through the KV cache.
 #
+#   pip install -e ".[gpu]"   # once: JAX with CUDA (or a machine whose python3 already has it)
 #   SHARD_PARITY_DATA_DIR=../shared/data bash benchmarks/gpu.sh OUT_DIR
 #
+# Without SHARD_PARITY_DATA_DIR, training downloads tiny Shakespeare (checksum-verified) first.
 # OUT_DIR receives results_gpu.{json,md}, attention_gpu.png, sweep_gpu.png, the two runs'
-# metrics.jsonl and gpu.log (everything printed). A step that fails is logged and the next one
-# still runs, so one failure does not cost the rest of the lease.
+# metrics_{auto,explicit}.jsonl and gpu.log (everything printed). A step that fails is logged and
+# the next one still runs, so one failure does not cost the rest of the lease; the script exits
+# non-zero if any step failed.
 set -uo pipefail
-out=${1:?usage: bash benchmarks/gpu.sh OUT_DIR}
+out=$(realpath -m "${1:?usage: bash benchmarks/gpu.sh OUT_DIR}")
+cd "$(dirname "$0")/.." || exit 1  # the repository root: `python -m benchmarks.run` needs it
 mkdir -p "$out"
 log=$out/gpu.log
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 runs=$(mktemp -d)  # checkpoints stay here; only the metrics are copied out
+trap 'rm -rf "$runs"' EXIT
+failed=()
 
-step() {  # step SECONDS COMMAND...: run it under a time limit, log it, report its exit status
+step() {  # step SECONDS COMMAND...: run it under a time limit, log it, remember a failure
   local limit=$1
   shift
   echo "== $* (limit ${limit}s)" | tee -a "$log"
   local start=$SECONDS
   timeout "$limit" "$@" 2>&1 | tee -a "$log"
-  echo "== exit ${PIPESTATUS[0]} after $((SECONDS - start)) s" | tee -a "$log"
+  local status=${PIPESTATUS[0]}
+  echo "== exit $status after $((SECONDS - start)) s" | tee -a "$log"
+  local name=$1  # the program, or the module of `python -m`
+  [ "${2:-}" = -m ] && name=$3
+  [ "$status" = 0 ] || failed+=("$name")
 }
 
 step 60 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm \
@@ -35,8 +45,14 @@ step 300 "$py" -m benchmarks.run --platform=gpu --rounds=11 --out="$out"
 for twin in auto explicit; do
   step 120 "$py" -m "$twin.train" --model=transformer --dtype=bfloat16 --attention=fused \
     --workdir="$runs/$twin"
-  cp "$runs/$twin/metrics.jsonl" "$out/metrics_$twin.jsonl"
+  if [ -f "$runs/$twin/metrics.jsonl" ]; then
+    cp "$runs/$twin/metrics.jsonl" "$out/metrics_$twin.jsonl"
+  fi
 done
 step 30 "$py" -m parity_tests.compare "$runs/auto" "$runs/explicit"
 step 45 "$py" -m auto.generate --workdir="$runs/auto" --prompt="ROMEO:" --max_new_bytes=300 \
   --temperature=0.8 --top_k=40 --seed=0 --kv_cache
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "== failed: ${failed[*]} (see $log)" | tee -a "$log"
+  exit 1
+fi

@@ -119,10 +119,11 @@ def markdown(r: dict) -> str:
     if 'nanogpt' in r:
         x, cpu = r['nanogpt'], m['platform'] == 'cpu'
         header = ['ms/step', 'tokens/s', 'nanoGPT (PyTorch, 2-core CPU) ms/step']
-        header += ['2 devices ms/step'] if cpu else []
+        two = 'two_devices_step_ms' in x
+        header += ['2 devices ms/step'] if two else []
         header += ['forward ms', 'step/forward', 'achieved GFLOP/s', 'matmul peak GFLOP/s']
         row = [f"{x['step_ms']:.2f}", f"{x['tokens_per_sec']:,.0f}", f'~{NANOGPT_MS:.0f}']
-        row += [f"{x['two_devices_step_ms']:.1f}"] if cpu else []
+        row += [f"{x['two_devices_step_ms']:.1f}"] if two else []
         row += [
             f"{x['forward_ms']:.2f}",
             f"{x['step_over_forward']:.1f}",

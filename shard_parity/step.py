@@ -3,7 +3,7 @@
 A twin's step is `loss_and_grads` (where the data parallelism lives) followed by
 `apply_gradients` (identical everywhere: params and optimizer state are replicated, so every device
 runs the same update on the same averaged gradient). `reference_train_step` is the plain `jit` on
-one device that both twins are tested against.
+one device (donating its state, as the twins do) that both twins are tested against.
 """
 
 from typing import Any, Callable, NamedTuple
@@ -89,5 +89,5 @@ def reference_train_step(graphdef, loss_fn, tx) -> Callable:
         return apply_gradients(state, grads, tx), metrics
 
     # The state is donated, as the twins donate theirs: the new state may reuse its buffers. On
-    # an H200, not donating made this step 1.5-1.8x slower than the twins' (benchmarks, GPU).
+    # an H200, not donating made this step 1.4-1.9x slower than the twins' (benchmarks, GPU).
     return jax.jit(train_step, donate_argnums=0)
