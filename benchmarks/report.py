@@ -134,8 +134,8 @@ def markdown(r: dict) -> str:
         where = (
             f"timed in a process of {x.get('process_devices', m['devices'])} emulated devices"
             if cpu
-            else f"one {m['device_kind']}, {x.get('dtype', 'float32')} compute, "
-            f"{x.get('attention', 'naive')} attention; peak: a {x.get('dtype')} 8192³ matmul"
+            else f"one {m['device_kind']}, {m['transformer_dtype']} compute, "
+            f"{m['transformer_attention']} attention; peak: a {m['transformer_dtype']} 8192³ matmul"
         )
         out += [
             f"\n**5. Transformer at nanoGPT's CPU configuration, one device** (batch 12 × 64 "

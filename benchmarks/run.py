@@ -84,10 +84,9 @@ def transformer_config(gpu: bool):
     return dataclasses.replace(S.NANOGPT, dtype='bfloat16', attention='fused')
 
 
-def run_sections(names, rounds, gpu: bool) -> dict:
+def run_sections(names, rounds, gpu: bool, model_config) -> dict:
     from benchmarks import sections as S
 
-    model_config = transformer_config(gpu)
     n = min(8, jax.device_count())
     counts = [c for c in (1, 2, 4, 8) if c <= n]
     results = {}
@@ -188,7 +187,7 @@ def main(argv):
             'transformer_attention': config.attention,
         },
         'command': 'python -m benchmarks.run ' + ' '.join(sys.argv[1:]),
-        **run_sections(SECTION.value, ROUNDS.value, gpu),
+        **run_sections(SECTION.value, ROUNDS.value, gpu, config),
     }
     out = pathlib.Path(OUT.value)
     out.mkdir(parents=True, exist_ok=True)

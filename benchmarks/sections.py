@@ -258,8 +258,6 @@ def nanogpt(rounds: int, model_config=NANOGPT, batch_size=12) -> dict:
         **two,
         'batch': batch_size,
         'seq_len': t,
-        'dtype': model_config.dtype,
-        'attention': model_config.attention,
         'step_ms': 1e3 * step_s,
         'tokens_per_sec': units / step_s,
         'forward_ms': 1e3 * fwd_s,
