@@ -2,7 +2,9 @@
 
 Each candidate is a callable that does one unit of work and blocks until it is done. Rounds take
 the candidates in a rotating order, so drift in the machine (another process, thermal state)
-lands on all of them alike; the median over rounds ignores the odd slow round.
+lands on all of them alike, and every other round backwards, so that no candidate always follows
+the same one (whatever a candidate leaves behind, in the caches or in freed memory, is met by
+each of the others); the median over rounds ignores the odd slow round.
 """
 
 import statistics
@@ -14,7 +16,10 @@ def interleaved(candidates: dict, rounds: int = 7, warmup: int = 2) -> dict:
     names = list(candidates)
     times = {name: [] for name in names}
     for r in range(warmup + rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
+        k = (r // 2) % len(names)
+        order = names[k:] + names[:k]
+        if r % 2:
+            order.reverse()
         for name in order:
             start = time.perf_counter()
             candidates[name]()
