@@ -13,11 +13,57 @@ def _table(header, rows):
     return '\n'.join(lines)
 
 
-def _ratio(x: dict) -> str:
-    """The ratio, and with several processes each one's: '0.994 (0.975, 1.001, 0.994)'."""
-    runs = x.get('explicit_over_auto_runs')
-    text = f"{x['explicit_over_auto']:.3f}"
-    return text + (f" ({', '.join(f'{v:.3f}' for v in runs)})" if runs else '')
+def _ratio(x: dict, key: str = 'explicit_over_auto') -> str:
+    """The ratio; with several processes, the median process's and the range of all of them:
+    '0.994 (0.975-1.001)'. Missing (a run from before the control existed): '-'."""
+    if key not in x:
+        return '-'
+    runs = x.get(f'{key}_runs')
+    return f'{x[key]:.3f}' + (f' ({min(runs):.3f}–{max(runs):.3f})' if runs else '')
+
+
+def _twins(rows: list) -> list:
+    """Section 1: the table, and with several processes every process's ratios under it. Runs
+    from before the auto copy control existed render without its columns."""
+    several = bool(rows) and 'explicit_over_auto_runs' in rows[0]
+    control = bool(rows) and 'auto_copy_ms' in rows[0]
+    header = ['model', 'global batch', 'devices', 'reference', 'auto', 'explicit']
+    header += ['auto copy'] * control + ['explicit/auto'] + ['auto copy/auto'] * control
+    table = []
+    for x in rows:
+        ms = [f"{x[f'{k}_ms']:.2f}" for k in ('reference', 'auto', 'explicit')]
+        ms += [f"{x['auto_copy_ms']:.2f}"] if control else []
+        ratios = [_ratio(x)] + ([_ratio(x, 'auto_copy_over_auto')] if control else [])
+        table.append([x['model'], x['batch'], x['devices'], *ms, *ratios])
+    out = [
+        '\n**1. auto vs explicit vs one-device reference** (median ms per step; target for '
+        'explicit/auto: 0.95–1.05'
+        + (
+            '; auto copy: auto compiled a second time and timed beside the others, the '
+            'control: its ratio to auto is what the measurement can resolve'
+            if control
+            else ''
+        )
+        + (
+            f"; of {len(rows[0]['explicit_over_auto_runs'])} fresh processes, the one with the "
+            'median explicit/auto, and in brackets the range over all of them'
+            if several
+            else ''
+        )
+        + ')\n',
+        _table(header, table),
+    ]
+    if several:
+        out.append('\nEvery process, in the order they ran:\n')
+        for x in rows:
+            for key, name in (
+                ('explicit_over_auto', 'explicit/auto'),
+                ('auto_copy_over_auto', 'auto copy/auto'),
+            ):
+                if f'{key}_runs' in x:
+                    values = ', '.join(f'{v:.3f}' for v in x[f'{key}_runs'])
+                    out.append(f"- {x['model']}, {name}: {values}")
+    return out
 
 
 def markdown(r: dict) -> str:
@@ -35,40 +81,7 @@ def markdown(r: dict) -> str:
         + f". Command: `{r['command']}`"
     ]
     if 'twins' in r:
-        out += [
-            '\n**1. auto vs explicit vs one-device reference** (median ms per step; target '
-            'for explicit/auto: 0.95–1.05'
-            + (
-                f"; of {len(r['twins'][0]['explicit_over_auto_runs'])} fresh processes, the one "
-                'with the median ratio, and every process\'s ratio in brackets'
-                if r['twins'] and 'explicit_over_auto_runs' in r['twins'][0]
-                else ''
-            )
-            + ')\n',
-            _table(
-                [
-                    'model',
-                    'global batch',
-                    'devices',
-                    'reference',
-                    'auto',
-                    'explicit',
-                    'explicit/auto',
-                ],
-                [
-                    [
-                        x['model'],
-                        x['batch'],
-                        x['devices'],
-                        f"{x['reference_ms']:.2f}",
-                        f"{x['auto_ms']:.2f}",
-                        f"{x['explicit_ms']:.2f}",
-                        _ratio(x),
-                    ]
-                    for x in r['twins']
-                ],
-            ),
-        ]
+        out += _twins(r['twins'])
     if 'sweep' in r:
         rows = [
             [
@@ -170,6 +183,23 @@ def plots(r: dict, out: pathlib.Path, suffix: str = '') -> None:
         from matplotlib import pyplot as plt
     except ImportError:
         return
+    if r.get('twins') and 'processes_ms' in r['twins'][0]:
+        fig, axes = plt.subplots(1, len(r['twins']), figsize=(5 * len(r['twins']), 4))
+        for ax, x in zip(axes, r['twins']):
+            steps = x['processes_ms']
+            for name, marker in (('auto', 'o'), ('auto_copy', '.'), ('explicit', 's')):
+                if f'{name}_ms' in steps[0]:
+                    ys = [p[f'{name}_ms'] for p in steps]
+                    ax.plot(range(1, len(ys) + 1), ys, marker, label=name.replace('_', ' '))
+            ax.set(
+                xticks=range(1, len(steps) + 1),
+                xlabel='fresh process, in the order they ran',
+                ylabel='ms per step (median of its rounds)',
+                title=f"{x['model']}, {x['devices']} devices",
+            )
+            ax.legend(fontsize=7)
+        atomic_write(out / f'twins{suffix}.png', lambda f: fig.savefig(f, format='png', dpi=90))
+        plt.close(fig)
     if 'attention' in r:
         fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
         lengths = [x['seq_len'] for x in r['attention']]

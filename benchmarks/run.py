@@ -32,7 +32,7 @@ PLATFORM = flags.DEFINE_enum(
 OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Folder for the results.')
 PROCESSES = flags.DEFINE_integer(
     'processes',
-    5,
+    11,
     'Section twins runs in this many fresh processes, one after another, and reports the one '
     'with the median explicit/auto ratio beside every ratio (see twins_processes); 1: in this '
     'process.',
@@ -153,18 +153,23 @@ def nanogpt_process(rounds: int) -> dict:
 def twins_processes(rounds: int, processes: int) -> list[dict]:
     """Section twins, run `processes` times, each in a fresh process. Per model, the row of the
     process whose explicit/auto ratio is the median (so that every figure in it comes from one
-    process), with every process's ratio beside it.
+    process), with every process's ratios and step times beside it.
 
-    Within one process the rounds agree with each other, yet the ratio moved between processes
-    (transformer: 0.91 to 1.00 over five runs of the same code on the 2-core VM): 8 emulated
-    devices run 8 threads on 2 cores, and how the operating system places them holds for a
-    process's life. More rounds cannot average that away; more processes can."""
+    Within one process the rounds agree with each other, but the ratio moves between processes:
+    8 emulated devices run 8 threads on 2 cores, and what a process draws holds for its life.
+    On the 2-core VM, ten probe processes (benchmarks/results/NOTES.md) gave the transformer's
+    explicit/auto 0.90 to 1.03: explicit held at 63-68 ms while auto took 64-68 ms in some and
+    71-72 in others, every compiled copy of auto in a process alike. More rounds cannot average
+    that away; more processes can (pyperf runs each benchmark in 20 for the same reason). The
+    auto_copy column of each process shows how far the same program strays from itself."""
     runs = [child('twins', jax.device_count(), rounds)['twins'] for _ in range(processes)]
     rows = []
     for per_process in zip(*runs):
         ranked = sorted(per_process, key=lambda r: r['explicit_over_auto'])
         row = dict(ranked[(len(ranked) - 1) // 2])  # the median; the lower one of an even count
-        row['explicit_over_auto_runs'] = [r['explicit_over_auto'] for r in per_process]
+        for ratio in ('explicit_over_auto', 'auto_copy_over_auto'):
+            row[f'{ratio}_runs'] = [r[ratio] for r in per_process]
+        row['processes_ms'] = [{k: r[k] for k in r if k.endswith('_ms')} for r in per_process]
         rows.append(row)
     return rows
 

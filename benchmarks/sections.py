@@ -86,13 +86,18 @@ def per_step(medians, runs):
 
 
 def twins(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
-    """1. Step time of auto vs explicit (n devices) vs the one-device reference, both models."""
+    """1. Step time of auto vs explicit (n devices) vs the one-device reference, both models.
+
+    `auto_copy` is the control: auto again, compiled and placed a second time, timed beside the
+    others. The same program against itself, its ratio to auto is the precision of this
+    process's measurement; explicit/auto means something only where it is further from 1."""
     rows = []
     for model, b in (('mlp', 128), ('transformer', 16)):
         runs = {
             'reference': runner(None, 1, model, b, model_config=model_config),
             'auto': runner(auto, n, model, b, model_config=model_config),
             'explicit': runner(explicit, n, model, b, model_config=model_config),
+            'auto_copy': runner(auto, n, model, b, model_config=model_config),
         }
         t = per_step(interleaved(runs, rounds), runs)
         units = runs['auto'].units / runs['auto'].steps
@@ -103,6 +108,7 @@ def twins(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
                 'devices': n,
                 **{f'{k}_ms': 1e3 * v for k, v in t.items()},
                 'explicit_over_auto': t['explicit'] / t['auto'],
+                'auto_copy_over_auto': t['auto_copy'] / t['auto'],
                 **{f'{k}_per_sec': units / v for k, v in t.items()},
             }
         )
