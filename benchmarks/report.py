@@ -1,6 +1,7 @@
 """Turns benchmark results into the Markdown tables the README carries, and PNG plots."""
 
 import pathlib
+import statistics
 
 from shard_parity.report import atomic_write
 
@@ -14,12 +15,15 @@ def _table(header, rows):
 
 
 def _ratio(x: dict, key: str = 'explicit_over_auto') -> str:
-    """The ratio; with several processes, the median process's and the range of all of them:
-    '0.994 (0.975-1.001)'. Missing (a run from before the control existed): '-'."""
+    """The ratio; with several processes, the median over them (the lower middle one of an even
+    count) and their range: '0.994 (0.975–1.001)'. Missing (a run from before the control
+    existed): '-'."""
     if key not in x:
         return '-'
     runs = x.get(f'{key}_runs')
-    return f'{x[key]:.3f}' + (f' ({min(runs):.3f}–{max(runs):.3f})' if runs else '')
+    if not runs:
+        return f'{x[key]:.3f}'
+    return f'{statistics.median_low(runs):.3f} ({min(runs):.3f}–{max(runs):.3f})'
 
 
 def _twins(rows: list) -> list:
@@ -39,14 +43,15 @@ def _twins(rows: list) -> list:
         '\n**1. auto vs explicit vs one-device reference** (median ms per step; target for '
         'explicit/auto: 0.95–1.05'
         + (
-            '; auto copy: auto compiled a second time and timed beside the others, the '
-            'control: its ratio to auto is what the measurement can resolve'
+            '. Auto copy is the control (auto compiled a second time, timed beside the '
+            'others); its ratio to auto shows what the measurement can resolve'
             if control
             else ''
         )
         + (
-            f"; of {len(rows[0]['explicit_over_auto_runs'])} fresh processes, the one with the "
-            'median explicit/auto, and in brackets the range over all of them'
+            f". Of {len(rows[0]['explicit_over_auto_runs'])} fresh processes: the step times "
+            'are those of the process with the median explicit/auto; each ratio is the median '
+            'over all the processes, with their range in brackets'
             if several
             else ''
         )
@@ -184,8 +189,10 @@ def plots(r: dict, out: pathlib.Path, suffix: str = '') -> None:
     except ImportError:
         return
     if r.get('twins') and 'processes_ms' in r['twins'][0]:
-        fig, axes = plt.subplots(1, len(r['twins']), figsize=(5 * len(r['twins']), 4))
-        for ax, x in zip(axes, r['twins']):
+        fig, axes = plt.subplots(
+            1, len(r['twins']), figsize=(5 * len(r['twins']), 4), squeeze=False
+        )
+        for ax, x in zip(axes[0], r['twins']):
             steps = x['processes_ms']
             for name, marker in (('auto', 'o'), ('auto_copy', '.'), ('explicit', 's')):
                 if f'{name}_ms' in steps[0]:

@@ -35,7 +35,7 @@ PROCESSES = flags.DEFINE_integer(
     11,
     'Section twins runs in this many fresh processes, one after another, and reports the one '
     'with the median explicit/auto ratio beside every ratio (see twins_processes); 1: in this '
-    'process.',
+    'process. CPU only: with --platform=gpu, section twins runs once, in this process.',
     lower_bound=1,
 )
 CPU_DEVICES = flags.DEFINE_integer(
@@ -159,9 +159,10 @@ def twins_processes(rounds: int, processes: int) -> list[dict]:
     8 emulated devices run 8 threads on 2 cores, and what a process draws holds for its life.
     On the 2-core VM, ten probe processes (benchmarks/results/NOTES.md) gave the transformer's
     explicit/auto 0.90 to 1.03: explicit held at 63-68 ms while auto took 64-68 ms in some and
-    71-72 in others, every compiled copy of auto in a process alike. More rounds cannot average
-    that away; more processes can (pyperf runs each benchmark in 20 for the same reason). The
-    auto_copy column of each process shows how far the same program strays from itself."""
+    71-72 in others. More rounds cannot average that away; more processes can (pyperf runs each
+    benchmark in 20 for the same reason). The auto_copy column of each process shows how far
+    the same program strays from itself there. With --platform=gpu, section twins runs once,
+    in the benchmark's own process."""
     runs = [child('twins', jax.device_count(), rounds)['twins'] for _ in range(processes)]
     rows = []
     for per_process in zip(*runs):

@@ -89,8 +89,8 @@ def twins(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
     """1. Step time of auto vs explicit (n devices) vs the one-device reference, both models.
 
     `auto_copy` is the control: auto again, compiled and placed a second time, timed beside the
-    others. The same program against itself, its ratio to auto is the precision of this
-    process's measurement; explicit/auto means something only where it is further from 1."""
+    others. Its ratio to auto compares the same program with itself, so it shows how precisely
+    this process measures; explicit/auto means something only where it is further from 1."""
     rows = []
     for model, b in (('mlp', 128), ('transformer', 16)):
         runs = {

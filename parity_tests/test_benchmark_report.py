@@ -1,0 +1,64 @@
+"""benchmarks.report: section 1 as the benchmark writes it, from one process or several, with or
+without the auto copy control (results from before it existed still render)."""
+
+import json
+import pathlib
+
+import pytest
+
+from benchmarks import report
+from parity_tests.conftest import REPO
+
+MACHINE = {'platform': 'cpu', 'device_kind': 'cpu', 'devices': 8, 'cpu_count': 2, 'jax': 'x'}
+MACHINE |= {'date': 'today'}
+
+
+def row(model, ratio, copy_ratio, auto_ms=10.0):
+    return {
+        'model': model,
+        'batch': 16,
+        'devices': 8,
+        'reference_ms': 5.0,
+        'auto_ms': auto_ms,
+        'explicit_ms': auto_ms * ratio,
+        'auto_copy_ms': auto_ms * copy_ratio,
+        'explicit_over_auto': ratio,
+        'auto_copy_over_auto': copy_ratio,
+    }
+
+
+def section_1(rows) -> list[str]:
+    text = report.markdown({'machine': MACHINE, 'command': 'c', 'twins': rows})
+    return [line for line in text.splitlines() if line.startswith('| ')]
+
+
+def test_several_processes_give_each_ratio_as_its_own_median_and_range():
+    """Ratios of 3 processes (explicit/auto, auto copy/auto): (0.90, 1.00), (1.00, 0.95) and
+    (0.97, 1.10). The step times are the median process's, the third; the control's median is
+    1.00, not that process's 1.10."""
+    processes = [row('t', 0.90, 1.00), row('t', 1.00, 0.95), row('t', 0.97, 1.10)]
+    median = dict(processes[2])
+    median['explicit_over_auto_runs'] = [p['explicit_over_auto'] for p in processes]
+    median['auto_copy_over_auto_runs'] = [p['auto_copy_over_auto'] for p in processes]
+    header, _, line = section_1([median])
+    assert 'auto copy/auto' in header
+    assert line.endswith('| 9.70 | 11.00 | 0.970 (0.900–1.000) | 1.000 (0.950–1.100) |')
+
+
+def test_one_process_gives_the_ratios_alone():
+    header, _, line = section_1([row('t', 0.97, 1.01)])
+    assert line.endswith('| 9.70 | 10.10 | 0.970 | 1.010 |')
+
+
+def test_results_from_before_the_control_render_without_it():
+    old = json.loads((pathlib.Path(REPO) / 'benchmarks/results/gpu/results_gpu.json').read_text())
+    assert 'auto_copy_ms' not in old['twins'][0]
+    header, *_ = section_1(old['twins'])
+    assert 'auto copy' not in header and header.endswith('| explicit/auto |')
+
+
+def test_the_per_process_plot_takes_a_single_model(tmp_path):
+    pytest.importorskip('matplotlib')
+    x = row('mlp', 1.0, 1.0) | {'processes_ms': [{'auto_ms': 1.0, 'explicit_ms': 1.1}] * 3}
+    report.plots({'twins': [x]}, tmp_path)
+    assert (tmp_path / 'twins.png').stat().st_size > 0
