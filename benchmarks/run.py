@@ -21,7 +21,12 @@ NANOGPT_DEVICES = 2  # one device per core of the 2-core machines nanoGPT's ~45 
 SECTIONS = ['twins', 'sweep', 'attention', 'generation', 'nanogpt', 'strategies']
 SECTION = flags.DEFINE_list('sections', SECTIONS, f'Which of {SECTIONS} to run.')
 ROUNDS = flags.DEFINE_integer(
-    'rounds', 7, 'Timed rounds per comparison (after warm-up).', lower_bound=1
+    'rounds',
+    12,
+    'Timed rounds per comparison (after warm-up). A multiple of 12 completes the cycle of '
+    'orders (benchmarks/timing.py) for 2, 3, 4 and 6 candidates, so that each runs right '
+    'after each other one equally often.',
+    lower_bound=1,
 )
 PLATFORM = flags.DEFINE_enum(
     'platform',
