@@ -24,8 +24,8 @@ ROUNDS = flags.DEFINE_integer(
     'rounds',
     12,
     'Timed rounds per comparison (after warm-up). A multiple of 12 completes the cycle of '
-    'orders (benchmarks/timing.py) for 2, 3, 4 and 6 candidates, so that each runs right '
-    'after each other one equally often.',
+    'orders (benchmarks/timing.py) of every section but strategies (10 candidates), so that '
+    'each candidate runs right after each other one equally often.',
     lower_bound=1,
 )
 PLATFORM = flags.DEFINE_enum(
@@ -38,9 +38,10 @@ OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Folder for the results.'
 PROCESSES = flags.DEFINE_integer(
     'processes',
     11,
-    'Section twins runs in this many fresh processes, one after another, and reports the one '
-    'with the median explicit/auto ratio beside every ratio (see twins_processes); 1: in this '
-    'process. CPU only: with --platform=gpu, section twins runs once, in this process.',
+    'Section twins runs in this many fresh processes, one after another, and reports each '
+    "ratio's median over them, the step times of the process with the median explicit/auto, "
+    "and every process's ratios (see twins_processes); 1: in this process. CPU only: with "
+    '--platform=gpu, section twins runs once, in this process.',
     lower_bound=1,
 )
 CPU_DEVICES = flags.DEFINE_integer(
