@@ -1,1 +1,7 @@
-"""Data parallelism the compiler writes: shardings on the inputs, collectives inserted by XLA."""
+"""The twin in JAX's Auto mode: we place the arrays (NamedSharding on an AxisType.Auto mesh),
+and the compiler inserts the collectives. One whole file per strategy."""
+
+from auto import dp, fsdp, fsdp_tp, tp
+
+NAME = 'auto'
+STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp}

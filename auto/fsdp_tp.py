@@ -3,18 +3,48 @@
 Each weight carries both splits (shard_parity/placement.py): tensor parallelism's over 'model'
 and FSDP's over 'data' on a dimension tp leaves free, e.g. a column-parallel kernel
 @ P('data', 'model'). XLA all-gathers over 'data' before use, all-reduces activations over
-'model', and reduce-scatters gradients over 'data'. Compare explicit/fsdp_tp.py.
+'model', and reduces gradients over 'data' to their shards (on XLA:CPU an all-reduce and a
+slice, not a reduce-scatter). Compare explicit/fsdp_tp.py.
 """
 
-import functools
+import jax
+from jax.sharding import NamedSharding
 
-from auto import fsdp
+from shard_parity.placement import BATCH, REPLICATED, state_shardings
+from shard_parity.step import TrainState, apply_gradients, bind
 
-STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp
-BATCH, REPLICATED = fsdp.BATCH, fsdp.REPLICATED
-place_batch = fsdp.place_batch
-state_shardings = functools.partial(fsdp.state_shardings, strategy=STRATEGY)
-place_state = functools.partial(fsdp.place_state, strategy=STRATEGY)
-loss_and_grads = functools.partial(fsdp.loss_and_grads, strategy=STRATEGY)
-train_step = functools.partial(fsdp.train_step, strategy=STRATEGY)
-eval_step = functools.partial(fsdp.eval_step, strategy=STRATEGY)
+STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'data'
+
+
+def loss_and_grads(graphdef, loss_fn, mesh):
+    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
+
+    def fn(params, batch):  # params @ P('data', 'model') etc.; batch: x[B, ...] @ P('data')
+        (_, metrics), grads = grad_fn(params, batch)  # XLA all-gathers over 'data', psums 'model'
+        # grads sharded like the params: XLA reduces each gradient over 'data' to its shard.
+        grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, STRATEGY))
+        return jax.lax.with_sharding_constraint(metrics, NamedSharding(mesh, REPLICATED)), grads
+
+    return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
+
+
+def train_step(graphdef, loss_fn, tx, mesh):
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
+
+    def step(state: TrainState, batch):
+        metrics, grads = grads_fn(state.params, batch)
+        state = apply_gradients(state, grads, tx)  # elementwise: each device updates its shards
+        return jax.lax.with_sharding_constraint(
+            state, state_shardings(state, mesh, STRATEGY)
+        ), metrics
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def eval_step(graphdef, eval_fn, mesh):
+    fn = bind(graphdef, eval_fn)
+
+    def evaluate(params, batch):  # XLA all-gathers the weights; per-example outputs stay split
+        return jax.lax.with_sharding_constraint(fn(params, batch), NamedSharding(mesh, BATCH))
+
+    return jax.jit(evaluate)

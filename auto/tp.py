@@ -6,18 +6,47 @@ XLA's sharding propagation splits the activations between the two: `x @ W_col` c
 on its features, so the heads are split too, and `h @ W_row` contracts a split dimension, which
 leaves partial sums that it all-reduces over 'model': the psum explicit/tp.py writes. No
 activation needs an annotation here (python -m parity_tests.collectives --strategy=tp shows
-the all-reduces match). The step is auto/fsdp.py's, with this placement.
+the all-reduces match). The model is called unchanged. Compare explicit/tp.py.
 """
 
-import functools
+import jax
+from jax.sharding import NamedSharding
 
-from auto import fsdp
+from shard_parity.placement import BATCH, REPLICATED, state_shardings
+from shard_parity.step import TrainState, apply_gradients, bind
 
-STRATEGY = 'tp'  # --strategy=tp
-BATCH, REPLICATED = fsdp.BATCH, fsdp.REPLICATED
-place_batch = fsdp.place_batch
-state_shardings = functools.partial(fsdp.state_shardings, strategy=STRATEGY)
-place_state = functools.partial(fsdp.place_state, strategy=STRATEGY)
-loss_and_grads = functools.partial(fsdp.loss_and_grads, strategy=STRATEGY)
-train_step = functools.partial(fsdp.train_step, strategy=STRATEGY)
-eval_step = functools.partial(fsdp.eval_step, strategy=STRATEGY)
+STRATEGY = 'tp'  # --strategy=tp: layers split over 'model', the batch over 'data'
+
+
+def loss_and_grads(graphdef, loss_fn, mesh):
+    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
+
+    def fn(params, batch):  # params @ P(None, 'model') etc.; batch: x[B, ...] @ P('data')
+        (_, metrics), grads = grad_fn(params, batch)  # XLA all-reduces activations over 'model'
+        # grads sharded like the params: XLA all-reduces each gradient slice over 'data'.
+        grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, STRATEGY))
+        return jax.lax.with_sharding_constraint(metrics, NamedSharding(mesh, REPLICATED)), grads
+
+    return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
+
+
+def train_step(graphdef, loss_fn, tx, mesh):
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
+
+    def step(state: TrainState, batch):
+        metrics, grads = grads_fn(state.params, batch)
+        state = apply_gradients(state, grads, tx)  # each device updates its own slices
+        return jax.lax.with_sharding_constraint(
+            state, state_shardings(state, mesh, STRATEGY)
+        ), metrics
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def eval_step(graphdef, eval_fn, mesh):
+    fn = bind(graphdef, eval_fn)
+
+    def evaluate(params, batch):  # XLA all-reduces activations; outputs stay split
+        return jax.lax.with_sharding_constraint(fn(params, batch), NamedSharding(mesh, BATCH))
+
+    return jax.jit(evaluate)

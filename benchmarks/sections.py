@@ -9,16 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from auto import train_step as auto
+import auto
+import explicit
 from benchmarks.timing import interleaved
-from explicit import train_step as explicit
-from shard_parity import attention, generate, tasks
-from shard_parity import config as cfg
 from shard_parity.mesh import make_mesh
-from shard_parity.models import MLP
-from shard_parity.placement import twin_module
-from shard_parity.step import create_state, make_optimizer, reference_train_step
-from shard_parity.transformer import Transformer
+from shard_parity.model import attention
+from shard_parity.model.mlp import MLP
+from shard_parity.model.transformer import Transformer
+from shard_parity.placement import place_batch, place_state
+from shard_parity.runtime import config as cfg
+from shard_parity.runtime import generate, tasks
+from shard_parity.step import create_state, make_optimizer, one_device_train_step
 
 NANOGPT = cfg.TransformerConfig()  # 4 layers, 4 heads, embed 128, seq_len 64
 
@@ -47,19 +48,26 @@ def setup(model: str, batch_size: int, model_config=NANOGPT, seed=0):
 
 
 def runner(
-    twin, n: int | None, model: str, batch_size: int, steps=5, model_config=NANOGPT, shape=None
+    twin,
+    n: int | None,
+    model: str,
+    batch_size: int,
+    steps=5,
+    model_config=NANOGPT,
+    shape=None,
+    strategy='dp',
 ):
-    """A callable running `steps` train steps of `twin` on the first n devices, or on a
-    DATA x MODEL mesh of `shape` (twin None: the one-device reference), waiting on the previous
+    """A callable running `steps` train steps of `twin`'s `strategy` on the first n devices, or
+    on a DATA x MODEL mesh of `shape` (twin None: the one-device run), waiting on the previous
     step as the training loop does."""
     graphdef, tx, state, loss, batch, units = setup(model, batch_size, model_config)
     if twin is None:
-        step, placed = reference_train_step(graphdef, loss, tx), jax.device_put(state)
+        step, placed = one_device_train_step(graphdef, loss, tx), jax.device_put(state)
         batch = jax.device_put(batch)
     else:
         mesh = make_mesh(n, shape)
-        step, placed = twin.train_step(graphdef, loss, tx, mesh), twin.place_state(state, mesh)
-        batch = twin.place_batch(batch, mesh)
+        step = twin.STRATEGIES[strategy].train_step(graphdef, loss, tx, mesh)
+        placed, batch = place_state(state, mesh, strategy), place_batch(batch, mesh)
     box = [placed]
 
     def run():
@@ -86,7 +94,7 @@ def per_step(medians, runs):
 
 
 def twins(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
-    """1. Step time of auto vs explicit (n devices) vs the one-device reference, both models.
+    """1. Step time of auto vs explicit (n devices) vs the one-device run, both models.
 
     `auto_copy` is the control: auto again, compiled and placed a second time, timed beside the
     others. Its ratio to auto compares the same program with itself, so it shows how precisely
@@ -115,8 +123,8 @@ def twins(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
     return rows
 
 
-STRATEGY_MESHES = [('dp', (8, 1)), ('fsdp', (8, 1)), ('tp', (4, 2)), ('tp', (2, 4))]
-STRATEGY_MESHES += [('fsdp_tp', (4, 2))]
+# Each strategy with its model-axis size; the data axis takes whatever that leaves of n devices.
+STRATEGY_MODEL_AXES = [('dp', 1), ('fsdp', 1), ('tp', 2), ('tp', 4), ('fsdp_tp', 2)]
 
 
 def strategies(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
@@ -124,14 +132,13 @@ def strategies(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
     rows = []
     for model, b in (('mlp', 128), ('transformer', 16)):
         runs = {}
-        for strategy, (_, m) in STRATEGY_MESHES:
+        for strategy, m in STRATEGY_MODEL_AXES:
             if m > n:
                 continue
-            d = n // m  # the data axis takes whatever the model axis leaves of n devices
-            for name in ('auto', 'explicit'):
-                twin = twin_module(name, strategy)
-                runs[strategy, f'{d}x{m}', name] = runner(
-                    twin, None, model, b, model_config=model_config, shape=(d, m)
+            d = n // m
+            for twin in (auto, explicit):
+                runs[strategy, f'{d}x{m}', twin.NAME] = runner(
+                    twin, None, model, b, model_config=model_config, shape=(d, m), strategy=strategy
                 )
         t = per_step(interleaved(runs, rounds), runs)
         for (strategy, mesh, twin), v in t.items():
@@ -157,9 +164,7 @@ def sweep(counts, rounds: int, model_config=NANOGPT) -> list[dict]:
             for n in counts:
                 b = fixed if mode == 'fixed global batch' else per_device * n
                 for twin in (auto, explicit):
-                    runs[(twin.__name__.split('.')[0], n, b)] = runner(
-                        twin, n, model, b, model_config=model_config
-                    )
+                    runs[(twin.NAME, n, b)] = runner(twin, n, model, b, model_config=model_config)
             t = per_step(interleaved(runs, rounds), runs)
             for (twin, n, b), v in t.items():
                 rows.append(
@@ -211,10 +216,6 @@ def generation(lengths, rounds: int, model_config=NANOGPT) -> list[dict]:
     rows = []
     for n in lengths:
         fns = {
-            kv: (lambda kv=kv: gen.generate(b'ROMEO:', n, kv_cache=kv))
-            for kv in ('padded', 'kv_cache')
-        }
-        fns = {
             'padded': lambda: gen.generate(b'ROMEO:', n),
             'kv_cache': lambda: gen.generate(b'ROMEO:', n, kv_cache=True),
         }
@@ -238,7 +239,7 @@ def nanogpt(rounds: int, model_config=NANOGPT, batch_size=12) -> dict:
     """5. The transformer at nanoGPT's CPU configuration on one device: tokens/s, the share of
     the backward pass, and achieved FLOP/s against the measured matmul peak."""
     graphdef, tx, state, loss, batch, units = setup('transformer', batch_size, model_config)
-    step = reference_train_step(graphdef, loss, tx)
+    step = one_device_train_step(graphdef, loss, tx)
     flops = step.lower(state, batch).compile().cost_analysis()['flops']
     fwd = jax.jit(lambda p, b: loss(nnx.merge(graphdef, p), b)[0])
     train = runner(None, 1, 'transformer', batch_size, steps=10, model_config=model_config)

@@ -15,8 +15,6 @@ import os
 import pathlib
 import warnings
 
-SHARD_PARITY = True  # lets callers check that `import datasets` found this package
-
 
 class DataError(Exception):
     """An expected problem with the data: a missing, corrupt or unreachable file, or a bad value."""

@@ -15,7 +15,6 @@ from datasets.download import ensure
 
 MIRROR = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/'
 FILE = 'input.txt'
-URL = MIRROR + FILE
 SHA256 = '86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed'  # tests swap in theirs
 
 

@@ -1,1 +1,7 @@
-"""Data parallelism written by hand: `jax.shard_map` over local shards, one visible `pmean`."""
+"""The twin in JAX's Manual mode (jax.shard_map): each device runs on its own shards, and every
+collective is a line of its strategy file. One whole file per strategy."""
+
+from explicit import dp, fsdp, fsdp_tp, tp
+
+NAME = 'explicit'
+STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp}

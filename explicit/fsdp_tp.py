@@ -3,19 +3,63 @@
 Each weight is first split for tensor parallelism over 'model' (explicit/tp.py), and that slice
 again over 'data' (shard_parity/placement.py): a column-parallel kernel f32[in, out] lives as
 f32[in/d, out/m]. Each step all-gathers it over 'data' into this device's tensor-parallel slice
-f32[in, out/m], runs the tensor-parallel model (its psums over 'model'), and reduce-scatters
-the gradient over 'data': explicit/fsdp.py's functions, with tp's placement and model binding.
+f32[in, out/m] (explicit/fsdp.py's `gather`), runs the tensor-parallel model (explicit/tp.py's
+`sum_partials`, its psums over 'model'), and reduce-scatters the gradient over 'data'
+(`scatter`). Compare auto/fsdp_tp.py.
 """
 
-import functools
+import jax
 
-from explicit import fsdp, tp
+from explicit.fsdp import gather, scatter
+from explicit.tp import sum_partials
+from shard_parity.mesh import DATA
+from shard_parity.placement import BATCH, REPLICATED, state_shardings, state_specs
+from shard_parity.step import TrainState, apply_gradients, bind
 
-STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp
-BATCH, REPLICATED = fsdp.BATCH, fsdp.REPLICATED
-place_batch = fsdp.place_batch
-state_shardings = functools.partial(fsdp.state_shardings, strategy=STRATEGY)
-place_state = functools.partial(fsdp.place_state, strategy=STRATEGY)
-loss_and_grads = functools.partial(fsdp.loss_and_grads, strategy=STRATEGY, bind=tp.bind)
-train_step = functools.partial(fsdp.train_step, strategy=STRATEGY, bind=tp.bind)
-eval_step = functools.partial(fsdp.eval_step, strategy=STRATEGY, bind=tp.bind)
+STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'data'
+
+
+def loss_and_grads(graphdef, loss_fn, mesh):
+    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, sum_partials=sum_partials), has_aux=True)
+    n = mesh.shape[DATA]
+
+    def fn(params, batch):  # params: 1/d of each tp slice; batch: x[B/d, ...], this group's rows
+        specs = state_specs(params, STRATEGY, mesh)  # from the global shapes, outside
+
+        def local(shards, batch):
+            params = jax.tree.map(gather, shards, specs)  # the all-gathers over 'data'
+            (_, metrics), grads = grad_fn(params, batch)  # with the psums over 'model'
+            grads = jax.tree.map(lambda g, s: scatter(g, s, n), grads, specs)  # reduce-scatters
+            return jax.lax.pmean(metrics, DATA), grads  # the metrics' all-reduce
+
+        return jax.shard_map(
+            local, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs)
+        )(params, batch)
+
+    return jax.jit(fn)
+
+
+def train_step(graphdef, loss_fn, tx, mesh):
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
+
+    def step(state: TrainState, batch):
+        metrics, grads = grads_fn(state.params, batch)
+        state = apply_gradients(state, grads, tx)  # elementwise: each device updates its shards
+        return jax.lax.with_sharding_constraint(
+            state, state_shardings(state, mesh, STRATEGY)
+        ), metrics
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def eval_step(graphdef, eval_fn, mesh):
+    fn = bind(graphdef, eval_fn, sum_partials=sum_partials)
+
+    def evaluate(params, batch):  # the all-gathers and psums; per-example outputs stay split
+        specs = state_specs(params, STRATEGY, mesh)
+        local = lambda shards, batch: fn(jax.tree.map(gather, shards, specs), batch)  # noqa: E731
+        return jax.shard_map(local, mesh=mesh, in_specs=(specs, BATCH), out_specs=BATCH)(
+            params, batch
+        )
+
+    return jax.jit(evaluate)

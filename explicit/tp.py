@@ -4,53 +4,28 @@ On a DATA x MODEL mesh each 'model' group of devices shares one slice of the bat
 every layer between them (shard_parity/placement.py): column-parallel kernels arrive as
 f32[in, out/m], row-parallel ones as f32[in/m, out]. Each device runs H/m whole attention heads
 and 4C/m feed-forward features, and a row-parallel layer leaves it a partial sum of the output:
-`sum_partials` below, a psum over 'model', is the only collective tensor parallelism adds to
-the forward pass. Its backward twin, the all-reduce of the activations' gradient before each
-column-parallel layer, comes from `grad` itself: those inputs are the same on every device of
-the group (invariant over 'model'), and the transpose of using them in per-device work is a psum.
-
-Compare auto/tp.py, which only places the weights and lets the compiler find the same all-reduces.
+`sum_partials` below, a psum over 'model' passed into the model call, is the only collective
+tensor parallelism adds to the forward pass. Its backward twin, the all-reduce of the
+activations' gradient before each column-parallel layer, comes from `grad` itself: those inputs
+are the same on every device of the group (invariant over 'model'), and the transpose of using
+them in per-device work is a psum. Compare auto/tp.py, which only places the weights.
 """
 
-import functools
-
 import jax
-from flax import nnx
-from jax.sharding import PartitionSpec as P
 
-from explicit import fsdp
 from shard_parity.mesh import DATA, MODEL
-from shard_parity.placement import state_specs
-from shard_parity.step import TrainState, apply_gradients
+from shard_parity.placement import BATCH, REPLICATED, state_shardings, state_specs
+from shard_parity.step import TrainState, apply_gradients, bind
 
-STRATEGY = 'tp'  # --strategy=tp
-BATCH = P(DATA)  # examples split over 'data', the same rows on every device of a 'model' group
-REPLICATED = P()
-
-
-# The same placement as auto/tp.py (shard_parity/placement.py), placed as explicit/fsdp.py does.
-state_shardings = functools.partial(fsdp.state_shardings, strategy=STRATEGY)
-place_state = functools.partial(fsdp.place_state, strategy=STRATEGY)
-place_batch = fsdp.place_batch
+STRATEGY = 'tp'  # --strategy=tp: layers split over 'model', the batch over 'data'
 
 
 def sum_partials(y):  # y: f32[B/d, T, C], this device's share of a row-parallel matmul
     return jax.lax.psum(y, MODEL)  # the all-reduce of activations (Megatron's "g")
 
 
-def bind(graphdef, fn):
-    """As shard_parity.step.bind, with the model's row-parallel layers summed over 'model'."""
-
-    def bound(params, batch):
-        model = nnx.merge(graphdef, params)
-        model.set_attributes(sum_partials=sum_partials)
-        return fn(model, batch)
-
-    return bound
-
-
 def loss_and_grads(graphdef, loss_fn, mesh):
-    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
+    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, sum_partials=sum_partials), has_aux=True)
 
     def fn(params, batch):  # params: this device's slice of each layer; batch: x[B/d, ...]
         specs = state_specs(params, STRATEGY, mesh)
@@ -74,15 +49,17 @@ def train_step(graphdef, loss_fn, tx, mesh):
     def step(state: TrainState, batch):
         metrics, grads = grads_fn(state.params, batch)
         state = apply_gradients(state, grads, tx)  # each device updates its own slices
-        return jax.lax.with_sharding_constraint(state, state_shardings(state, mesh)), metrics
+        return jax.lax.with_sharding_constraint(
+            state, state_shardings(state, mesh, STRATEGY)
+        ), metrics
 
     return jax.jit(step, donate_argnums=0)
 
 
 def eval_step(graphdef, eval_fn, mesh):
-    fn = bind(graphdef, eval_fn)
+    fn = bind(graphdef, eval_fn, sum_partials=sum_partials)
 
-    def evaluate(params, batch):
+    def evaluate(params, batch):  # the activations' psums; per-example outputs stay split
         specs = state_specs(params, STRATEGY, mesh)
         return jax.shard_map(fn, mesh=mesh, in_specs=(specs, BATCH), out_specs=BATCH)(params, batch)
 

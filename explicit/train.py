@@ -1,13 +1,13 @@
-"""Train with hand-written collectives: `python -m explicit.train --model=mlp --cpu_devices=8`.
+"""Train: `python -m explicit.train --model=mlp --strategy=dp --cpu_devices=8`.
 
-The loop, flags and outputs are shared with `auto.train` (shard_parity/train.py); only the
-train step differs: see explicit/train_step.py.
+The loop, flags and outputs are shared by every twin (shard_parity/runtime/train.py); this twin
+supplies only its strategy files (see explicit/__init__.py).
 """
 
 from absl import app
 
-from explicit import train_step
-from shard_parity.train import main
+import explicit
+from shard_parity.runtime.train import main
 
 if __name__ == '__main__':
-    app.run(main(train_step))
+    app.run(main(explicit))

@@ -4,7 +4,7 @@
     python -m parity_tests.collectives --model=transformer --num_kv_heads=1 --cpu_devices=8 --json
     python -m parity_tests.collectives --model=transformer --strategy=tp --mesh=4x2 --cpu_devices=8
 
-Lowers and compiles the train step of the one-device reference, auto/ and explicit/ (shapes
+Lowers and compiles the train step of the one-device run, auto/ and explicit/ (shapes
 only: no data is read), lists each program's collectives from its optimized HLO, prints the
 analytic expectation of the strategy beside them, and flags whatever one twin moves that the
 other does not. Takes the train CLI's model, batch, --strategy and --mesh flags.
@@ -22,21 +22,24 @@ from absl import app, flags
 from flax import nnx
 from jax.sharding import NamedSharding
 
+import auto
+import explicit
 from parity_tests.hlo import collectives
-from shard_parity import UsageError, tasks
-from shard_parity import config as cfg
-from shard_parity import flags as F
+from shard_parity import UsageError
 from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh
-from shard_parity.models import MLP
-from shard_parity.placement import state_specs, twin_module
-from shard_parity.step import create_state, make_optimizer, reference_train_step
-from shard_parity.train import check_batch, check_strategy
-from shard_parity.transformer import Transformer
+from shard_parity.model.mlp import MLP
+from shard_parity.model.transformer import Transformer
+from shard_parity.placement import BATCH, state_shardings, state_specs
+from shard_parity.runtime import config as cfg
+from shard_parity.runtime import flags as F
+from shard_parity.runtime import tasks
+from shard_parity.runtime.train import check_batch, check_strategy
+from shard_parity.step import create_state, make_optimizer, one_device_train_step
 
 JSON = flags.DEFINE_bool('json', False, 'Print one JSON object instead of the tables.')
 
 
-def model_and_batch(model: str, batch_size: int):
+def model_and_batch(model: str, batch_size: int, model_config=None):
     """(model factory, loss, abstract host batch) for `model`, without touching any data."""
     if model == 'mlp':
         batch = {
@@ -44,7 +47,7 @@ def model_and_batch(model: str, batch_size: int):
             'label': jax.ShapeDtypeStruct((batch_size,), jnp.int32),
         }
         return (lambda rngs: MLP(cfg.MLPConfig(), rngs=rngs)), tasks.classification_loss, batch
-    model_config = F.transformer_config()
+    model_config = model_config or cfg.TransformerConfig()
     tokens = jax.ShapeDtypeStruct((batch_size, model_config.seq_len), jnp.int32)
     return (
         (lambda rngs: Transformer(model_config, rngs=rngs)),
@@ -58,21 +61,23 @@ def with_sharding(tree, mesh, spec):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree)
 
 
-def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp') -> dict:
-    """Compiles the three train steps and returns their collectives and the expectation."""
-    make_model, loss_fn, batch = model_and_batch(model, config.batch_size)
+def inspect(
+    model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', model_config=None
+) -> dict:
+    """Compiles the three train steps and returns their collectives and the expectation.
+    `model_config`: the transformer's shape (default: TransformerConfig()); unused by the MLP."""
+    model_config = model_config or cfg.TransformerConfig()
+    make_model, loss_fn, batch = model_and_batch(model, config.batch_size, model_config)
     tx = make_optimizer(config)
     graphdef, state = nnx.eval_shape(lambda: create_state(make_model(nnx.Rngs(0)), tx))
-    programs = {'reference': reference_train_step(graphdef, loss_fn, tx).lower(state, batch)}
-    for name in ('auto', 'explicit'):
-        twin = twin_module(name, strategy)
-        step = twin.train_step(graphdef, loss_fn, tx, mesh)
-        state_shardings = twin.state_shardings(state, mesh)
-        abstract_state = jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, state_shardings
-        )
-        args = (abstract_state, with_sharding(batch, mesh, twin.BATCH))
-        programs[name] = step.lower(*args)
+    programs = {'one_device': one_device_train_step(graphdef, loss_fn, tx).lower(state, batch)}
+    shardings = state_shardings(state, mesh, strategy)
+    abstract_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
+    )
+    for twin in (auto, explicit):
+        step = twin.STRATEGIES[strategy].train_step(graphdef, loss_fn, tx, mesh)
+        programs[twin.NAME] = step.lower(abstract_state, with_sharding(batch, mesh, BATCH))
     found = {
         name: [
             dataclasses.asdict(c) | {'bytes': c.bytes, 'group_size': c.group_size}
@@ -80,7 +85,7 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp') -> 
         ]
         for name, lowered in programs.items()
     }
-    expected = expectation(strategy, model, state.params, mesh, config.batch_size)
+    expected = expectation(strategy, model, state.params, mesh, config.batch_size, model_config)
     return {
         'model': model,
         'strategy': strategy,
@@ -93,7 +98,7 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp') -> 
     }
 
 
-def expectation(strategy: str, model: str, params, mesh, batch_size: int) -> dict:
+def expectation(strategy: str, model: str, params, mesh, batch_size: int, model_config) -> dict:
     """The analytic collectives of one step: the gradient's over 'data', the activations' over
     'model' (tensor parallelism only)."""
     d, m = mesh.shape[DATA], mesh.shape[MODEL]
@@ -121,11 +126,11 @@ def expectation(strategy: str, model: str, params, mesh, batch_size: int) -> dic
             'arrays (biases whose size N does not divide) are all-reduced as in dp.',
         }
     if strategy in ('tp', 'fsdp_tp') and m > 1:
-        expected['activations'] = activation_all_reduces(model, batch_size // d, m)
+        expected['activations'] = activation_all_reduces(model, batch_size // d, m, model_config)
     return expected
 
 
-def activation_all_reduces(model: str, rows: int, m: int) -> dict:
+def activation_all_reduces(model: str, rows: int, m: int, c) -> dict:
     """Tensor parallelism's all-reduces over 'model', each of a [rows, ..., width] activation:
     forward, one after every row-parallel layer; backward, one for the gradient of every
     column-parallel layer's input (none for the MLP's first layer: its input is the data)."""
@@ -136,7 +141,6 @@ def activation_all_reduces(model: str, rows: int, m: int) -> dict:
             "first (column-parallel) layer's input is the data, which needs no gradient."
         )
     else:
-        c = F.transformer_config()
         # forward: attention out, ffn down; backward: query, key_value and ffn up inputs
         count, shape = 5 * c.num_layers, (rows, c.seq_len, c.embed_dim)
         note = (
@@ -221,7 +225,7 @@ def main(argv):
         check_batch(config.batch_size, mesh)  # the train CLI's checks, same messages
         model_config = F.transformer_config() if F.MODEL.value != 'mlp' else cfg.MLPConfig()
         check_strategy(F.STRATEGY.value, model_config, mesh)
-        report = inspect(F.MODEL.value, config, mesh, F.STRATEGY.value)
+        report = inspect(F.MODEL.value, config, mesh, F.STRATEGY.value, model_config)
     except UsageError as e:
         sys.exit(f'error: {e}')
     if JSON.value:

@@ -1,4 +1,4 @@
-"""Claim: every bad input and fault in the README's table ends with one clear line and a
+"""Claim: every bad input and fault in the table of docs/errors.md ends with one clear line and a
 non-zero exit, leaves earlier good files intact, and prints the message the table shows.
 
 ROWS is the table: (what goes wrong, the message fragment the user sees, the test that shows
@@ -16,12 +16,11 @@ import jax
 import numpy as np
 import pytest
 
-from auto import train_step as auto
-from parity_tests.conftest import REPO, TINY_TRANSFORMER, make_case
-from parity_tests.test_cli import run_cli
-from shard_parity import checkpoint, tasks
+import auto
+from parity_tests.helpers import REPO, TINY_TRANSFORMER, make_case, run_cli
 from shard_parity.mesh import make_mesh
-from shard_parity.train import run
+from shard_parity.runtime import checkpoint, tasks
+from shard_parity.runtime.train import run
 
 ROWS = [
     (
@@ -196,14 +195,13 @@ def message(row):
     return next(m for what, m, _ in ROWS if what == row)
 
 
-def test_every_row_has_a_test_and_is_in_the_readme():
-    readme = REPO + '/README.md'
-    text = open(readme).read()
+def test_every_row_has_a_test_and_is_in_the_docs():
+    text = open(REPO + '/docs/errors.md').read()
     table = text[text.index('## Every bad input answered') :]
     assert len(ROWS) >= 20
     for what, msg, test in ROWS:
         cell = msg.replace('|', '\\|')  # Markdown tables escape the pipe
-        assert f'`{cell}`' in table, f'README table lacks the message of {what!r}: {msg}'
+        assert f'`{cell}`' in table, f'docs/errors.md lacks the message of {what!r}: {msg}'
         module, name = test.split('.')
         assert hasattr(importlib.import_module(f'parity_tests.{module}'), name), test
 
@@ -216,6 +214,7 @@ def mlp_workdir(tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('row', CLI_ROWS)
 def test_cli_row(row, mlp_workdir):
     module, flags = CLI_ROWS[row]
@@ -247,9 +246,9 @@ def test_disk_full_while_saving_keeps_the_earlier_checkpoints(mesh8, tmp_path, m
 
     monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'save', save)
     with pytest.raises(OSError, match=re.escape(message('disk full while saving'))):
-        run(auto, task, config, mesh8, tmp_path, checkpoint_every=5)
+        run(auto, 'dp', task, config, mesh8, tmp_path, checkpoint_every=5)
     monkeypatch.undo()
-    _, _, state = checkpoint.restore(tmp_path, auto, make_mesh(1))
+    _, _, state = checkpoint.restore(tmp_path, make_mesh(1))
     assert int(state.step) == 5
     assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(state.params))
     assert sorted(p.name for p in (tmp_path / 'checkpoints').iterdir()) == ['5']

@@ -7,7 +7,7 @@ import pathlib
 import pytest
 
 from benchmarks import report
-from parity_tests.conftest import REPO
+from parity_tests.helpers import REPO
 
 MACHINE = {'platform': 'cpu', 'device_kind': 'cpu', 'devices': 8, 'cpu_count': 2, 'jax': 'x'}
 MACHINE |= {'date': 'today'}

@@ -3,31 +3,13 @@ without the CPU all-reduce deadlock, keep the metrics.jsonl contract, agree line
 answer bad input with one clear line and a non-zero exit."""
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import pytest
 
-from parity_tests.conftest import REPO
+from parity_tests.helpers import read_metrics, run_cli
 from shard_parity import UsageError
 from shard_parity.mesh import configure_jax
-
-
-def run_cli(twin, *flags, timeout=240):
-    return subprocess.run(
-        [sys.executable, '-m', f'{twin}.train', *flags],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,  # a deadlocked all-reduce aborts after 40 s; never wait forever
-        env=dict(os.environ, PYTHONUNBUFFERED='1'),
-    )
-
-
-def read_metrics(workdir):
-    return [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
 
 
 @pytest.fixture(scope='module')
@@ -43,6 +25,7 @@ def long_runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('twin', ['auto', 'explicit'])
 def test_long_run_keeps_the_output_contract(twin, long_runs):
     workdir = long_runs[twin]
@@ -61,6 +44,7 @@ def test_long_run_keeps_the_output_contract(twin, long_runs):
     assert json.loads((workdir / 'config.json').read_text())['devices'] == 8
 
 
+@pytest.mark.slow
 def test_twins_log_identical_losses(long_runs):
     drop = ('examples_per_sec',)
     a, e = (
@@ -70,6 +54,7 @@ def test_twins_log_identical_losses(long_runs):
     assert a == e
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'flags, message',
     [
@@ -88,6 +73,7 @@ def test_bad_flags_get_one_clear_line(flags, message):
     assert 'Traceback' not in result.stderr
 
 
+@pytest.mark.slow
 def test_missing_data_says_where_to_put_it(tmp_path):
     result = run_cli('auto', f'--data_dir={tmp_path}', '--nodownload', '--steps=1', timeout=60)
     assert result.returncode != 0
@@ -95,6 +81,7 @@ def test_missing_data_says_where_to_put_it(tmp_path):
     assert 'Traceback' not in result.stderr
 
 
+@pytest.mark.slow
 def test_corrupt_data_names_the_file(tmp_path):
     (tmp_path / 'mnist').mkdir()
     for name in ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz'):
@@ -127,6 +114,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('twin', ['auto', 'explicit'])
 def test_transformer_cli_trains_and_saves_a_checkpoint(twin, tmp_path):
     result = run_cli(twin, *TINY, f'--workdir={tmp_path}')

@@ -10,20 +10,21 @@ import jax
 import numpy as np
 import pytest
 
-from auto import train_step as auto
-from explicit import train_step as explicit
-from parity_tests.conftest import REPO, fresh_state
+import auto
+import explicit
+from parity_tests.helpers import REPO, fresh_state, inspect_collectives
 from parity_tests.hlo import collectives, compiled_text
-from shard_parity.step import reference_train_step
-from shard_parity.tasks import classification_loss
+from shard_parity.placement import place_batch, place_state
+from shard_parity.runtime.tasks import classification_loss
+from shard_parity.step import one_device_train_step
 
 METRIC_BYTES = 2 * 4  # the mean loss and accuracy, f32 scalars, averaged with the gradients
 
 
 def compiled_step_collectives(twin, mesh, mnist_batches):
     graphdef, tx, state = fresh_state()
-    step = twin.train_step(graphdef, classification_loss, tx, mesh)
-    args = twin.place_state(state, mesh), twin.place_batch(mnist_batches.batch(0), mesh)
+    step = twin.dp.train_step(graphdef, classification_loss, tx, mesh)
+    args = place_state(state, mesh, 'dp'), place_batch(mnist_batches.batch(0), mesh)
     return collectives(compiled_text(step, *args))
 
 
@@ -32,9 +33,9 @@ def param_bytes():
     return sum(np.asarray(p).nbytes for p in jax.tree.leaves(state.params))
 
 
-def test_the_one_device_reference_has_no_collective(mnist_batches):
+def test_the_one_device_run_has_no_collective(mnist_batches):
     graphdef, tx, state = fresh_state()
-    step = reference_train_step(graphdef, classification_loss, tx)
+    step = one_device_train_step(graphdef, classification_loss, tx)
     assert collectives(compiled_text(step, state, mnist_batches.batch(0))) == []
 
 
@@ -58,23 +59,11 @@ def test_twins_reduce_the_same_arrays(mesh8, mnist_batches):
     assert shapes[auto] == shapes[explicit]
 
 
-def run_inspector(*flags):
-    result = subprocess.run(
-        [sys.executable, '-m', 'parity_tests.collectives', '--json', '--cpu_devices=8', *flags],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return json.loads(result.stdout)
-
-
 def test_inspector_pins_the_mlp_collectives():
-    r = run_inspector('--model=mlp')
+    r = inspect_collectives('mlp')
     grads = r['expected']['gradient_bytes']
     assert grads == 669_706 * 4 and r['expected']['ring_bytes_per_device'] == 2 * 7 / 8 * grads
-    assert r['programs']['reference'] == []
+    assert r['programs']['one_device'] == []
     for twin in ('auto', 'explicit'):
         (op,) = r['programs'][twin]  # exactly one, combined all-reduce
         assert op['kind'] == 'all-reduce' and op['group_size'] == 8
@@ -86,7 +75,7 @@ def test_inspector_pins_the_transformer_collectives():
     """Pinned compiler behaviour (jax 0.10.2): the tied embedding gets two gradient terms, the
     lookup and the output head. explicit/ adds them on each device and all-reduces the sum once;
     auto/ all-reduces each term, moving one extra [256, 128] float32 (131,072 bytes)."""
-    r = run_inspector('--model=transformer', '--batch_size=16')
+    r = inspect_collectives('transformer', batch_size=16)
     grads = r['expected']['gradient_bytes']
     assert grads == 828_544 * 4
     sizes = {twin: sum(op['bytes'] for op in r['programs'][twin]) for twin in ('auto', 'explicit')}
@@ -97,3 +86,17 @@ def test_inspector_pins_the_transformer_collectives():
     ]
     for twin in ('auto', 'explicit'):
         assert {op['kind'] for op in r['programs'][twin]} == {'all-reduce'}
+
+
+@pytest.mark.slow
+def test_inspector_cli_prints_the_same_json():
+    """The CLI (its flags, --json) over the same function the tests above call in process."""
+    result = subprocess.run(
+        [sys.executable, '-m', 'parity_tests.collectives', '--json', '--cpu_devices=8'],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout) == inspect_collectives('mlp')

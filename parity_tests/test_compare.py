@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from parity_tests.conftest import REPO
+from parity_tests.helpers import REPO
 
 
 def workdir(tmp_path, name, lines):

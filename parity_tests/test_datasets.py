@@ -219,7 +219,6 @@ def test_warns_when_hugging_face_datasets_is_installed(monkeypatch, recwarn):
     def not_installed(name):
         raise datasets.importlib.metadata.PackageNotFoundError(name)
 
-    assert datasets.SHARD_PARITY
     monkeypatch.setattr(datasets.importlib.metadata, 'distribution', not_installed)
     datasets._warn_if_shadowing()
     assert not recwarn.list

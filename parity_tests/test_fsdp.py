@@ -7,37 +7,35 @@ import jax
 import numpy as np
 import pytest
 
-from auto import fsdp as auto_fsdp
-from auto import train_step as auto
-from explicit import fsdp as explicit_fsdp
-from parity_tests.conftest import CLI_MODELS, fresh_state
+import auto
+import explicit
+from parity_tests.helpers import (
+    CLI_MODELS,
+    LOSS_TOL,
+    PARAM_TOL,
+    TOL,
+    assert_trees_close,
+    device0_bytes,
+    fresh_state,
+    read_metrics,
+    run_cli,
+    train,
+    train_twin,
+    twin_loss_and_grads,
+)
 from parity_tests.hlo import collectives, compiled_text
-from parity_tests.test_cli import read_metrics, run_cli
-from parity_tests.test_gradient_parity import TOL, assert_trees_close, twin_loss_and_grads
-from parity_tests.test_training_parity import LOSS_TOL, PARAM_TOL, train, train_twin
-from shard_parity.step import reference_loss_and_grads, reference_train_step
-from shard_parity.tasks import classification_loss
+from shard_parity.placement import place_batch, place_state
+from shard_parity.runtime.tasks import classification_loss
+from shard_parity.step import one_device_loss_and_grads, one_device_train_step
 
-TWINS = [auto_fsdp, explicit_fsdp]
+TWINS = [auto, explicit]
 IDS = ['auto', 'explicit']
 
 
-def device0_bytes(state):
-    """Bytes of the state held by the first device: what FSDP divides."""
-    d0 = jax.devices()[0]
-    return sum(
-        s.data.nbytes
-        for x in jax.tree.leaves(state)
-        for s in x.addressable_shards
-        if s.device == d0
-    )
-
-
-@pytest.mark.parametrize('twin', TWINS, ids=IDS)
-def test_state_per_device_falls_to_one_nth(twin, mesh8, case):
+def test_state_per_device_falls_to_one_nth(mesh8, case):
     _, _, state = fresh_state(case=case)
-    replicated = device0_bytes(auto.place_state(jax.tree.map(np.array, state), mesh8))
-    sharded = device0_bytes(twin.place_state(jax.tree.map(np.array, state), mesh8))
+    replicated = device0_bytes(place_state(jax.tree.map(np.array, state), mesh8, 'dp'))
+    sharded = device0_bytes(place_state(jax.tree.map(np.array, state), mesh8, 'fsdp'))
     small = sum(x.nbytes for x in jax.tree.leaves(state) if x.ndim == 0 or x.shape[0] % 8)
     assert replicated == sum(x.nbytes for x in jax.tree.leaves(state))
     assert sharded == (replicated - small) / 8 + small  # every divisible array split 8 ways
@@ -45,37 +43,37 @@ def test_state_per_device_falls_to_one_nth(twin, mesh8, case):
 
 
 @pytest.mark.parametrize('twin', TWINS, ids=IDS)
-def test_fsdp_gradients_match_the_one_device_reference(twin, mesh8, case):
+def test_fsdp_gradients_match_the_one_device_run(twin, mesh8, case):
     graphdef, _, state = fresh_state(case=case)
     batch = case.batches.batch(0)
-    ref_metrics, ref_grads = reference_loss_and_grads(graphdef, case.loss_fn)(state.params, batch)
-    metrics, grads = twin_loss_and_grads(twin, mesh8, graphdef, case.loss_fn, state, batch)
-    np.testing.assert_allclose(metrics['loss'], ref_metrics['loss'], **TOL)
-    assert_trees_close(grads, ref_grads, **TOL)
+    want_metrics, want_grads = one_device_loss_and_grads(graphdef, case.loss_fn)(
+        state.params, batch
+    )
+    metrics, grads = twin_loss_and_grads(twin, mesh8, graphdef, case.loss_fn, state, batch, 'fsdp')
+    np.testing.assert_allclose(metrics['loss'], want_metrics['loss'], **TOL)
+    assert_trees_close(grads, want_grads, **TOL)
     kernels = [g for g in jax.tree.leaves(grads) if g.ndim == 2]
     assert all(not g.sharding.is_fully_replicated for g in kernels)  # they stay sharded
 
 
 def test_fsdp_trains_like_the_one_device_run(mesh8, case):
     graphdef, tx, state = fresh_state(case=case)
-    ref_losses, ref_params = train(
-        reference_train_step(graphdef, case.loss_fn, tx), state, case.batches
+    want_losses, want_params = train(
+        one_device_train_step(graphdef, case.loss_fn, tx), state, case.batches
     )
-    runs = [train_twin(twin, mesh8, case) for twin in TWINS]
+    runs = [train_twin(twin, mesh8, case, strategy='fsdp') for twin in TWINS]
     for losses, params in runs:
-        np.testing.assert_allclose(losses, ref_losses, **LOSS_TOL)
-        for p, r in zip(params, ref_params, strict=True):
+        np.testing.assert_allclose(losses, want_losses, **LOSS_TOL)
+        for p, r in zip(params, want_params, strict=True):
             np.testing.assert_allclose(p, r, **PARAM_TOL)
-    assert not np.allclose(ref_losses, ref_losses[::-1])  # the run moved: the test can fail
+    assert not np.allclose(want_losses, want_losses[::-1])  # the run moved: the test can fail
 
 
 def test_explicit_fsdp_gathers_weights_and_scatters_gradients(mesh8, mnist_batches):
     graphdef, tx, state = fresh_state()
-    step = explicit_fsdp.train_step(graphdef, classification_loss, tx, mesh8)
-    placed = explicit_fsdp.place_state(state, mesh8)
-    found = collectives(
-        compiled_text(step, placed, explicit_fsdp.place_batch(mnist_batches.batch(0), mesh8))
-    )
+    step = explicit.fsdp.train_step(graphdef, classification_loss, tx, mesh8)
+    placed = place_state(state, mesh8, 'fsdp')
+    found = collectives(compiled_text(step, placed, place_batch(mnist_batches.batch(0), mesh8)))
     by_kind = {}
     for c in found:
         by_kind[c.kind] = by_kind.get(c.kind, 0) + c.bytes
@@ -86,6 +84,7 @@ def test_explicit_fsdp_gathers_weights_and_scatters_gradients(mesh8, mnist_batch
     assert by_kind['all-reduce'] == 10 * 4 + 8  # the odd-sized bias (10 classes) + 2 metrics
 
 
+@pytest.mark.slow
 def test_cli_trains_with_fsdp_and_resumes_under_dp(tmp_path):
     flags = [
         *CLI_MODELS['transformer'],

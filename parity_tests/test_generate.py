@@ -1,5 +1,6 @@
-"""Claims about generation: greedy output is identical across the twins and across the padded
-and KV-cache paths, each path compiles once whatever the length, and odd input is handled."""
+"""Claims about generation: greedy output is identical across the padded and KV-cache paths and
+whatever mesh the checkpoint is restored onto, each path compiles once whatever the length, and
+odd input is handled."""
 
 import dataclasses
 import subprocess
@@ -10,13 +11,12 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from auto import train_step as auto
-from explicit import train_step as explicit
-from parity_tests.conftest import REPO, TINY_TRANSFORMER, fresh_state, make_case, save_checkpoint
-from shard_parity import UsageError, checkpoint, generate
-from shard_parity import config as cfg
+from parity_tests.helpers import REPO, TINY_TRANSFORMER, fresh_state, make_case, save_checkpoint
+from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
-from shard_parity.transformer import Transformer
+from shard_parity.model.transformer import Transformer
+from shard_parity.runtime import checkpoint, generate
+from shard_parity.runtime import config as cfg
 
 
 @pytest.fixture(scope='module')
@@ -32,29 +32,29 @@ def workdir(tmp_path_factory):
     return path
 
 
-def generator(workdir, twin, **kw):
-    _, graphdef, state = checkpoint.restore(workdir, twin, make_mesh(1))
+def generator(workdir, devices=1, **kw):
+    _, graphdef, state = checkpoint.restore(workdir, make_mesh(devices))
     return generate.Generator(graphdef, state.params, **kw)
 
 
-def test_greedy_output_is_identical_across_twins_and_paths(workdir):
+def test_greedy_output_is_identical_across_meshes_and_paths(workdir):
     prompt = b'ROMEO:'
     n = TINY_TRANSFORMER.seq_len - len(prompt)  # prompt and output fill the context exactly
     outs = {
-        (twin.__name__, kv): generator(workdir, twin).generate(prompt, n, kv_cache=kv)
-        for twin in (auto, explicit)
+        (devices, kv): generator(workdir, devices).generate(prompt, n, kv_cache=kv)
+        for devices in (1, 8)
         for kv in (False, True)
     }
     assert len(set(outs.values())) == 1, outs
     assert len(set(next(iter(outs.values())))) > 1  # not one byte repeated: the test can fail
     # the 10x weights make greedy and T=1 sampling nearly the same; T=10 flattens the odds
-    sampled = generator(workdir, auto, temperature=10.0).generate(prompt, n, seed=1)
+    sampled = generator(workdir, temperature=10.0).generate(prompt, n, seed=1)
     assert sampled != next(iter(outs.values()))
 
 
 def test_fused_attention_generates_what_naive_does_on_both_paths(workdir):
     """--attention=fused (blockwise on the CPU) under jit, with the cache's traced offset."""
-    _, graphdef, state = checkpoint.restore(workdir, auto, make_mesh(1))
+    _, graphdef, state = checkpoint.restore(workdir, make_mesh(1))
     fused = dataclasses.replace(TINY_TRANSFORMER, attention='fused')
     fused_graphdef = nnx.graphdef(Transformer(fused, rngs=nnx.Rngs(0)))
     prompt, n = b'ROMEO:', TINY_TRANSFORMER.seq_len - 6
@@ -68,7 +68,7 @@ def test_the_cache_holds_bf16_keys_and_values_in_bf16(workdir):
     """The cache takes the compute dtype: as many bytes as kv_cache_bytes_per_token says, and
     one dtype for query, keys and values (on a GPU cuDNN refused the float32 cache beside a
     bf16 query). Both paths then generate the same bytes in bf16 too."""
-    _, _, state = checkpoint.restore(workdir, auto, make_mesh(1))
+    _, _, state = checkpoint.restore(workdir, make_mesh(1))
     bf16 = dataclasses.replace(TINY_TRANSFORMER, dtype='bfloat16')
     model = Transformer(bf16, rngs=nnx.Rngs(0))
     caches = model.init_caches(1)
@@ -81,23 +81,24 @@ def test_the_cache_holds_bf16_keys_and_values_in_bf16(workdir):
 
 
 def test_sampling_is_the_same_on_both_paths_within_the_context(workdir):
-    gen = generator(workdir, explicit, temperature=0.9, top_k=20)
+    gen = generator(workdir, temperature=0.9, top_k=20)
     assert gen.generate(b'', 15, seed=3) == gen.generate(b'', 15, seed=3, kv_cache=True)
 
 
 @pytest.mark.parametrize('kv_cache', [False, True], ids=['padded', 'kv-cache'])
 def test_each_path_compiles_once_whatever_the_length(workdir, kv_cache):
-    gen = generator(workdir, auto)
-    generate.TRACES.clear()
+    gen = generator(workdir)
+    compiled = lambda: [f._cache_size() for f in (gen.padded_step, gen.prefill, gen.decode)]  # noqa: E731
+    assert compiled() == [0, 0, 0]
     gen.generate(b'To be', 5, kv_cache=kv_cache)
-    after_5 = dict(generate.TRACES)
+    after_5 = compiled()
     gen.generate(b'To be', 200, kv_cache=kv_cache)  # 12x the context: slides or refills
-    assert after_5 and dict(generate.TRACES) == after_5
+    assert sum(after_5) and compiled() == after_5
 
 
 def test_prompt_longer_than_the_context_is_refused(workdir):
     with pytest.raises(UsageError, match='--prompt is 17 bytes, longer than the model.s context'):
-        generator(workdir, auto).generate(b'x' * 17, 5)
+        generator(workdir).generate(b'x' * 17, 5)
 
 
 def test_kv_cache_bytes_per_token():
@@ -108,6 +109,7 @@ def test_kv_cache_bytes_per_token():
     assert per_token == {4: 4096, 2: 2048, 1: 1024}  # 2 * 4 layers * K heads * 32 * 4 bytes
 
 
+@pytest.mark.slow
 def test_cli_prints_non_utf8_bytes_and_handles_an_empty_prompt(workdir):
     # A hot temperature makes bytes >= 128 likely: they are not valid UTF-8 on their own.
     result = subprocess.run(
@@ -131,6 +133,7 @@ def test_cli_prints_non_utf8_bytes_and_handles_an_empty_prompt(workdir):
     assert 'KV cache: 256 bytes per token' in result.stderr  # 2 * 2 layers * 2 * 8 * 4
 
 
+@pytest.mark.slow
 def test_cli_without_a_checkpoint_says_so(tmp_path):
     result = subprocess.run(
         [sys.executable, '-m', 'explicit.generate', f'--workdir={tmp_path}'],

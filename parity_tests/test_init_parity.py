@@ -1,11 +1,11 @@
-"""Claim: both twins start from the same parameters, placed replicated on every device."""
+"""Claim: every twin starts from the same parameters (one seed, one init, one placement rule
+for all twins: shard_parity/placement.py), under dp placed whole on every device."""
 
 import jax
 import numpy as np
 
-from auto import train_step as auto
-from explicit import train_step as explicit
-from parity_tests.conftest import fresh_state
+from parity_tests.helpers import fresh_state
+from shard_parity.placement import place_state
 
 
 def leaves(state):
@@ -18,12 +18,12 @@ def test_different_seeds_give_different_parameters(mesh8):
     assert all(not np.array_equal(a, b) for a, b in zip(leaves(s0), leaves(s1)) if a.ndim == 2)
 
 
-def test_twins_initialise_identical_replicated_parameters(mesh8):
+def test_one_seed_initialises_identical_replicated_parameters(mesh8):
     _, _, state = fresh_state(seed=0)
-    a = auto.place_state(state, mesh8)
-    e = explicit.place_state(jax.tree.map(np.array, state), mesh8)
-    for x, y in zip(leaves(a), leaves(e)):
+    _, _, again = fresh_state(seed=0)
+    placed = place_state(jax.tree.map(np.array, state), mesh8, 'dp')
+    for x, y, z in zip(leaves(state), leaves(again), leaves(placed), strict=True):
         np.testing.assert_array_equal(x, y)
-    for twin_state in (a, e):
-        for p in jax.tree.leaves(twin_state):
-            assert p.sharding.is_fully_replicated and len(p.sharding.device_set) == 8
+        np.testing.assert_array_equal(x, z)
+    for p in jax.tree.leaves(placed):
+        assert p.sharding.is_fully_replicated and len(p.sharding.device_set) == 8

@@ -1,4 +1,4 @@
-"""shard_parity/layers.py's GELU and LayerNorm compute what jax.nn.gelu(approximate=False) and
+"""shard_parity/model/ops.py's GELU and LayerNorm compute what jax.nn.gelu(approximate=False) and
 nnx.LayerNorm compute, values and gradients, to float32 round-off."""
 
 import math
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from shard_parity.layers import LayerNorm, erf, gelu
+from shard_parity.model.ops import LayerNorm, erf, gelu
 
 
 def test_erf_is_within_its_stated_error():

@@ -1,6 +1,6 @@
-"""Claim: shard_parity/matmul.py's backward gives JAX's own gradients, and with it auto/'s
-compiled data-parallel step no longer transposes and copies the weight gradients (the cause of
-auto's 0.66x speed on the MLP: benchmarks/, README)."""
+"""Claim: the backward of `matmul` (shard_parity/model/ops.py) gives JAX's own gradients, and with
+it auto/'s compiled data-parallel step no longer transposes and copies the weight gradients (the
+cause of auto's 0.66x speed on the MLP: docs/benchmarks.md)."""
 
 import re
 
@@ -9,11 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from auto import train_step as auto
-from parity_tests.conftest import fresh_state
+import auto
+from parity_tests.helpers import fresh_state
 from parity_tests.hlo import compiled_text
-from shard_parity.matmul import matmul
-from shard_parity.tasks import classification_loss
+from shard_parity.model.ops import matmul
+from shard_parity.placement import place_batch, place_state
+from shard_parity.runtime.tasks import classification_loss
 
 
 @pytest.mark.parametrize('transposed', [False, True], ids=['kernel', 'tied-head'])
@@ -33,8 +34,8 @@ def test_gradients_equal_jaxs_own(rows, transposed):
 
 def test_auto_step_does_not_transpose_weight_gradients(mesh8, mnist_batches):
     graphdef, tx, state = fresh_state()
-    step = auto.train_step(graphdef, classification_loss, tx, mesh8)
-    args = auto.place_state(state, mesh8), auto.place_batch(mnist_batches.batch(0), mesh8)
+    step = auto.dp.train_step(graphdef, classification_loss, tx, mesh8)
+    args = place_state(state, mesh8, 'dp'), place_batch(mnist_batches.batch(0), mesh8)
     text = compiled_text(step, *args)
     weights = {tuple(p.shape) for p in jax.tree.leaves(state.params) if p.ndim == 2}
     transposed = {

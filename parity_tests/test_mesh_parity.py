@@ -9,17 +9,25 @@ import jax
 import numpy as np
 import pytest
 
-from explicit import tp as explicit_tp
-from parity_tests.conftest import fresh_state, make_case
-from parity_tests.test_gradient_parity import TOL, assert_trees_close, twin_loss_and_grads
-from parity_tests.test_training_parity import LOSS_TOL, PARAM_TOL, train, train_twin
-from shard_parity import attention
-from shard_parity import config as cfg
+import auto
+import explicit
+from parity_tests.helpers import (
+    LOSS_TOL,
+    PARAM_TOL,
+    TOL,
+    assert_trees_close,
+    fresh_state,
+    make_case,
+    train,
+    train_twin,
+    twin_loss_and_grads,
+)
 from shard_parity.mesh import MODEL, make_mesh
-from shard_parity.placement import twin_module
-from shard_parity.step import bind, reference_loss_and_grads, reference_train_step
+from shard_parity.model import attention
+from shard_parity.runtime import config as cfg
+from shard_parity.step import one_device_loss_and_grads, one_device_train_step
 
-# 8 query and 8 key/value heads split over up to 8 'model' devices; GQA (2 key/value heads per
+# 8 query and 8 key/value heads split over up to 8 'model' devices (as test_tp.py's); GQA (2 key/value heads per
 # 8 query heads) runs on the 4x2 mesh below. One block: every layer kind, half the compile time.
 TP_TRANSFORMER = cfg.TransformerConfig(
     seq_len=16, num_layers=1, num_heads=8, num_kv_heads=8, embed_dim=32
@@ -43,7 +51,7 @@ GRID = [
     ('fsdp_tp', (4, 2)),
     ('fsdp_tp', (2, 4)),
 ]
-TWINS = ['auto', 'explicit']
+TWINS = {'auto': auto, 'explicit': explicit}
 
 
 CASES = [(model, s, shape) for model in ('mlp', 'transformer') for s, shape in GRID] + [
@@ -54,7 +62,7 @@ CASES = [(model, s, shape) for model in ('mlp', 'transformer') for s, shape in G
 
 
 @pytest.fixture(scope='module')
-def references():
+def one_device():
     """model -> (case, one-device metrics, gradients, 20-step run), computed once each."""
     cache = {}
 
@@ -68,8 +76,8 @@ def references():
             case = make_case('mlp') if model == 'mlp' else make_case('transformer', config)
             graphdef, tx, state = fresh_state(case=case)
             batch = case.batches.batch(0)
-            metrics, grads = reference_loss_and_grads(graphdef, case.loss_fn)(state.params, batch)
-            steps = train(reference_train_step(graphdef, case.loss_fn, tx), state, case.batches)
+            metrics, grads = one_device_loss_and_grads(graphdef, case.loss_fn)(state.params, batch)
+            steps = train(one_device_train_step(graphdef, case.loss_fn, tx), state, case.batches)
             cache[model] = case, metrics, grads, steps
         return cache[model]
 
@@ -77,43 +85,43 @@ def references():
 
 
 @pytest.mark.parametrize('model', ['mlp', 'transformer'])
-def test_averaging_instead_of_summing_the_partials_is_caught(model, references, monkeypatch):
+def test_averaging_instead_of_summing_the_partials_is_caught(model, one_device, monkeypatch):
     """The comparison can fail: a pmean where explicit/tp.py sums the row-parallel partial
     sums (a plausible slip: it is the right collective for gradients) changes the loss."""
-    case, ref_metrics, _, _ = references(model)
+    case, want_metrics, _, _ = one_device(model)
     graphdef, _, state = fresh_state(case=case)
-    monkeypatch.setattr(explicit_tp, 'sum_partials', lambda y: jax.lax.pmean(y, MODEL))
+    monkeypatch.setattr(explicit.tp, 'sum_partials', lambda y: jax.lax.pmean(y, MODEL))
     mesh, batch = make_mesh(shape=(4, 2)), case.batches.batch(0)
-    metrics, _ = twin_loss_and_grads(explicit_tp, mesh, graphdef, case.loss_fn, state, batch)
-    assert not np.allclose(metrics['loss'], ref_metrics['loss'], **TOL)
+    metrics, _ = twin_loss_and_grads(explicit, mesh, graphdef, case.loss_fn, state, batch, 'tp')
+    assert not np.allclose(metrics['loss'], want_metrics['loss'], **TOL)
 
 
-def test_forgetting_the_psum_is_refused_by_shard_map(references, monkeypatch):
+def test_forgetting_the_psum_is_refused_by_shard_map(one_device, monkeypatch):
     """Left unsummed, the partial sums vary over 'model', and shard_map's varying-axes check
     refuses a loss declared the same on every device (out_specs P())."""
-    case, _, _, _ = references('mlp')
+    case, _, _, _ = one_device('mlp')
     graphdef, _, state = fresh_state(case=case)
-    monkeypatch.setattr(explicit_tp, 'bind', bind)  # the plain model: no psum at all
+    monkeypatch.setattr(explicit.tp, 'sum_partials', lambda y: y)  # no psum at all
     mesh, batch = make_mesh(shape=(4, 2)), case.batches.batch(0)
     with pytest.raises(ValueError, match='varying over {model}'):
-        twin_loss_and_grads(explicit_tp, mesh, graphdef, case.loss_fn, state, batch)
+        twin_loss_and_grads(explicit, mesh, graphdef, case.loss_fn, state, batch, 'tp')
 
 
-@pytest.mark.parametrize('name', TWINS)
+@pytest.mark.parametrize('name', list(TWINS))
 @pytest.mark.parametrize(
     'model, strategy, shape', CASES, ids=[f'{m}-{s}-{d}x{k}' for m, s, (d, k) in CASES]
 )
-def test_strategy_matches_the_one_device_run(name, model, strategy, shape, references, monkeypatch):
+def test_strategy_matches_the_one_device_run(name, model, strategy, shape, one_device, monkeypatch):
     monkeypatch.setattr(attention, 'KEY_BLOCK', 8)  # two blocks of keys for 'fused'
-    case, ref_metrics, ref_grads, (ref_losses, ref_params) = references(model)
-    twin, mesh = twin_module(name, strategy), make_mesh(shape=shape)
+    case, want_metrics, want_grads, (want_losses, want_params) = one_device(model)
+    twin, mesh = TWINS[name], make_mesh(shape=shape)
     graphdef, _, state = fresh_state(case=case)
     batch = case.batches.batch(0)
-    metrics, grads = twin_loss_and_grads(twin, mesh, graphdef, case.loss_fn, state, batch)
-    np.testing.assert_allclose(metrics['loss'], ref_metrics['loss'], **TOL)
-    assert_trees_close(grads, ref_grads, **TOL)
+    metrics, grads = twin_loss_and_grads(twin, mesh, graphdef, case.loss_fn, state, batch, strategy)
+    np.testing.assert_allclose(metrics['loss'], want_metrics['loss'], **TOL)
+    assert_trees_close(grads, want_grads, **TOL)
 
-    losses, params = train_twin(twin, mesh, case)
-    np.testing.assert_allclose(losses, ref_losses, **LOSS_TOL)
-    for p, r in zip(params, ref_params, strict=True):
+    losses, params = train_twin(twin, mesh, case, strategy=strategy)
+    np.testing.assert_allclose(losses, want_losses, **LOSS_TOL)
+    for p, r in zip(params, want_params, strict=True):
         np.testing.assert_allclose(p, r, **PARAM_TOL)

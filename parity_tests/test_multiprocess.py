@@ -14,12 +14,11 @@ import jax
 import numpy as np
 import pytest
 
-from auto import train_step as auto
-from parity_tests.conftest import CLI_MODELS, REPO
-from parity_tests.test_cli import read_metrics, run_cli
-from parity_tests.test_training_parity import LOSS_TOL, PARAM_TOL
-from shard_parity import checkpoint
+from parity_tests.helpers import CLI_MODELS, LOSS_TOL, PARAM_TOL, REPO, read_metrics, run_cli
 from shard_parity.mesh import make_mesh
+from shard_parity.runtime import checkpoint
+
+pytestmark = pytest.mark.slow  # every test here starts several processes
 
 FLAGS = CLI_MODELS
 COMMON = ['--log_every=5', '--eval_every=5']
@@ -48,7 +47,7 @@ def launch(*command, n=2, timeout=240):
 
 
 def final_params(workdir):
-    _, _, state = checkpoint.restore(workdir, auto, make_mesh(1))  # any process count restores
+    _, _, state = checkpoint.restore(workdir, make_mesh(1))  # any process count restores
     return [np.asarray(p) for p in jax.tree.leaves(state.params)]
 
 

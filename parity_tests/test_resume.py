@@ -15,19 +15,19 @@ import jax
 import numpy as np
 import pytest
 
-from auto import train_step as auto
-from explicit import train_step as explicit
-from parity_tests.conftest import (
+from parity_tests.helpers import (
     CLI_MODELS,
     REPO,
     fresh_state,
     logits,
     make_case,
+    read_metrics,
+    run_cli,
     save_checkpoint,
 )
-from parity_tests.test_cli import read_metrics, run_cli
-from shard_parity import checkpoint
 from shard_parity.mesh import make_mesh
+from shard_parity.placement import place_state
+from shard_parity.runtime import checkpoint
 
 MODELS = CLI_MODELS
 COMMON = [
@@ -47,11 +47,12 @@ def losses(workdir):
     ]
 
 
-def params(workdir, twin):
-    _, _, state = checkpoint.restore(workdir, twin, make_mesh(1))
+def params(workdir):
+    _, _, state = checkpoint.restore(workdir, make_mesh(1))
     return [np.asarray(p) for p in jax.tree.leaves(state.params)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('model', MODELS)
 @pytest.mark.parametrize('twin', ['auto', 'explicit'])
 def test_resumed_run_equals_the_straight_run(twin, model, tmp_path):
@@ -65,11 +66,11 @@ def test_resumed_run_equals_the_straight_run(twin, model, tmp_path):
     assert second.returncode == 0, second.stderr[-2000:]
     assert 'resuming from' in second.stderr
     assert losses(split) == losses(straight)
-    twin_module = auto if twin == 'auto' else explicit
-    for a, b in zip(params(split, twin_module), params(straight, twin_module), strict=True):
+    for a, b in zip(params(split), params(straight), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_save_resumes_from_the_last_complete_checkpoint(tmp_path):
     flags = [*MODELS['mlp'], *COMMON, '--checkpoint_every=3', f'--workdir={tmp_path / "run"}']
     proc = subprocess.Popen(
@@ -108,15 +109,16 @@ def _ls(folder):
 def test_checkpoint_restores_on_another_device_count(save_n, restore_n, tmp_path):
     case = make_case('transformer')
     graphdef, _, state = fresh_state(case=case)
-    state = explicit.place_state(state, make_mesh(save_n))
+    state = place_state(state, make_mesh(save_n), 'dp')
     save_checkpoint(tmp_path, state, case)
     tokens = case.batches.batch(0)['x']
     before = logits(graphdef, state.params, tokens)
-    _, graphdef2, restored = checkpoint.restore(tmp_path, auto, make_mesh(restore_n))
+    _, graphdef2, restored = checkpoint.restore(tmp_path, make_mesh(restore_n))
     assert len(jax.tree.leaves(restored.params)[0].sharding.device_set) == restore_n
     np.testing.assert_array_equal(logits(graphdef2, restored.params, tokens), before)
 
 
+@pytest.mark.slow
 def test_other_model_settings_are_refused_naming_the_fields(tmp_path):
     flags = [*MODELS['transformer'], *COMMON, f'--workdir={tmp_path}']
     assert run_cli('explicit', *flags, '--steps=10').returncode == 0
@@ -127,6 +129,7 @@ def test_other_model_settings_are_refused_naming_the_fields(tmp_path):
     assert 'Traceback' not in result.stderr
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_is_reported_and_older_ones_stay(tmp_path):
     flags = [*MODELS['mlp'], *COMMON, f'--workdir={tmp_path}']
     assert run_cli('auto', *flags, '--steps=20').returncode == 0
@@ -143,16 +146,18 @@ def test_corrupt_checkpoint_is_reported_and_older_ones_stay(tmp_path):
     assert result.returncode == 0 and 'resuming from' in result.stderr
 
 
+@pytest.mark.slow
 def test_a_diverging_loss_stops_without_saving_nan(tmp_path):
     flags = [*MODELS['mlp'], *COMMON, '--learning_rate=1e12', f'--workdir={tmp_path}']
     result = run_cli('explicit', *flags, '--steps=30')
     assert result.returncode != 0 and 'Traceback' not in result.stderr
     assert 'training stopped' in result.stderr and 'at step' in result.stderr
     for step in checkpoint.manager(tmp_path).all_steps():
-        _, _, state = checkpoint.restore(tmp_path, auto, make_mesh(1), step)
+        _, _, state = checkpoint.restore(tmp_path, make_mesh(1), step=step)
         assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(state.params))
 
 
+@pytest.mark.slow
 def test_config_json_matches_the_checkpoint(tmp_path):
     flags = [*MODELS['mlp'], *COMMON, '--steps=10', f'--workdir={tmp_path}']
     assert run_cli('auto', *flags).returncode == 0

@@ -9,26 +9,32 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from auto import fsdp as auto_fsdp
-from auto import fsdp_tp as auto_fsdp_tp
-from auto import tp as auto_tp
-from auto import train_step as auto
-from explicit import fsdp as explicit_fsdp
-from explicit import fsdp_tp as explicit_fsdp_tp
-from explicit import tp as explicit_tp
-from parity_tests.conftest import CLI_MODELS, fresh_state, logits, make_case, save_checkpoint
-from parity_tests.test_cli import read_metrics, run_cli
-from parity_tests.test_collectives import run_inspector
-from parity_tests.test_fsdp import device0_bytes
-from parity_tests.test_mesh_parity import TP_TRANSFORMER
-from shard_parity import checkpoint
+from parity_tests.helpers import (
+    CLI_MODELS,
+    device0_bytes,
+    fresh_state,
+    inspect_collectives,
+    logits,
+    make_case,
+    read_metrics,
+    run_cli,
+    save_checkpoint,
+)
 from shard_parity.mesh import DATA, MODEL, make_mesh
+from shard_parity.placement import place_state
+from shard_parity.runtime import checkpoint
+from shard_parity.runtime import config as cfg
+
+# 8 heads of 4 dims, width 32: up to 8 'model' devices get whole heads (test_mesh_parity.py's).
+TP_TRANSFORMER = cfg.TransformerConfig(
+    seq_len=16, num_layers=1, num_heads=8, num_kv_heads=8, embed_dim=32
+)
 
 
 def test_tp_gives_each_model_device_whole_heads():
     case = make_case('transformer', TP_TRANSFORMER)  # 8 heads of 4 dims, width 32
     _, _, state = fresh_state(case=case)
-    placed = explicit_tp.place_state(state, make_mesh(shape=(4, 2)))
+    placed = place_state(state, make_mesh(shape=(4, 2)), 'tp')
     attn = placed.params['blocks'][0]['attn']
     shard = lambda x: x.addressable_shards[0].data.shape  # noqa: E731
     assert shard(attn['query']['kernel'][...]) == (32, 16)  # column-parallel: 4 of 8 heads
@@ -49,15 +55,15 @@ def test_state_per_device_falls_with_each_axis(model):
     _, _, state = fresh_state(case=case)
     total = sum(x.nbytes for x in jax.tree.leaves(state))
     held = {}
-    for twin, shape in [
-        (auto, (8, 1)),
-        (auto_fsdp, (8, 1)),
-        (auto_tp, (4, 2)),
-        (auto_tp, (1, 8)),
-        (auto_fsdp_tp, (4, 2)),
+    for strategy, shape in [
+        ('dp', (8, 1)),
+        ('fsdp', (8, 1)),
+        ('tp', (4, 2)),
+        ('tp', (1, 8)),
+        ('fsdp_tp', (4, 2)),
     ]:
-        placed = twin.place_state(jax.tree.map(np.array, state), make_mesh(shape=shape))
-        held[twin.STRATEGY, shape] = device0_bytes(placed)
+        placed = place_state(jax.tree.map(np.array, state), make_mesh(shape=shape), strategy)
+        held[strategy, shape] = device0_bytes(placed)
     assert held['dp', (8, 1)] == total
     assert held['fsdp', (8, 1)] < total / 7
     # tp splits only the matrices it pairs (not embeddings, norms, the MLP's head):
@@ -68,10 +74,8 @@ def test_state_per_device_falls_with_each_axis(model):
 
 @pytest.mark.parametrize('model', ['mlp', 'transformer'])
 def test_inspector_pins_the_tp_collectives(model):
-    flags = ['--model=mlp', '--batch_size=16']
-    if model == 'transformer':
-        flags = ['--model=transformer', '--batch_size=16', '--num_layers=2', '--num_heads=4']
-    r = run_inspector(*flags, '--strategy=tp', '--mesh=4x2')
+    shape = {'num_layers': 2, 'num_heads': 4, 'num_kv_heads': 4} if model == 'transformer' else {}
+    r = inspect_collectives(model, 'tp', (4, 2), batch_size=16, **shape)
     act, grads = r['expected']['activations'], r['expected']['gradient_bytes']
     assert act['count'] == (1 if model == 'mlp' else 5 * 2) and act['group_size'] == 2
     for twin in ('auto', 'explicit'):
@@ -87,7 +91,7 @@ def test_inspector_pins_the_tp_collectives(model):
 
 
 def test_inspector_pins_the_explicit_fsdp_tp_collectives():
-    r = run_inspector('--model=mlp', '--batch_size=16', '--strategy=fsdp_tp', '--mesh=4x2')
+    r = inspect_collectives('mlp', 'fsdp_tp', (4, 2), batch_size=16)
     ops = r['programs']['explicit']
     by_kind = {}
     for op in ops:
@@ -102,27 +106,27 @@ def test_inspector_pins_the_explicit_fsdp_tp_collectives():
 
 
 QUERY_SPEC = {'dp': P(), 'fsdp': P(DATA), 'tp': P(None, MODEL), 'fsdp_tp': P(DATA, MODEL)}
-MOVES = {  # saved by, restored by, onto the mesh
-    'dp-to-fsdp': (auto, explicit_fsdp, (8, 1)),
-    'fsdp-to-dp': (auto_fsdp, auto, (8, 1)),
-    'dp-to-tp': (auto, auto_tp, (4, 2)),
-    'tp-to-fsdp_tp': (auto_tp, explicit_fsdp_tp, (2, 4)),
-    'fsdp-to-tp': (auto_fsdp, explicit_tp, (1, 8)),
+MOVES = {  # saved under, restored under, onto the mesh
+    'dp-to-fsdp': ('dp', 'fsdp', (8, 1)),
+    'fsdp-to-dp': ('fsdp', 'dp', (8, 1)),
+    'dp-to-tp': ('dp', 'tp', (4, 2)),
+    'tp-to-fsdp_tp': ('tp', 'fsdp_tp', (2, 4)),
+    'fsdp-to-tp': ('fsdp', 'tp', (1, 8)),
 }
 
 
-@pytest.mark.parametrize('save_twin, restore_twin, shape', MOVES.values(), ids=MOVES.keys())
-def test_checkpoints_move_between_strategies(save_twin, restore_twin, shape, tmp_path):
+@pytest.mark.parametrize('saved_as, restored_as, shape', MOVES.values(), ids=MOVES.keys())
+def test_checkpoints_move_between_strategies(saved_as, restored_as, shape, tmp_path):
     case = make_case('transformer', TP_TRANSFORMER)
     graphdef, _, state = fresh_state(case=case)
-    state = save_twin.place_state(state, make_mesh(shape=(4, 2)))
+    state = place_state(state, make_mesh(shape=(4, 2)), saved_as)
     save_checkpoint(tmp_path, state, case, TP_TRANSFORMER)
     tokens = case.batches.batch(0)['x']
     one = jax.devices()[0]  # logits on one device: both sides run the very same program
     before = logits(graphdef, state.params, tokens, one)
-    _, graphdef2, restored = checkpoint.restore(tmp_path, restore_twin, make_mesh(shape=shape))
+    _, graphdef2, restored = checkpoint.restore(tmp_path, make_mesh(shape=shape), restored_as)
     query = restored.params['blocks'][0]['attn']['query']['kernel'][...]
-    assert query.sharding.spec == QUERY_SPEC[restore_twin.STRATEGY]  # placed as restore_twin does
+    assert query.sharding.spec == QUERY_SPEC[restored_as]  # placed as restored_as places it
     saved_query = state.params['blocks'][0]['attn']['query']['kernel'][...]
     assert saved_query.sharding.spec != query.sharding.spec  # ...which is not how it was saved
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
@@ -130,6 +134,7 @@ def test_checkpoints_move_between_strategies(save_twin, restore_twin, shape, tmp
     np.testing.assert_array_equal(logits(graphdef2, restored.params, tokens, one), before)
 
 
+@pytest.mark.slow
 def test_cli_trains_with_tp_on_a_2d_mesh_and_resumes_under_fsdp_tp(tmp_path):
     flags = [
         *CLI_MODELS['transformer'],

@@ -6,45 +6,21 @@ import jax
 import numpy as np
 import pytest
 
-from auto import train_step as auto
-from explicit import train_step as explicit
-from parity_tests.conftest import fresh_state
+import auto
+import explicit
+from parity_tests.helpers import LOSS_TOL, PARAM_TOL, fresh_state, train, train_twin
 from shard_parity.mesh import make_mesh
-from shard_parity.step import reference_train_step
-
-STEPS = 20
-# Summing 2, 4 or 8 partial gradients rounds differently from one sum over the batch, and AdamW
-# divides by sqrt(v), which turns last-bit differences in near-zero gradients into visible ones.
-# Measured after 20 steps (jax 0.10.2, 8 emulated CPU devices) against the one-device run: MLP
-# losses within 2.5e-7 relative and params within 1.4e-5 absolute; transformer within 2.9e-7 and
-# 1.2e-7. With one device, exactly equal.
-LOSS_TOL = dict(rtol=1e-5, atol=0)
-PARAM_TOL = dict(rtol=1e-4, atol=5e-5)
-
-
-def train(step_fn, state, batches, place_batch=lambda b: b):
-    losses = []
-    for i in range(STEPS):
-        state, metrics = step_fn(state, place_batch(batches.batch(i)))
-        losses.append(float(metrics['loss']))
-    return np.array(losses), [np.asarray(p) for p in jax.tree.leaves(state.params)]
-
-
-def train_twin(twin, mesh, case, seed=0):
-    graphdef, tx, state = fresh_state(seed, case)
-    step_fn = twin.train_step(graphdef, case.loss_fn, tx, mesh)
-    place = lambda b: twin.place_batch(b, mesh)  # noqa: E731
-    return train(step_fn, twin.place_state(state, mesh), case.batches, place)
+from shard_parity.step import one_device_train_step
 
 
 @pytest.fixture(scope='module')
-def reference(case):
+def one_device(case):
     graphdef, tx, state = fresh_state(case=case)
-    return train(reference_train_step(graphdef, case.loss_fn, tx), state, case.batches)
+    return train(one_device_train_step(graphdef, case.loss_fn, tx), state, case.batches)
 
 
-def test_training_moves_the_parameters(case, reference):
-    losses, params = reference
+def test_training_moves_the_parameters(case, one_device):
+    losses, params = one_device
     _, _, initial = fresh_state(case=case)
     assert losses[-1] < 0.9 * losses[0]
     moved = [
@@ -54,17 +30,17 @@ def test_training_moves_the_parameters(case, reference):
     assert all(moved)
 
 
-def test_another_seed_trains_differently(mesh8, case, reference):
+def test_another_seed_trains_differently(mesh8, case, one_device):
     losses, _ = train_twin(auto, mesh8, case, seed=1)
-    assert not np.allclose(losses, reference[0], **LOSS_TOL)
+    assert not np.allclose(losses, one_device[0], **LOSS_TOL)
 
 
 @pytest.mark.parametrize('n', [1, 2, 4, 8])
 @pytest.mark.parametrize('twin', [auto, explicit], ids=['auto', 'explicit'])
-def test_twin_on_n_devices_tracks_the_one_device_run(twin, n, case, reference):
+def test_twin_on_n_devices_tracks_the_one_device_run(twin, n, case, one_device):
     losses, params = train_twin(twin, make_mesh(n), case)
-    np.testing.assert_allclose(losses, reference[0], **LOSS_TOL)
-    for p, r in zip(params, reference[1], strict=True):
+    np.testing.assert_allclose(losses, one_device[0], **LOSS_TOL)
+    for p, r in zip(params, one_device[1], strict=True):
         np.testing.assert_allclose(p, r, **PARAM_TOL)
 
 

@@ -9,14 +9,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from auto import train_step as auto
-from explicit import train_step as explicit
-from parity_tests.conftest import TINY_TRANSFORMER, fresh_state, make_case
-from shard_parity import UsageError, attention
-from shard_parity import config as cfg
-from shard_parity.step import reference_loss_and_grads
-from shard_parity.tasks import lm_loss
-from shard_parity.transformer import Transformer
+import auto
+import explicit
+from parity_tests.helpers import TINY_TRANSFORMER, fresh_state, make_case
+from shard_parity import UsageError
+from shard_parity.model import attention
+from shard_parity.model.transformer import Transformer
+from shard_parity.placement import place_batch, place_state
+from shard_parity.runtime import config as cfg
+from shard_parity.runtime.tasks import lm_loss
+from shard_parity.step import one_device_loss_and_grads
 
 HEADS = {'mha': 4, 'gqa': 2, 'mqa': 1}  # key/value heads for 4 query heads
 ATOL = dict(rtol=1e-5, atol=1e-6)
@@ -106,7 +108,7 @@ def test_models_with_naive_and_fused_attention_agree(kv_heads):
     for impl in ('naive', 'fused'):
         model_config = dataclasses.replace(TINY_TRANSFORMER, num_kv_heads=kv_heads, attention=impl)
         graphdef, params = nnx.split(Transformer(model_config, rngs=nnx.Rngs(0)))
-        grads[impl] = reference_loss_and_grads(graphdef, lm_loss)(params, batch)
+        grads[impl] = one_device_loss_and_grads(graphdef, lm_loss)(params, batch)
     np.testing.assert_allclose(grads['naive'][0]['loss'], grads['fused'][0]['loss'], rtol=1e-6)
     for a, b in zip(jax.tree.leaves(grads['naive'][1]), jax.tree.leaves(grads['fused'][1])):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
@@ -118,11 +120,11 @@ def test_each_head_layout_trains_in_both_twins(kv_heads, mesh8):
     losses = {}
     for twin in (auto, explicit):
         graphdef, tx, state = fresh_state(case=case)
-        step = twin.train_step(graphdef, case.loss_fn, tx, mesh8)
-        state = twin.place_state(state, mesh8)
+        step = twin.dp.train_step(graphdef, case.loss_fn, tx, mesh8)
+        state = place_state(state, mesh8, 'dp')
         losses[twin] = []
         for i in range(10):
-            state, metrics = step(state, twin.place_batch(case.batches.batch(i), mesh8))
+            state, metrics = step(state, place_batch(case.batches.batch(i), mesh8))
             losses[twin].append(float(metrics['loss']))
     assert losses[auto][-1] < losses[auto][0] - 0.3
     np.testing.assert_allclose(losses[auto], losses[explicit], rtol=1e-6)

@@ -1,8 +1,13 @@
-"""What the two twins share: models, losses, config, the optimizer, the loop and the CLI.
+"""What every twin shares, so that a difference between twins can only come from the twins.
 
-Nothing in this package knows how the batch is split across devices. The parallelism lives in
-`auto/train_step.py` (compiler-inserted collectives) and `explicit/train_step.py` (hand-written
-ones); everything here is imported by both, so a difference between them can only come from there.
+    mesh.py       the DATA x MODEL mesh, emulated CPU devices, processes
+    placement.py  where each array lives under each strategy, and the placing itself
+    step.py       TrainState, AdamW, apply_gradients, the one-device step
+    model/        the MLP, the transformer, attention and the custom-backward ops
+    runtime/      configs, flags, tasks, the loop, checkpoints, reports, the CLIs
+
+The parallelism itself lives in the twins' strategy files (auto/dp.py, explicit/fsdp.py, ...);
+nothing in this package imports them.
 """
 
 

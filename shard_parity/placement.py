@@ -1,4 +1,4 @@
-"""Where each array of the training state lives, per strategy: one rule that both twins use.
+"""Where each array lives, per strategy: one rule that both twins use, and the placing itself.
 
     dp       every array whole on every device               P()
     fsdp     split on its first dimension over 'data'         P('data')
@@ -11,26 +11,20 @@ split the same way: each device computes a partial sum of every output, and one 
 them). In attention the column split falls between heads, so each device runs whole heads.
 """
 
-import importlib
-
 import jax
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity import UsageError
 from shard_parity.mesh import DATA, MODEL
+from shard_parity.model.mlp import TP_PLAN
 
-STRATEGIES = ('dp', 'fsdp', 'tp', 'fsdp_tp')
-
-
-def twin_module(twin: str, strategy: str):
-    """The module of `twin` ('auto' or 'explicit') that runs `strategy`: dp is <twin>/train_step.py,
-    the others <twin>/<strategy>.py, all with the same interface."""
-    return importlib.import_module(f'{twin}.{"train_step" if strategy == "dp" else strategy}')
-
+STRATEGIES = ('dp', 'fsdp', 'tp', 'fsdp_tp')  # each twin has one file per name: <twin>/<name>.py
+BATCH = P(DATA)  # split the leading (example) dimension across the 'data' axis
+REPLICATED = P()  # no axis named: every device holds the whole array
 
 COLUMN = ('query', 'key_value', 'up')  # transformer layers whose outputs are split
 ROW = ('out', 'down')  # ...and the layers that take those split features in
-MLP_PLAN = {0: 'column', 1: 'row'}  # the MLP: 784-512 column, 512-512 row, 512-10 whole
 
 
 def tp_role(path) -> str | None:
@@ -43,7 +37,7 @@ def tp_role(path) -> str | None:
     if keys[-2] in ROW:
         return 'row'
     if len(keys) >= 3 and keys[-3] == 'layers':
-        return MLP_PLAN.get(keys[-2])
+        return TP_PLAN.get(keys[-2])
     return None
 
 
@@ -79,6 +73,23 @@ def state_specs(state, strategy: str, mesh):
         'fsdp_tp': lambda path, x: fsdp_spec(x.shape, n, tp_spec(path, x)),
     }
     return jax.tree_util.tree_map_with_path(rules[strategy], state)
+
+
+def state_shardings(state, mesh, strategy: str):
+    """`state_specs` as NamedShardings on `mesh`: where Orbax restores and jit keeps each array."""
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs(state, strategy, mesh))
+
+
+def place_state(state, mesh, strategy: str):
+    """Params and optimizer state to the devices, split as `strategy` splits them."""
+    return jax.device_put(state, state_shardings(state, mesh, strategy))
+
+
+def place_batch(batch, mesh):
+    """This process's rows of a batch -> global arrays split over 'data'. With one process
+    those rows are the whole batch; with several, each loads only its own part."""
+    sharding = NamedSharding(mesh, BATCH)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
 
 
 def check_tp(model_config, mesh) -> None:

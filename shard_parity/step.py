@@ -1,11 +1,12 @@
-"""The parts of a training step that do not depend on the parallelism, and the one-device reference.
+"""The parts of a training step that do not depend on the parallelism, and the one-device run.
 
-A twin's step is `loss_and_grads` (where the data parallelism lives) followed by
-`apply_gradients` (identical everywhere: params and optimizer state are replicated, so every device
-runs the same update on the same averaged gradient). `reference_train_step` is the plain `jit` on
-one device (donating its state, as the twins do) that both twins are tested against.
+A twin's step is `loss_and_grads` (where the parallelism lives) followed by `apply_gradients`
+(elementwise, the same code everywhere: each device updates the arrays or shards it holds with
+the reduced gradient). `one_device_train_step` is the plain `jit` on one device (donating its
+state, as the twins do) that every twin and strategy is tested against.
 """
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -13,7 +14,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from shard_parity.config import TrainConfig
+from shard_parity.runtime.config import TrainConfig
 
 
 class TrainState(NamedTuple):
@@ -62,15 +63,21 @@ def apply_gradients(state: TrainState, grads, tx) -> TrainState:
     return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
 
 
-def bind(graphdef, fn: Callable) -> Callable:
-    """Turns `fn(model, batch)` into `fn(params, batch)`: the form `grad` differentiates."""
-    return lambda params, batch: fn(nnx.merge(graphdef, params), batch)
+def bind(graphdef, fn: Callable, **call) -> Callable:
+    """Turns `fn(model, batch)` into `fn(params, batch)`: the form `grad` differentiates.
+    `call` goes into every call of the model (explicit/tp.py passes its `sum_partials`)."""
+
+    def bound(params, batch):
+        model = nnx.merge(graphdef, params)
+        return fn(functools.partial(model, **call) if call else model, batch)
+
+    return bound
 
 
-# --- The one-device reference: no mesh, no sharding, no collective. ---
+# --- The one-device run: no mesh, no sharding, no collective. ---
 
 
-def reference_loss_and_grads(graphdef, loss_fn) -> Callable:
+def one_device_loss_and_grads(graphdef, loss_fn) -> Callable:
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
     @jax.jit
@@ -81,13 +88,13 @@ def reference_loss_and_grads(graphdef, loss_fn) -> Callable:
     return loss_and_grads
 
 
-def reference_train_step(graphdef, loss_fn, tx) -> Callable:
-    loss_and_grads = reference_loss_and_grads(graphdef, loss_fn)
+def one_device_train_step(graphdef, loss_fn, tx) -> Callable:
+    loss_and_grads = one_device_loss_and_grads(graphdef, loss_fn)
 
     def train_step(state: TrainState, batch: dict[str, Any]):
         metrics, grads = loss_and_grads(state.params, batch)
         return apply_gradients(state, grads, tx), metrics
 
-    # The state is donated, as the twins donate theirs: the new state may reuse its buffers. On
-    # an H200, not donating made this step 1.4-1.9x slower than the twins' (benchmarks, GPU).
+    # The state is donated, as the twins donate theirs: the new state may reuse its buffers (on
+    # a GPU, not donating made this step markedly slower than the twins': docs/benchmarks.md).
     return jax.jit(train_step, donate_argnums=0)

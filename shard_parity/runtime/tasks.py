@@ -1,6 +1,6 @@
 """A task is what the loop needs to know about one model: its data, losses and evaluation.
 
-The loop in shard_parity/train.py is the same for every model and both twins; it asks the task
+The loop in shard_parity/runtime/loop.py is the same for every model and twin; it asks the task
 for batches, hands its loss to the twin's train step, and lets it summarise the evaluation.
 """
 
@@ -15,10 +15,11 @@ from flax import nnx
 
 import datasets
 from datasets import batches, mnist, shakespeare
-from shard_parity import UsageError, report
-from shard_parity import config as cfg
-from shard_parity.models import MLP
-from shard_parity.transformer import Transformer
+from shard_parity import UsageError
+from shard_parity.model.mlp import MLP
+from shard_parity.model.transformer import Transformer
+from shard_parity.runtime import config as cfg
+from shard_parity.runtime import report
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The step loop both twins run, and what it does between steps: logging, evaluation, the
+"""The step loop every twin runs, and what it does between steps: logging, evaluation, the
 NaN check and checkpoints.
 
 The loop waits on the device only every `--log_every` steps, at evaluations and checkpoints, and
@@ -14,21 +14,23 @@ import numpy as np
 from jax.experimental.multihost_utils import process_allgather
 from tqdm import tqdm
 
-from shard_parity import UsageError, checkpoint, tasks
+from shard_parity import UsageError
 from shard_parity.mesh import local_rows
+from shard_parity.placement import place_batch
+from shard_parity.runtime import checkpoint, tasks
 
 
 class Diverged(UsageError):
     """The loss became NaN or inf: training stops before anything non-finite is saved."""
 
 
-def evaluate(twin, eval_step, params, task: tasks.Task, mesh) -> tuple[dict, dict]:
+def evaluate(eval_step, params, task: tasks.Task, mesh) -> tuple[dict, dict]:
     """Runs every fixed eval batch; returns the task's metrics and the per-example outputs,
     gathered from every process (each placed and evaluated only its own rows)."""
     outs = []
     for b in task.eval_batches:
         rows = local_rows(mesh, len(next(iter(b.values()))))  # every entry has B rows
-        batch = twin.place_batch({k: v[rows] for k, v in b.items() if k != 'mask'}, mesh)
+        batch = place_batch({k: v[rows] for k, v in b.items() if k != 'mask'}, mesh)
         outs.append(eval_step(params, batch))
         if len(outs) > 1:  # at most two in flight, as in training: FSDP's eval all-gathers
             jax.block_until_ready(outs[-2])
@@ -61,24 +63,38 @@ def check_finite(pending: list, first_step: int, mngr) -> None:
     pending.clear()
 
 
-class Loop:
-    """The step loop, with its timer: evaluations and checkpoints are left out of throughput."""
+class Stopwatch:
+    """Training time only: stopped around evaluations and checkpoints."""
 
-    def __init__(self, twin, task, config, mesh, graphdef, tx, log, mngr, saved):
-        self.twin, self.task, self.config, self.mesh = twin, task, config, mesh
-        self.log, self.mngr, self.saved = log, mngr, saved
-        self.train_step = twin.train_step(graphdef, task.loss_fn, tx, mesh)
-        self.eval_step = twin.eval_step(graphdef, task.eval_fn, mesh)
+    def __init__(self):
         self.seconds, self.t0 = 0.0, time.perf_counter()
 
-    def pause(self):
+    def stop(self):
         self.seconds += time.perf_counter() - self.t0
 
-    def resume(self):
+    def start(self):
         self.t0 = time.perf_counter()
 
+    def reset(self):
+        self.seconds, self.t0 = 0.0, time.perf_counter()
+
+    def elapsed(self) -> float:
+        return self.seconds + (time.perf_counter() - self.t0)
+
+
+class Loop:
+    """The step loop of `twin.STRATEGIES[strategy]`, with a stopwatch for the throughput."""
+
+    def __init__(self, twin, strategy, task, config, mesh, graphdef, tx, log, mngr, saved):
+        parallel = twin.STRATEGIES[strategy]  # the strategy file, e.g. explicit/fsdp.py
+        self.name, self.task, self.config, self.mesh = twin.NAME, task, config, mesh
+        self.log, self.mngr, self.saved = log, mngr, saved
+        self.train_step = parallel.train_step(graphdef, task.loss_fn, tx, mesh)
+        self.eval_step = parallel.eval_step(graphdef, task.eval_fn, mesh)
+        self.clock = Stopwatch()
+
     def run(self, state, start, checkpoint_every, sharding, workdir) -> dict:
-        c, twin, mesh = self.config, self.twin, self.mesh
+        c, mesh = self.config, self.mesh
         window, pending, previous = [], [], None
         main, rows = jax.process_index() == 0, local_rows(mesh, c.batch_size)
         bar = tqdm(
@@ -86,13 +102,13 @@ class Loop:
             initial=start,
             total=c.steps,
             disable=not main,
-            desc=twin.__name__.split('.')[0],
+            desc=self.name,
             unit='step',
             mininterval=1,
         )
         evals, out = None, None
         for i in bar:
-            batch = twin.place_batch(self.task.train_batches.batch(i, rows), mesh)
+            batch = place_batch(self.task.train_batches.batch(i, rows), mesh)
             if sharding and i == start and main:
                 show_sharding(state, batch)
             state, metrics = self.train_step(state, batch)
@@ -103,7 +119,7 @@ class Loop:
             previous, step = metrics, i + 1
             if step == start + 1:  # the first step compiles: leave it out of the throughput
                 jax.block_until_ready(metrics)
-                self.seconds, self.t0 = 0.0, time.perf_counter()
+                self.clock.reset()
             if step % c.log_every == 0 or step == c.steps:
                 check_finite(pending, step - len(pending) + 1, self.mngr)
                 means = jax.tree.map(lambda *xs: float(np.mean(xs)), *window)
@@ -113,23 +129,23 @@ class Loop:
                     loss=f"{means['loss']:.4f}", **{self.unit: f'{self.rate(step - start):.0f}'}
                 )
             if step % c.eval_every == 0 or step == c.steps:
-                self.pause()
-                evals, out = evaluate(twin, self.eval_step, state.params, self.task, mesh)
+                self.clock.stop()
+                evals, out = evaluate(self.eval_step, state.params, self.task, mesh)
                 self.log.write(step=step, **evals)
                 if main:
                     tqdm.write(
                         f'step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in evals.items())
                     )
-                self.resume()
+                self.clock.start()
             if step % checkpoint_every == 0 or step == c.steps:
-                self.pause()
+                self.clock.stop()
                 check_finite(pending, step - len(pending) + 1, self.mngr)
                 checkpoint.save(self.mngr, state, self.saved)
-                self.resume()
+                self.clock.start()
         bar.close()
         if evals is None:  # nothing left to train: this workdir already reached --steps
-            evals, out = evaluate(twin, self.eval_step, state.params, self.task, mesh)
-        self.pause()
+            evals, out = evaluate(self.eval_step, state.params, self.task, mesh)
+        self.clock.stop()
         final = dict(
             step=c.steps,
             final=True,
@@ -147,5 +163,5 @@ class Loop:
         return f'{self.task.throughput_unit}/s'
 
     def rate(self, steps_done: int) -> float:
-        seconds = self.seconds + (time.perf_counter() - self.t0)
+        seconds = self.clock.elapsed()
         return max(steps_done - 1, 0) * self.task.units_per_batch / max(seconds, 1e-9)

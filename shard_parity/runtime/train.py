@@ -1,9 +1,9 @@
-"""The training loop and CLI that both twins run; the twin only supplies its train_step module.
+"""The training CLI every twin runs; the twin supplies only its strategy files.
 
     python -m auto.train --model=mlp --steps=600 --cpu_devices=8
     python -m explicit.train --model=transformer --cpu_devices=1 --workdir=runs/t
 
-The step loop itself is in shard_parity/loop.py. A rerun with the same --workdir resumes from
+The step loop itself is in shard_parity/runtime/loop.py. A rerun with the same --workdir resumes from
 its latest complete checkpoint; --steps is the total, so a larger --steps trains on.
 """
 
@@ -17,12 +17,13 @@ from absl import flags, logging
 from flax import nnx
 
 import datasets
-from shard_parity import UsageError, checkpoint, report, tasks
-from shard_parity import config as cfg
-from shard_parity import flags as F
-from shard_parity.loop import Loop
+from shard_parity import UsageError
 from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh, start_processes
-from shard_parity.placement import check_tp, twin_module
+from shard_parity.placement import check_tp, place_state, state_shardings
+from shard_parity.runtime import checkpoint, report, tasks
+from shard_parity.runtime import config as cfg
+from shard_parity.runtime import flags as F
+from shard_parity.runtime.loop import Loop
 from shard_parity.step import create_state, make_optimizer
 
 
@@ -50,19 +51,20 @@ def check_strategy(strategy: str, model_config, mesh) -> None:
         )
 
 
-def resume(mngr, state, saved: dict, twin, mesh):
+def restore_latest(mngr, state, saved: dict, mesh):
     """(state, step): the latest complete checkpoint if this workdir has one, else (state, 0)."""
     step = mngr.latest_step()
     if step is None:
         return state, 0
     checkpoint.check_compatible(checkpoint.read_config(mngr, step), saved)
-    target = checkpoint.target_for(state, twin.state_shardings(state, mesh))
+    target = checkpoint.target_for(state, state_shardings(state, mesh, saved['strategy']))
     logging.warning('resuming from %s', mngr.directory / str(step))
     return checkpoint.restore_state(mngr, step, target), step
 
 
 def run(
     twin,
+    strategy: str,
     task: tasks.Task,
     config: cfg.TrainConfig,
     mesh,
@@ -71,33 +73,32 @@ def run(
     checkpoint_every=None,
     keep=3,
 ) -> dict:
-    """Trains `task` with `twin` (auto.train_step or explicit.train_step); returns the last line.
+    """Trains `task` with `twin.STRATEGIES[strategy]` (e.g. auto's dp.py); returns the last line.
     Saves a checkpoint every `checkpoint_every` steps (default: at each evaluation) and at the
     end, and resumes from the latest one in `workdir`."""
     check_batch(config.batch_size, mesh)
-    check_strategy(twin.STRATEGY, task.model_config, mesh)
+    check_strategy(strategy, task.model_config, mesh)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
-    state = twin.place_state(state, mesh)
-    name = twin.__name__.split('.')[0]
+    state = place_state(state, mesh, strategy)
     saved = {
         'model': task.name,
         'model_config': cfg.to_dict(task.model_config),
         'train': cfg.to_dict(config),
-        'twin': name,
-        'strategy': twin.STRATEGY,
+        'twin': twin.NAME,
+        'strategy': strategy,
         'devices': mesh.size,
         'mesh': dict(mesh.shape),
     }
     report.ensure_writable(workdir)
     main = jax.process_index() == 0  # with several processes, process 0 writes and prints
     with checkpoint.manager(workdir, keep) as mngr:
-        state, start = resume(mngr, state, saved, twin, mesh)
+        state, start = restore_latest(mngr, state, saved, mesh)
         text = json.dumps(saved, indent=2)
         if main:
             report.atomic_write(workdir / 'config.json', lambda f: f.write(text.encode()))
         log = report.MetricsLog(workdir / 'metrics.jsonl', resume_from=start, enabled=main)
-        loop = Loop(twin, task, config, mesh, graphdef, tx, log, mngr, saved)
+        loop = Loop(twin, strategy, task, config, mesh, graphdef, tx, log, mngr, saved)
         return loop.run(state, start, checkpoint_every or config.eval_every, sharding, workdir)
 
 
@@ -130,11 +131,10 @@ def main(twin):
             mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape())
             config = F.train_config()
             check_batch(config.batch_size, mesh)
-            name = twin.__name__.split('.')[0]
-            strategy = twin_module(name, F.STRATEGY.value)
-            workdir = pathlib.Path(F.WORKDIR.value or f'runs/{name}_{F.MODEL.value}')
+            workdir = pathlib.Path(F.WORKDIR.value or f'runs/{twin.NAME}_{F.MODEL.value}')
             final = run(
-                strategy,
+                twin,
+                F.STRATEGY.value,
                 make_task(config),
                 config,
                 mesh,

@@ -1,10 +1,10 @@
-"""Byte generation from a trained transformer checkpoint, shared by both twins' generate CLIs.
+"""Byte generation from a trained transformer checkpoint, shared by every twin's generate CLI.
 
     python -m auto.generate --workdir=runs/auto_transformer --prompt="ROMEO:" --max_new_bytes=200
     python -m explicit.generate --workdir=runs/explicit_transformer --prompt="" --kv_cache
 
-One prompt is not data-parallel, so generation runs on one device; the twin decides only how the
-restored state is placed. Two paths, both compiled once whatever the length:
+One prompt is not data-parallel, so generation runs on one device, whichever twin, strategy and
+mesh wrote the checkpoint: it is restored replicated onto that one device. Two paths, both compiled once whatever the length:
 - padded: the last `seq_len` bytes, padded to `seq_len`, go through the whole model for every new
   byte (one full forward per byte);
 - KV cache (`--kv_cache`): the prompt fills a cache of keys and values once, then each new byte
@@ -15,8 +15,8 @@ restored state is placed. Two paths, both compiled once whatever the length:
 An empty prompt starts from a newline, as nanoGPT's sample.py does; it is not printed.
 """
 
-import collections
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +24,6 @@ import numpy as np
 from flax import nnx
 
 from shard_parity import UsageError
-
-TRACES = collections.Counter()  # how often each jitted function was traced, for the tests
 
 
 def sample(logits, key, temperature: float, top_k: int | None):
@@ -55,20 +53,17 @@ class Generator:
 
         @jax.jit
         def padded_step(params, window, length, key):  # window: i32[1, T], `length` real bytes
-            TRACES['padded_step'] += 1
             logits, _ = nnx.merge(graphdef, params)(window)
             return pick(logits[0, length - 1], key)
 
         @jax.jit
         def prefill(params, window, length, key):  # fills the cache with the whole window
-            TRACES['prefill'] += 1
             model = nnx.merge(graphdef, params)
             logits, caches = model(window, model.init_caches(1), 0)
             return pick(logits[0, length - 1], key), caches
 
         @jax.jit
         def decode(params, caches, byte, index, key):  # one byte at position `index`
-            TRACES['decode'] += 1
             logits, caches = nnx.merge(graphdef, params)(byte.reshape(1, 1), caches, index)
             return pick(logits[0, 0], key), caches
 
@@ -114,14 +109,12 @@ class Generator:
 
 
 def main(twin):
-    """The absl main of `python -m <twin>.generate`; its flags live in shard_parity/gen_flags.py."""
-    import sys
-
+    """The absl main of `python -m <twin>.generate`; its flags are in shard_parity/runtime/flags.py."""
     from absl import flags, logging
 
-    from shard_parity import checkpoint
-    from shard_parity import gen_flags as F
     from shard_parity.mesh import configure_jax, make_mesh
+    from shard_parity.runtime import checkpoint
+    from shard_parity.runtime import flags as F
 
     def _main(argv):
         if len(argv) > 1:
@@ -130,15 +123,17 @@ def main(twin):
             logging.set_verbosity(logging.WARNING)
         try:
             configure_jax(F.CPU_DEVICES.value)
-            saved, graphdef, state = checkpoint.restore(F.WORKDIR.value, twin, make_mesh(1))
+            workdir = F.WORKDIR.value or f'runs/{twin.NAME}_transformer'
+            saved, graphdef, state = checkpoint.restore(workdir, make_mesh(1))
             if saved['model'] != 'transformer':
                 raise UsageError(
-                    f"{F.WORKDIR.value} holds a {saved['model']} checkpoint: "
+                    f"{workdir} holds a {saved['model']} checkpoint: "
                     'generation needs --model=transformer'
                 )
             gen = Generator(graphdef, state.params, F.TEMPERATURE.value, F.TOP_K.value)
             prompt = F.PROMPT.value.encode('utf-8')
-            out = gen.generate(prompt, F.MAX_NEW_BYTES.value, F.SEED.value, F.KV_CACHE.value)
+            seed = F.TRAIN['seed'].value or 0
+            out = gen.generate(prompt, F.MAX_NEW_BYTES.value, seed, F.KV_CACHE.value)
         except UsageError as e:
             sys.exit(f'error: {e}')
         # Bytes that are not valid UTF-8 (a sampled byte may cut a character) print as \xNN.

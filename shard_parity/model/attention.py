@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from shard_parity.matmul import vary_like
+from shard_parity.model.ops import vary_like
 
 
 def causal_mask(t: int, s: int, offset=0, valid=None):

@@ -1,23 +1,26 @@
-"""The train CLI's flags, defined once: `auto.train` and `explicit.train` take the same ones.
+"""Every CLI flag, defined once: the train and generate CLIs of every twin take these, and the
+two sets coexist in one process.
 
-Training flags left unset take the model's defaults from shard_parity/config.py (TRAIN_DEFAULTS):
-the MLP's MNIST recipe, or nanoGPT's shakespeare_char CPU recipe for the transformer.
+The training flags are made from shard_parity/runtime/config.py's TrainConfig, one per field
+(its help and bounds come from the field); left unset, they take the model's defaults
+(TRAIN_DEFAULTS: the MLP's MNIST recipe, or nanoGPT's shakespeare_char CPU recipe).
 """
 
 import dataclasses
+import typing
 
 from absl import flags
 
 from shard_parity import UsageError
-from shard_parity import config as cfg
 from shard_parity.placement import STRATEGIES
+from shard_parity.runtime import config as cfg
 
 MODEL = flags.DEFINE_enum('model', 'mlp', ['mlp', 'transformer'], 'Which model to train.')
 STRATEGY = flags.DEFINE_enum(
     'strategy',
     'dp',
     list(STRATEGIES),
-    'dp: replicated state (<twin>/train_step.py); fsdp: parameters and optimizer state '
+    'dp: replicated state (<twin>/dp.py); fsdp: parameters and optimizer state '
     "sharded over 'data' too (<twin>/fsdp.py); tp: layers split over 'model', Megatron style "
     '(<twin>/tp.py); fsdp_tp: both (<twin>/fsdp_tp.py). See shard_parity/placement.py.',
 )
@@ -27,36 +30,31 @@ MESH = flags.DEFINE_string(
     "DATAxMODEL devices, e.g. 4x2: the batch is split over 'data', tensor parallelism over "
     "'model'. Default: all devices (or --num_devices) x 1.",
 )
-STEPS = flags.DEFINE_integer('steps', None, 'Total training steps.', lower_bound=1)
-BATCH_SIZE = flags.DEFINE_integer(
-    'batch_size', None, 'Global batch size, split evenly over the devices.', lower_bound=1
-)
-LEARNING_RATE = flags.DEFINE_float(
-    'learning_rate', None, 'Peak AdamW learning rate.', lower_bound=0.0
-)
-WEIGHT_DECAY = flags.DEFINE_float(
-    'weight_decay', None, 'AdamW decay of weight matrices (not biases or norms).', lower_bound=0.0
-)
-BETA2 = flags.DEFINE_float(
-    'beta2', None, "AdamW's second-moment decay.", lower_bound=0.0, upper_bound=1.0
-)
-WARMUP_STEPS = flags.DEFINE_integer('warmup_steps', None, 'Linear warm-up steps.', lower_bound=0)
-DECAY_STEPS = flags.DEFINE_integer(
-    'decay_steps', None, 'Cosine decay length (default: --steps).', lower_bound=1
-)
-MIN_LEARNING_RATE = flags.DEFINE_float(
-    'min_learning_rate', None, 'Learning rate at the end of the cosine decay.', lower_bound=0.0
-)
-GRAD_CLIP = flags.DEFINE_float(
-    'grad_clip', None, 'Clip the global gradient norm to this (0: off).', lower_bound=0.0
-)
-SEED = flags.DEFINE_integer('seed', 0, 'Seeds the init and the batch order.', lower_bound=0)
-LOG_EVERY = flags.DEFINE_integer(
-    'log_every', None, 'Log the train loss every N steps.', lower_bound=1
-)
-EVAL_EVERY = flags.DEFINE_integer(
-    'eval_every', None, 'Evaluate every N steps (and at the end).', lower_bound=1
-)
+
+
+def _define_train_flags() -> dict:
+    """One flag per TrainConfig field, None by default: the model's value applies."""
+    out = {}
+    for field in dataclasses.fields(cfg.TrainConfig):
+        is_float = field.type is float or float in typing.get_args(field.type)
+        define = flags.DEFINE_float if is_float else flags.DEFINE_integer
+        values = {model: getattr(c, field.name) for model, c in cfg.TRAIN_DEFAULTS.items()}
+        shown = (
+            f'{next(iter(values.values()))}'
+            if len(set(values.values())) == 1
+            else ', '.join(f'{v} ({m})' for m, v in values.items())
+        )
+        out[field.name] = define(
+            field.name,
+            None,
+            f"{field.metadata['help']} Default: {shown}.",
+            lower_bound=field.metadata['lower'],
+            upper_bound=field.metadata['upper'],
+        )
+    return out
+
+
+TRAIN = _define_train_flags()  # name -> FlagHolder, e.g. TRAIN['steps'].value
 
 # The transformer's shape (ignored by --model=mlp).
 _T = cfg.TransformerConfig()
@@ -74,7 +72,10 @@ ATTENTION = flags.DEFINE_enum(
     'attention',
     _T.attention,
     ['naive', 'fused'],
-    'Attention implementation (shard_parity/attention.py).',
+    'naive: the [B, H, T, T] score matrix; fused: cuDNN flash attention on an NVIDIA GPU in '
+    'bfloat16, elsewhere (the CPU, or float32) the same algorithm in plain JAX (blockwise: a '
+    'scan over key blocks with an online softmax), memory linear in --seq_len '
+    '(shard_parity/model/attention.py).',
 )
 DTYPE = flags.DEFINE_enum(
     'dtype',
@@ -112,7 +113,8 @@ DOWNLOAD = flags.DEFINE_bool(
 WORKDIR = flags.DEFINE_string(
     'workdir',
     None,
-    'Where metrics.jsonl, reports and the checkpoint go. Default: runs/<twin>_<model>.',
+    'Where metrics.jsonl, reports and the checkpoints go (generate reads the checkpoints '
+    'there). Default: runs/<twin>_<model>.',
 )
 CHECKPOINT_EVERY = flags.DEFINE_integer(
     'checkpoint_every',
@@ -168,21 +170,7 @@ def mesh_shape() -> tuple[int, int] | None:
 
 def train_config() -> cfg.TrainConfig:
     """The model's defaults, overridden by every training flag given."""
-    given = {
-        'steps': STEPS,
-        'batch_size': BATCH_SIZE,
-        'learning_rate': LEARNING_RATE,
-        'weight_decay': WEIGHT_DECAY,
-        'beta2': BETA2,
-        'warmup_steps': WARMUP_STEPS,
-        'decay_steps': DECAY_STEPS,
-        'min_learning_rate': MIN_LEARNING_RATE,
-        'grad_clip': GRAD_CLIP,
-        'seed': SEED,
-        'log_every': LOG_EVERY,
-        'eval_every': EVAL_EVERY,
-    }
-    changes = {k: f.value for k, f in given.items() if f.value is not None}
+    changes = {name: f.value for name, f in TRAIN.items() if f.value is not None}
     return dataclasses.replace(cfg.TRAIN_DEFAULTS[MODEL.value], **changes)
 
 
@@ -196,3 +184,16 @@ def transformer_config() -> cfg.TransformerConfig:
         attention=ATTENTION.value,
         dtype=DTYPE.value,
     )
+
+
+# Generation (python -m <twin>.generate): it also reads --workdir, --seed (the sampling's),
+# --cpu_devices and --verbose.
+PROMPT = flags.DEFINE_string('prompt', '', 'Text to continue (UTF-8); may be empty.')
+MAX_NEW_BYTES = flags.DEFINE_integer('max_new_bytes', 200, 'Bytes to generate.', lower_bound=0)
+TEMPERATURE = flags.DEFINE_float(
+    'temperature', 0.8, 'Sampling temperature; 0 is greedy.', lower_bound=0.0
+)
+TOP_K = flags.DEFINE_integer(
+    'top_k', None, 'Sample among the k likeliest bytes only.', lower_bound=1, upper_bound=256
+)
+KV_CACHE = flags.DEFINE_bool('kv_cache', False, 'Decode with a KV cache (one position per byte).')

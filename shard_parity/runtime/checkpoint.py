@@ -6,9 +6,9 @@
 Orbax writes each step into a temporary folder and renames it when complete, so a save killed
 half-way never looks like a checkpoint; `latest` only ever sees complete ones. `restore` needs
 no flags: it rebuilds the model and optimizer from the saved config and reads the arrays straight
-into the shardings the restoring twin uses on its own mesh, so a checkpoint written by one twin,
-on any number of devices and under any strategy (dp, fsdp), restores into the other on any
-other.
+into the shardings the restoring strategy uses on its own mesh (shard_parity/placement.py), so
+a checkpoint written by any twin, on any number of devices and under any strategy, restores
+into any other twin, mesh and strategy.
 """
 
 import pathlib
@@ -18,7 +18,10 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from shard_parity import UsageError
-from shard_parity import config as cfg
+from shard_parity.model.mlp import MLP
+from shard_parity.model.transformer import Transformer
+from shard_parity.placement import state_shardings
+from shard_parity.runtime import config as cfg
 from shard_parity.step import TrainState, make_optimizer
 
 RESUMABLE = ('steps', 'log_every', 'eval_every')  # train settings a resumed run may change
@@ -97,9 +100,6 @@ def check_compatible(saved: dict, requested: dict) -> None:
 
 
 def build_model(saved_config: dict, rngs: nnx.Rngs) -> nnx.Module:
-    from shard_parity.models import MLP
-    from shard_parity.transformer import Transformer
-
     if saved_config['model'] == 'mlp':
         return MLP(cfg.MLPConfig(**_tuples(saved_config['model_config'])), rngs=rngs)
     return Transformer(cfg.TransformerConfig(**saved_config['model_config']), rngs=rngs)
@@ -111,14 +111,14 @@ def _tuples(d: dict) -> dict:  # JSON turns tuples into lists; frozen configs wa
 
 def target_for(state_like, shardings) -> TrainState:
     """ShapeDtypeStructs of `state_like` (arrays or abstract), placed with `shardings` (a tree
-    like it, e.g. a twin's state_shardings): where Orbax reads each array to."""
+    like it, e.g. placement.state_shardings'): where Orbax reads each array to."""
     return jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_like, shardings
     )
 
 
-def restore(workdir, twin, mesh, step: int | None = None):
-    """(saved config, graphdef, TrainState placed as `twin` places it on `mesh`)."""
+def restore(workdir, mesh, strategy: str = 'dp', step: int | None = None):
+    """(saved config, graphdef, TrainState placed as `strategy` places it on `mesh`)."""
     if not (pathlib.Path(workdir) / 'checkpoints').is_dir():
         raise UsageError(
             f'no checkpoint in {pathlib.Path(workdir) / "checkpoints"}: train '
@@ -134,6 +134,6 @@ def restore(workdir, twin, mesh, step: int | None = None):
         abstract = TrainState(
             jax.ShapeDtypeStruct((), 'int32'), params, jax.eval_shape(tx.init, params)
         )
-        target = target_for(abstract, twin.state_shardings(abstract, mesh))
+        target = target_for(abstract, state_shardings(abstract, mesh, strategy))
         state = restore_state(mngr, step, target)
     return saved, graphdef, state

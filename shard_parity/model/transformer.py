@@ -6,19 +6,55 @@ embedding. No biases and no dropout, as nanoGPT's shakespeare_char configuration
 Like the MLP, it knows nothing of meshes.
 """
 
+import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from shard_parity.attention import ATTENTION
-from shard_parity.config import TransformerConfig
-from shard_parity.layers import LayerNorm, gelu
-from shard_parity.matmul import dot_general, product
-from shard_parity.models import linear
+from shard_parity import UsageError
+from shard_parity.model.attention import ATTENTION
+from shard_parity.model.mlp import linear
+from shard_parity.model.ops import LayerNorm, dot_general, gelu, product
 
 normal = nnx.initializers.normal
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """A byte-level causal transformer. Defaults: nanoGPT's shakespeare_char CPU configuration."""
+
+    vocab_size: int = 256
+    seq_len: int = 64  # the context: position embeddings exist for this many bytes
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 4  # = num_heads: MHA; a divisor: GQA; 1: MQA
+    embed_dim: int = 128
+    attention: str = 'naive'  # 'naive' or 'fused' (shard_parity/model/attention.py)
+    dtype: str = 'float32'  # compute dtype; parameters stay float32
+
+    def __post_init__(self):
+        for name in ('seq_len', 'num_layers', 'num_heads', 'num_kv_heads', 'embed_dim'):
+            if getattr(self, name) < 1:
+                raise UsageError(f'--{name}={getattr(self, name)} must be at least 1')
+        if self.num_heads % self.num_kv_heads:
+            raise UsageError(
+                f'--num_kv_heads={self.num_kv_heads} does not divide --num_heads='
+                f'{self.num_heads}: each key/value head serves a whole group of query heads'
+            )
+        if self.embed_dim % self.num_heads:
+            raise UsageError(
+                f'--embed_dim={self.embed_dim} is not divisible by --num_heads={self.num_heads}'
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
 
 
 def dense(din, dout, cfg, rngs, std=0.02):
@@ -63,12 +99,11 @@ class CausalSelfAttention(nnx.Module):
         self.out = dense(
             cfg.num_heads * hd, cfg.embed_dim, cfg, rngs, 0.02 / math.sqrt(2 * cfg.num_layers)
         )
-        self.sum_partials = None  # set by explicit/tp.py (shard_parity/models.py says how)
 
-    def __call__(self, x, cache=None, index=0):  # x: [B, T, C]
+    def __call__(self, x, cache=None, index=0, sum_partials=None):  # x: [B, T, C]
         b, t, _ = x.shape
         cfg = self.cfg
-        # -1: all H heads, or under tensor parallelism this device's H/m (explicit/tp.py)
+        # -1: all H heads, or under explicit tensor parallelism this device's H/m
         q = self.query(x).reshape(b, t, -1, cfg.head_dim)  # [B, T, H, D]
         # Per head [k | v], as Megatron lays out its fused projection: a split of the columns
         # over devices falls between heads, and each device gets whole keys and values.
@@ -80,7 +115,7 @@ class CausalSelfAttention(nnx.Module):
             v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, index, 0, 0))
             y = ATTENTION[cfg.attention](q, k, v, offset=index, valid=index + t)
             cache = (k, v)  # [B, S, K, D] each
-        return linear(self.out, y.reshape(b, t, -1), self.sum_partials), cache
+        return linear(self.out, y.reshape(b, t, -1), sum_partials), cache
 
 
 class FeedForward(nnx.Module):
@@ -89,10 +124,9 @@ class FeedForward(nnx.Module):
         self.down = dense(
             4 * cfg.embed_dim, cfg.embed_dim, cfg, rngs, 0.02 / math.sqrt(2 * cfg.num_layers)
         )
-        self.sum_partials = None  # set by explicit/tp.py (shard_parity/models.py says how)
 
-    def __call__(self, x):
-        return linear(self.down, gelu(self.up(x)), self.sum_partials)
+    def __call__(self, x, sum_partials=None):
+        return linear(self.down, gelu(self.up(x)), sum_partials)
 
 
 class Block(nnx.Module):
@@ -106,10 +140,10 @@ class Block(nnx.Module):
             FeedForward(cfg, rngs),
         )
 
-    def __call__(self, x, cache=None, index=0):
-        y, cache = self.attn(self.norm1(x), cache, index)
+    def __call__(self, x, cache=None, index=0, sum_partials=None):
+        y, cache = self.attn(self.norm1(x), cache, index, sum_partials)
         x = x + y
-        return x + self.ffn(self.norm2(x)), cache
+        return x + self.ffn(self.norm2(x), sum_partials), cache
 
 
 class Transformer(nnx.Module):
@@ -132,13 +166,15 @@ class Transformer(nnx.Module):
         self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
         self.norm = LayerNorm(cfg.embed_dim, dtype=cfg.compute_dtype, rngs=rngs)
 
-    def __call__(self, tokens, caches=None, index=0):
-        """tokens: i32[B, T] at positions index..index+T-1 -> (logits f32[B, T, 256], caches)."""
+    def __call__(self, tokens, caches=None, index=0, sum_partials=None):
+        """tokens: i32[B, T] at positions index..index+T-1 -> (logits f32[B, T, 256], caches).
+        `sum_partials`: explicit tensor parallelism's psum over 'model' (explicit/tp.py), which
+        adds the partial sums of each row-parallel layer (attention `out`, feed-forward `down`)."""
         t = tokens.shape[1]
         x = self.embed(tokens) + self.pos(index + jnp.arange(t))  # [B, T, C]
         new_caches = []
         for i, block in enumerate(self.blocks):
-            x, cache = block(x, None if caches is None else caches[i], index)
+            x, cache = block(x, None if caches is None else caches[i], index, sum_partials)
             new_caches.append(cache)
         x = self.norm(x)
         table = self.embed.embedding[...].astype(x.dtype)

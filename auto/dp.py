@@ -1,0 +1,50 @@
+"""Data parallelism the compiler writes: we only say where the arrays live.
+
+The batch is split over the mesh's 'data' axis (`P('data')`, shard_parity/placement.py) and the
+params are replicated (`P()`). `jax.jit` sees that every device can only compute a partial
+gradient from its rows, and inserts the all-reduce that sums them. There is no collective in
+this file; compare it line by line with `explicit/dp.py`, where the same all-reduce is written.
+"""
+
+import jax
+from jax.sharding import NamedSharding
+
+from shard_parity.placement import BATCH, REPLICATED, state_shardings
+from shard_parity.step import TrainState, apply_gradients, bind
+
+STRATEGY = 'dp'  # --strategy=dp: every array whole on every device
+
+
+def loss_and_grads(graphdef, loss_fn, mesh):
+    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
+
+    def fn(params, batch):  # params @ P(); batch: x[B, ...] @ P('data')
+        (_, metrics), grads = grad_fn(params, batch)
+        # grads @ P() and metrics @ P(): each device's rows give only a partial sum, so the
+        # compiler inserts an all-reduce over 'data' here (see parity_tests/test_collectives.py).
+        grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, STRATEGY))
+        return jax.lax.with_sharding_constraint(metrics, NamedSharding(mesh, REPLICATED)), grads
+
+    return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
+
+
+def train_step(graphdef, loss_fn, tx, mesh):
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
+
+    def step(state: TrainState, batch):
+        metrics, grads = grads_fn(state.params, batch)
+        state = apply_gradients(state, grads, tx)  # replicated: the same update everywhere
+        return jax.lax.with_sharding_constraint(
+            state, state_shardings(state, mesh, STRATEGY)
+        ), metrics
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def eval_step(graphdef, eval_fn, mesh):
+    fn = bind(graphdef, eval_fn)
+
+    def evaluate(params, batch):  # per-example outputs stay split like the batch: no collective
+        return jax.lax.with_sharding_constraint(fn(params, batch), NamedSharding(mesh, BATCH))
+
+    return jax.jit(evaluate)

@@ -1,0 +1,52 @@
+"""Data parallelism written by hand: every collective is a line of this file.
+
+`jax.shard_map` runs the function once per device on that device's shard: the batch arrives as
+B/n rows (`P('data')`), the params whole (`P()`). Each device computes the loss and gradient of
+its own rows, and one `jax.lax.pmean` over 'data' averages them: the all-reduce that the
+compiler inserts by itself in `auto/dp.py`.
+"""
+
+import jax
+
+from shard_parity.mesh import DATA
+from shard_parity.placement import BATCH, REPLICATED, state_shardings
+from shard_parity.step import TrainState, apply_gradients, bind
+
+STRATEGY = 'dp'  # --strategy=dp: every array whole on every device
+
+
+def loss_and_grads(graphdef, loss_fn, mesh):
+    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
+
+    def fn(params, batch):  # params: the full arrays; batch: x[B/n, ...], this device's rows
+        # Mark the params as varying per device first. Left invariant, `grad` would transpose their
+        # implicit broadcast into a psum, and the pmean below would return the sum, n times too big.
+        params = jax.lax.pcast(params, DATA, to='varying')
+        (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of the local rows
+        return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce: average over the 'data' axis
+
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, BATCH), out_specs=REPLICATED))
+
+
+def train_step(graphdef, loss_fn, tx, mesh):
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
+
+    def step(state: TrainState, batch):
+        metrics, grads = grads_fn(state.params, batch)
+        state = apply_gradients(state, grads, tx)  # replicated: the same update everywhere
+        return jax.lax.with_sharding_constraint(
+            state, state_shardings(state, mesh, STRATEGY)
+        ), metrics
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def eval_step(graphdef, eval_fn, mesh):
+    fn = bind(graphdef, eval_fn)
+
+    def evaluate(params, batch):  # per-example outputs of my rows, concatenated: no collective
+        return jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, BATCH), out_specs=BATCH)(
+            params, batch
+        )
+
+    return jax.jit(evaluate)

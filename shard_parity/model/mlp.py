@@ -1,0 +1,52 @@
+"""The MNIST classifier, in Flax NNX. It knows nothing of meshes: each twin places its arrays.
+
+Tensor parallelism splits its first hidden layer by columns and its second by rows (the
+placement's rule, TP_PLAN below). explicit/'s tensor-parallel step passes its psum over 'model'
+into the call as `sum_partials`, and `linear` adds the row-parallel layer's partial sums with it
+before the bias goes on, once. Every other caller leaves it None.
+"""
+
+import dataclasses
+
+import jax
+from flax import nnx
+
+from shard_parity.model.ops import dot_general, product
+
+TP_PLAN = {0: 'column', 1: 'row'}  # 784-512 column-parallel, 512-512 row-parallel, 512-10 whole
+
+
+@dataclasses.dataclass(frozen=True)
+class MLPConfig:
+    """A ReLU multi-layer perceptron classifier for 28x28 MNIST digits."""
+
+    layer_sizes: tuple[int, ...] = (784, 512, 512, 10)
+
+
+def linear(layer: nnx.Linear, x, sum_partials=None):
+    """layer(x); with `sum_partials`, x and the layer's kernel rows are this device's share, and
+    the product is a partial sum that `sum_partials` adds over devices."""
+    if sum_partials is None:
+        return layer(x)
+    if layer.bias is None:
+        return sum_partials(layer(x))
+    return sum_partials(product(x, layer.kernel[...])) + layer.bias[...]
+
+
+class MLP(nnx.Module):
+    """784-512-512-10 with ReLU: logits for the ten digit classes."""
+
+    def __init__(self, config: MLPConfig, *, rngs: nnx.Rngs):
+        sizes = config.layer_sizes
+        self.layers = nnx.List(
+            [
+                nnx.Linear(i, o, dot_general=dot_general, rngs=rngs)
+                for i, o in zip(sizes[:-1], sizes[1:])
+            ]
+        )
+
+    def __call__(self, x, sum_partials=None):  # x: f32[B, 784] -> logits f32[B, 10]
+        for i, layer in enumerate(self.layers[:-1]):
+            row = TP_PLAN.get(i) == 'row'
+            x = jax.nn.relu(linear(layer, x, sum_partials if row else None))
+        return self.layers[-1](x)

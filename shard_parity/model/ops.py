@@ -1,0 +1,191 @@
+"""The model's custom-backward operations: the matrix product, GELU and LayerNorm.
+
+Each computes what JAX's own operation computes (to float32 round-off, values and gradients:
+parity_tests/test_matmul.py, test_layers.py) with a hand-written backward, for one reason each:
+
+- `matmul` (every Linear layer, and the output head tied to the embedding): JAX's own backward
+  forms a weight gradient transposed ([N, K] for a kernel [K, N]) and transposes it back. In one
+  program XLA folds that transpose into the matmul; in auto/'s data-parallel step it cannot,
+  because the partitioner puts the gradient all-reduce between the two, so every weight gradient
+  was transposed and copied each step and auto ran well behind explicit on the MLP. Here the
+  backward forms each gradient in its weight's own layout, in one matmul over the flattened rows,
+  and both twins run the same instructions.
+- `gelu`: `jax.nn.gelu(approximate=False)` goes through `erfc`, which XLA:CPU evaluates with a
+  branch and an `exp`, and autodiff evaluates it again in the backward; with fused multiply-adds
+  off (the CPU default here, shard_parity/mesh.py) XLA's own `erf` is about 12x slower than with
+  them. Here `erf` is a rational polynomial of plain multiplies and adds, and the backward reuses
+  the forward's Phi(x).
+- `layer_norm`: autodiff's backward materialises broadcasts of the statistics; the closed form
+  reads the normalised input once.
+
+Inside shard_map a custom backward must return each gradient with its operand's own type, so
+`vary_like` first gives both operands the same varying mesh axes, as JAX's own ops do
+implicitly; under explicit tensor parallelism that cast of a model-invariant input transposes
+into the psum of its gradient. GELU and LayerNorm compute in float32 and return the input's
+dtype; in bfloat16 LayerNorm multiplies its scale in float32 where nnx.LayerNorm rounds it to
+bfloat16 first. What each saved is measured in docs/benchmarks.md.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def matmul(x, w, transposed: bool = False):
+    """x[..., K] @ w[K, N] -> [..., N]; with `transposed`, x[..., K] @ w[N, K]^T."""
+    return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1 if transposed else 0,)), ((), ())))
+
+
+def _fwd(x, w, transposed):
+    return matmul(x, w, transposed), (x, w)
+
+
+def _bwd(transposed, saved, g):  # g: [..., N]
+    x, w = saved
+    dx = jax.lax.dot_general(g, w, (((g.ndim - 1,), (0 if transposed else 1,)), ((), ())))
+    # Sum over every row (batch, position): flattened into one dimension, which XLA:CPU's
+    # matmul takes as it is (with two or more it transposes the activations first).
+    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+    rows = (((0,), (0,)), ((), ()))
+    dw = jax.lax.dot_general(g2, x2, rows) if transposed else jax.lax.dot_general(x2, g2, rows)
+    return dx, dw  # dw: [N, K] or [K, N], as w
+
+
+matmul.defvjp(_fwd, _bwd)
+
+
+def dot_general(x, w, dimension_numbers, precision=None, **kwargs):
+    """nnx.Linear's `dot_general=` hook: its one contraction, through `matmul`."""
+    assert dimension_numbers == (((x.ndim - 1,), (0,)), ((), ())), dimension_numbers
+    return product(x, w)
+
+
+def product(x, w, transposed: bool = False):
+    """`matmul`, after giving both operands the same varying mesh axes inside shard_map, as
+    JAX's own dot_general does implicitly: a custom backward must return gradients of its
+    operands' own types. Under explicit tensor parallelism the cast of the (model-invariant)
+    input then transposes into the psum of its gradient."""
+    return matmul(vary_like(x, w), vary_like(w, x), transposed)
+
+
+def varying(x) -> frozenset:
+    """The mesh axes along which x varies inside shard_map (none outside it). jax 0.10 spells
+    this `manual_axis_type.varying`; earlier releases, `.vma`."""
+    t = jax.typeof(x)
+    return t.manual_axis_type.varying if hasattr(t, 'manual_axis_type') else t.vma
+
+
+def vary_like(a, b):
+    """`a`, cast to varying over the mesh axes along which `b` varies and `a` does not."""
+    axes = tuple(sorted(varying(b) - varying(a)))
+    return jax.lax.pcast(a, axes, to='varying') if axes else a
+
+
+# --- GELU and LayerNorm ---
+
+
+# erf(x) ~ x * P(x^2) / Q(x^2) on [-4, 4] and +-1 beyond: the float32 rational approximation
+# of Eigen's generic_fast_erf_float. Within 4.5e-7 of the true erf (test_layers.py measures it).
+_ERF_P = (
+    -2.72614225801306e-10,
+    2.77068142495902e-08,
+    -2.10102402082508e-06,
+    -5.69250639462346e-05,
+    -7.34990630326855e-04,
+    -2.95459980854025e-03,
+    -1.60960333262415e-02,
+)
+_ERF_Q = (
+    -1.45660718464996e-05,
+    -2.13374055278905e-04,
+    -1.68282697438203e-03,
+    -7.37332916720468e-03,
+    -1.42647390514189e-02,
+)
+_SQRT_HALF = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+
+
+def erf(x):
+    """float32 erf from multiplies, adds and one divide (Horner's rule)."""
+    x = jnp.clip(x, -4.0, 4.0)
+    x2 = x * x
+    p, q = _ERF_P[0], _ERF_Q[0]
+    for c in _ERF_P[1:]:
+        p = p * x2 + c
+    for c in _ERF_Q[1:]:
+        q = q * x2 + c
+    return x * p / q
+
+
+def _cdf(x):  # Φ(x), the standard normal CDF
+    return 0.5 * (1.0 + erf(x * _SQRT_HALF))
+
+
+@jax.custom_vjp
+def gelu(x):
+    """Exact GELU, x * Φ(x), as nanoGPT's nn.GELU() (not the tanh approximation)."""
+    return _gelu_fwd(x)[0]
+
+
+def _gelu_fwd(x):
+    x32 = x.astype(jnp.float32)
+    cdf = _cdf(x32)
+    return (x32 * cdf).astype(x.dtype), (x32, cdf)
+
+
+def _gelu_bwd(saved, g):  # d/dx x Φ(x) = Φ(x) + x φ(x)
+    x, cdf = saved
+    pdf = jnp.exp(-0.5 * x * x) * _INV_SQRT_2PI
+    return ((g.astype(jnp.float32) * (cdf + x * pdf)).astype(g.dtype),)
+
+
+gelu.defvjp(_gelu_fwd, _gelu_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def layer_norm(x, scale, epsilon: float):
+    """(x - mean) / sqrt(var + epsilon) * scale over the last axis; no bias."""
+    return _layer_norm_fwd(x, scale, epsilon)[0]
+
+
+def _layer_norm_fwd(x, scale, epsilon):
+    x32 = x.astype(jnp.float32)
+    centred = x32 - x32.mean(-1, keepdims=True)
+    inv_std = jax.lax.rsqrt((centred * centred).mean(-1, keepdims=True) + epsilon)
+    normed = centred * inv_std
+    return (normed * scale).astype(x.dtype), (normed, inv_std, scale)
+
+
+def _layer_norm_bwd(epsilon, saved, g):
+    normed, inv_std, scale = saved
+    g32 = g.astype(jnp.float32)
+    gs = g32 * scale
+    dx = inv_std * (
+        gs - gs.mean(-1, keepdims=True) - normed * (gs * normed).mean(-1, keepdims=True)
+    )
+    dscale = (g32 * normed).reshape(-1, normed.shape[-1]).sum(0).astype(scale.dtype)
+    return dx.astype(g.dtype), dscale
+
+
+layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+class LayerNorm(nnx.Module):
+    """nnx.LayerNorm(use_bias=False)'s parameter (`scale`, ones) and output, with the backward
+    above. Same state, so checkpoints written with nnx.LayerNorm restore into it."""
+
+    def __init__(self, num_features: int, *, rngs: nnx.Rngs, epsilon: float = 1e-5, dtype=None):
+        rngs.params()  # the key nnx.LayerNorm draws for its scale: later layers' draws stay put
+        self.scale = nnx.Param(jnp.ones((num_features,), jnp.float32))
+        self.epsilon, self.dtype = epsilon, dtype
+
+    def __call__(self, x):
+        x = x if self.dtype is None else x.astype(self.dtype)
+        # Inside shard_map, the scale first varies as x does, as it would in JAX's own multiply
+        # (a custom backward must return each gradient with its input's type): the cast then
+        # transposes into a sum of the scale's gradient over devices, as autodiff's would.
+        return layer_norm(x, vary_like(self.scale[...], x), self.epsilon)
