@@ -3,11 +3,22 @@
     python -m parity_tests.compare runs/auto runs/explicit
 
 Reads each workdir's metrics.jsonl and prints every logged figure of both runs with their
-difference. Exits non-zero if the final evaluations differ by more than --max_accuracy_gap (the
-MLP's eval_accuracy) or --max_loss_gap (the transformer's eval_loss).
+difference, then each run's throughput. Exits non-zero if the final evaluations differ by more
+than --max_accuracy_gap (the MLP's eval_accuracy) or --max_loss_gap (the transformer's
+eval_loss), or if any logged figure of either run is NaN or infinite.
+
+Lines are paired by step and by the figures they carry (a step can have a train line and an eval
+line), so runs logged at different --log_every or --eval_every still line up: only the steps and
+figures both runs logged are compared, and a note says how many metrics lines of each run had no
+partner. A train figure is the mean since the run's previous train line; where the two runs'
+previous train lines differ (different --log_every), the two means cover different steps, so
+their row is marked * and left out of the verdict. Unparsable (torn or garbled) lines are skipped
+with a warning; the workdirs are only read. Every error is one line, `error: ...`.
 """
 
 import json
+import math
+import os
 import pathlib
 import sys
 
@@ -26,30 +37,157 @@ MAX_LOSS_GAP = flags.DEFINE_float(
     lower_bound=0,
 )
 KEYS = ('train_loss', 'eval_loss', 'eval_accuracy')
+USAGE = 'usage: python -m parity_tests.compare WORKDIR_A WORKDIR_B'
+
+
+def is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def usable(record) -> bool:
+    """A metrics line as the train loop writes it: an object with an integer step, and numbers
+    for the figures compare reads."""
+    return (
+        isinstance(record, dict)
+        and is_number(record.get('step'))
+        and math.isfinite(record['step'])
+        and record['step'] == int(record['step'])
+        and all(is_number(record[k]) for k in KEYS if k in record)
+    )
 
 
 def read(workdir: str) -> list[dict]:
     path = pathlib.Path(workdir) / 'metrics.jsonl'
     if not path.exists():
         sys.exit(f'error: {path} does not exist: train first with --workdir={workdir}')
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    try:
+        text = path.read_bytes().decode('utf-8', errors='replace')
+    except OSError as e:
+        sys.exit(f'error: cannot read {path}: {e.strerror}')
+    lines, skipped = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if usable(record):
+            lines.append(record)
+        else:
+            skipped += 1
+    if skipped:
+        print(
+            f'warning: skipped {skipped} unparsable line{"s" * (skipped > 1)} of {path} '
+            '(torn or garbled)',
+            file=sys.stderr,
+        )
     if not lines:
+        if skipped:
+            sys.exit(f'error: {path} has no readable line: all {skipped} are unparsable')
         sys.exit(f'error: {path} is empty: the run logged nothing (did it fail at the start?)')
     return lines
 
 
+def figures(lines: list[dict]) -> tuple[dict, dict]:
+    """{(step, figure): value} of the lines before the final one, and {step: the step of the
+    previous train line} (a train figure is the mean over the steps in between)."""
+    values, since, previous = {}, {}, 0
+    for x in lines:
+        if x.get('final'):
+            continue
+        step = int(x['step'])
+        for key in KEYS:
+            if key in x:
+                values[(step, key)] = x[key]
+        if any(k.startswith('train_') for k in KEYS if k in x):
+            since[step], previous = previous, step
+    return values, since
+
+
+def kind(key: str) -> str:
+    return key.split('_')[0]  # 'train' or 'eval': the line that carries the figure
+
+
+def same_directory(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist: read() names it
+        return pathlib.Path(a).resolve() == pathlib.Path(b).resolve()
+
+
+def non_finite(names, runs) -> str | None:
+    """A one-line description of the first NaN or infinity among the compared figures."""
+    found = []
+    for name, lines in zip(names, runs):
+        for x in lines:
+            for key in KEYS:
+                if key in x and not math.isfinite(x[key]):
+                    found.append((bool(x.get('final')), int(x['step']), KEYS.index(key), name, x))
+    if not found:
+        return None
+    final, step, k, name, x = min(found, key=lambda f: f[:3])
+    key = KEYS[k]
+    where = 'the final line' if final else f'step {step}'
+    more = len(found) - 1
+    return (
+        f'{key} at {where} of {name} is {x[key]}: a NaN or infinity is a mismatch'
+        + (f' ({more} more non-finite figure{"s" * (more > 1)} in the two runs)' if more else '')
+    )
+
+
+def throughput_table(names, finals) -> list[str]:
+    units = sorted({k for f in finals for k in f if k.endswith('_per_sec')})
+    if not units:
+        return []
+    width = max(len('run'), *map(len, names))
+    rows = [f'{"run":<{width}} ' + ' '.join(f'{u:>16}' for u in units)]
+    for name, f in zip(names, finals):
+        cells = []
+        for u in units:
+            v = f.get(u, '-')
+            cells.append(f'{v:>16,.0f}' if is_number(v) and math.isfinite(v) else f'{v!s:>16}')
+        rows.append(f'{name:<{width}} ' + ' '.join(cells))
+    return rows
+
+
 def main(argv):
     if len(argv) != 3:
-        sys.exit('usage: python -m parity_tests.compare WORKDIR_A WORKDIR_B')
-    a, b = read(argv[1]), read(argv[2])
-    print(f'{"step":>6} {"figure":<14} {argv[1]:>22} {argv[2]:>22} {"|difference|":>13}')
-    worst = 0.0
-    for x, y in zip(a, b):
-        for key in KEYS:
-            if key in x and key in y and not x.get('final'):
-                gap = abs(x[key] - y[key])
-                worst = max(worst, gap)
-                print(f'{x["step"]:>6} {key:<14} {x[key]:>22.9g} {y[key]:>22.9g} {gap:>13.3g}')
+        sys.exit(f'error: expected two workdirs, got {len(argv) - 1}; {USAGE}')
+    names = argv[1], argv[2]
+    if same_directory(*names):
+        sys.exit(
+            f'error: {names[0]} and {names[1]} are the same directory: compare two different runs'
+        )
+    a, b = read(names[0]), read(names[1])
+    (va, since_a), (vb, since_b) = figures(a), figures(b)
+    print(f'{"step":>6} {"figure":<14} {names[0]:>22} {names[1]:>22} {"|difference|":>13}')
+    worst, compared, windows = 0.0, 0, 0
+    for step, key in sorted(va.keys() & vb.keys(), key=lambda sk: (sk[0], KEYS.index(sk[1]))):
+        x, y = va[(step, key)], vb[(step, key)]
+        gap = abs(x - y)
+        mark = ''
+        if kind(key) == 'train' and since_a.get(step) != since_b.get(step):
+            mark, windows = ' *', windows + 1  # means over different steps: not a disagreement
+        elif math.isfinite(gap):
+            worst, compared = max(worst, gap), compared + 1
+        print(f'{step:>6} {key:<14} {x:>22.9g} {y:>22.9g} {gap:>13.3g}{mark}')
+    if windows:
+        print(
+            f'* {windows} train figure{"s" * (windows > 1)} averaged over different steps (the '
+            'runs were logged at different --log_every): left out of the verdict'
+        )
+    entries = [{(s, kind(k)) for s, k in v} for v in (va, vb)]
+    partnered = {(s, kind(k)) for s, k in va.keys() & vb.keys()}
+    lonely = [len(e - partnered) for e in entries]
+    if any(lonely):
+        print(
+            f'note: metrics lines with no partner in the other run (not compared): '
+            f'{lonely[0]} of {len(entries[0])} in {names[0]}, '
+            f'{lonely[1]} of {len(entries[1])} in {names[1]}'
+        )
+    if problem := non_finite(names, (a, b)):
+        sys.exit(f'error: {problem}')
     fa, fb = a[-1], b[-1]
     if not (fa.get('final') and fb.get('final')):
         sys.exit('error: a run has no final line: did it finish?')
@@ -59,21 +197,33 @@ def main(argv):
     )
     if ('eval_accuracy' in fa) != ('eval_accuracy' in fb):
         sys.exit(
-            f'error: only one of {argv[1]} and {argv[2]} ends with an eval_accuracy: an MLP run '
-            'beside a transformer run? Compare runs of the same model.'
+            f'error: only one of {names[0]} and {names[1]} ends with an eval_accuracy: an MLP '
+            'run beside a transformer run? Compare runs of the same model.'
         )
+    for name, f in zip(names, (fa, fb)):
+        if key not in f:
+            sys.exit(f'error: the final line of {name}/metrics.jsonl has no {key}')
     gap = abs(fa[key] - fb[key])
-    verdict = 'bitwise identical' if worst == 0 else f'largest difference {worst:.3g}'
+    if not compared:
+        verdict = 'none in common'
+    else:
+        verdict = 'bitwise identical' if worst == 0 else f'largest difference {worst:.3g}'
     print(
         f'\nfinal {key} {fa[key]:.4f} vs {fb[key]:.4f} '
         f'(gap {gap:.4f}); every logged figure: {verdict}'
     )
-    for name, f in ((argv[1], fa), (argv[2], fb)):
-        rate = {k: v for k, v in f.items() if k.endswith('_per_sec')}
-        print(f'{name}: {rate}')
+    if table := throughput_table(names, (fa, fb)):
+        print('\n' + '\n'.join(table))
     if gap > limit.value:
         sys.exit(f'error: final {key} values differ by {gap:.4f} > --{limit.name}={limit.value}')
 
 
+def parse_flags(argv):
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        sys.exit(f'error: {e}')
+
+
 if __name__ == '__main__':
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

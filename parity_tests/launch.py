@@ -5,12 +5,27 @@
 
 Each process gets --coordinator_address (a free loopback port), --num_processes, --process_id
 and --cpu_devices appended; JAX's own runtime (jax.distributed) does the rest, with gloo for the
-CPU collectives. Process 0's output comes through; the others' goes to log files, shown if they
-fail. If any process dies, the launcher says which and how, waits --grace_seconds for the others
-to notice (they stop after --heartbeat_timeout), then ends them: it never hangs.
+CPU collectives. Process 0's output comes through; the others' goes to log files in a temporary
+folder, and the end of a failed process's log is shown.
+
+It never hangs, and none of the processes it started outlives it (unless the launcher itself is
+killed with SIGKILL). As soon as any process exits, successfully or not, the others get
+--grace_seconds to exit too (a good run's processes finish together; after a failure the others
+stop after --heartbeat_timeout); then the launcher kills each that is left, names it, and exits
+non-zero. If a process fails, the launcher says which and how. SIGINT, SIGTERM and SIGHUP to the
+launcher are passed on to every process, which again get --grace_seconds before they are killed;
+the launcher then exits 128 + the signal (130 for SIGINT, 143 for SIGTERM). A second signal kills
+them at once. A program that cannot be started is named in one line (exit 127 if it does not
+exist, 126 otherwise).
+
+The log folder is removed at the end, except when a process other than 0 failed: then it is
+kept, and named, so that the whole of that process's log can be read. After a signal it is
+removed: the run was stopped on purpose.
 """
 
+import math
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,9 +42,12 @@ DEVICES = flags.DEFINE_integer(
 GRACE = flags.DEFINE_integer(
     'grace_seconds',
     45,
-    'After a process dies, how long the others get to stop by themselves before they are ended.',
+    'Once a process has exited (or the launcher got a signal), how long the others get to exit '
+    'by themselves before they are killed.',
     lower_bound=0,
 )
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+received: list[int] = []  # the signals the launcher got, in order
 
 
 def free_port() -> int:
@@ -42,9 +60,14 @@ def describe(code: int) -> str:
     return f'was killed by {signal.Signals(-code).name}' if code < 0 else f'exited with {code}'
 
 
-def launch(command: list[str], n: int, devices: int, logs: pathlib.Path) -> list:
+def say(message: str) -> None:
+    print(f'[launch] {message}', file=sys.stderr, flush=True)
+
+
+def launch(command: list[str], n: int, devices: int, logs: pathlib.Path, procs: list) -> list:
+    """Starts the n processes, appending each to `procs` as it starts (so that whoever called
+    can end those already started if a later one cannot start)."""
     port = free_port()
-    procs = []
     for i in range(n):
         extra = [
             f'--coordinator_address=127.0.0.1:{port}',
@@ -52,45 +75,89 @@ def launch(command: list[str], n: int, devices: int, logs: pathlib.Path) -> list
             f'--process_id={i}',
             f'--cpu_devices={devices}',
         ]
-        out = None if i == 0 else open(logs / f'process_{i}.log', 'w')
-        procs.append(subprocess.Popen(command + extra, stdout=out, stderr=out))
-        print(f'[launch] process {i}: pid {procs[-1].pid}', file=sys.stderr, flush=True)
+        if i == 0:
+            procs.append(subprocess.Popen(command + extra))
+        else:
+            with open(logs / f'process_{i}.log', 'w') as out:  # the child keeps its own copy
+                procs.append(subprocess.Popen(command + extra, stdout=out, stderr=out))
+        say(f'process {i}: pid {procs[-1].pid}')
     return procs
 
 
+def kill_all(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
+
+
 def supervise(procs, logs: pathlib.Path, grace: int) -> int:
-    """Waits for all; if one fails, reports it and ends the rest after `grace` seconds."""
-    failed_at = None
-    while any(p.poll() is None for p in procs):
-        failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
-        if failed and failed_at is None:
-            failed_at = time.time()
-            for i, code in failed:
-                print(
-                    f'[launch] error: process {i} {describe(code)}; waiting up to {grace} s '
-                    'for the others to stop',
-                    file=sys.stderr,
-                    flush=True,
+    """Waits for all. Once one has exited, or a signal came, ends the rest after `grace` seconds.
+    Returns the launcher's exit status; removes the log folder unless a failed log is in it."""
+    deadline, cause = None, None  # when the others get killed, and why
+    reported, killed, forwarded = set(), set(), 0
+    while True:
+        running = [i for i, p in enumerate(procs) if p.poll() is None]
+        if not running:
+            break
+        now = time.monotonic()
+        if len(received) > forwarded:
+            name = signal.Signals(received[-1]).name
+            if forwarded:
+                say(f'got {name} again; killing the processes')
+                kill_all(procs)
+                break
+            say(f'got {name}; passing it on, the processes get up to {grace} s to exit')
+            for i in running:
+                procs[i].send_signal(received[-1])
+            forwarded = len(received)
+            if deadline is None:
+                deadline, cause = now + grace, name
+        for i, p in enumerate(procs):
+            if p.returncode is None or i in reported:
+                continue
+            reported.add(i)
+            if deadline is None:
+                deadline, cause = now + grace, f'process {i}'
+            if p.returncode and not forwarded and any(q.returncode is None for q in procs):
+                left = math.ceil(max(0.0, deadline - now))
+                say(
+                    f'error: process {i} {describe(p.returncode)}; waiting up to {left} s for the '
+                    'others to stop'
                 )
-        if failed_at is not None and time.time() - failed_at > grace:
-            for i, p in enumerate(procs):
-                if p.poll() is None:
-                    print(f'[launch] ending process {i}', file=sys.stderr, flush=True)
-                    p.kill()
-        time.sleep(0.2)
+        if deadline is not None and now >= deadline:
+            for i in running:
+                if i not in killed:
+                    say(f'error: process {i} did not exit within {grace} s of {cause}; killed it')
+                    procs[i].kill()
+                    killed.add(i)
+        time.sleep(0.05)
     codes = [p.wait() for p in procs]
+    if received:
+        shutil.rmtree(logs, ignore_errors=True)
+        return 128 + received[0]
     for i, code in enumerate(codes):
         if code and i:
-            tail = (logs / f'process_{i}.log').read_text().splitlines()[-5:]
+            log = logs / f'process_{i}.log'
+            tail = log.read_bytes().decode(errors='replace').splitlines()[-5:]
             print(
-                f'[launch] process {i} {describe(code)}; its log ({logs}/process_{i}.log) '
-                'ends:\n  ' + '\n  '.join(tail),
+                f'[launch] process {i} {describe(code)}; its log ({log}) ends:\n  '
+                + '\n  '.join(tail),
                 file=sys.stderr,
             )
     bad = [i for i, c in enumerate(codes) if c]
+    if any(bad_i > 0 for bad_i in bad):
+        say(f'the logs stay in {logs}')
+    else:
+        shutil.rmtree(logs, ignore_errors=True)
     if bad:
-        print(f'[launch] error: processes {bad} failed', file=sys.stderr)
+        say(f'error: processes {bad} failed')
     return 1 if bad else 0
+
+
+def on_signal(signum, frame):
+    received.append(signum)  # supervise() passes it on: it may come before all have started
 
 
 def main(argv):
@@ -100,8 +167,25 @@ def main(argv):
             'usage: python -m parity_tests.launch [--num_processes=N] '
             '[--cpu_devices_per_process=K] -- python -m auto.train ...'
         )
+    for s in FORWARDED:
+        signal.signal(s, on_signal)
     logs = pathlib.Path(tempfile.mkdtemp(prefix='shard-parity-launch-'))
-    sys.exit(supervise(launch(command, NUM.value, DEVICES.value, logs), logs, GRACE.value))
+    procs, code = [], None
+    try:
+        try:
+            launch(command, NUM.value, DEVICES.value, logs, procs)
+        except OSError as e:
+            say(f'error: cannot run {command[0]}: {e.strerror}')
+            kill_all(procs)
+            shutil.rmtree(logs, ignore_errors=True)
+            code = 127 if isinstance(e, FileNotFoundError) else 126
+        else:
+            code = supervise(procs, logs, GRACE.value)
+    finally:
+        kill_all(procs)  # only if the launcher itself failed is any left
+        if code is None:
+            shutil.rmtree(logs, ignore_errors=True)
+    sys.exit(code)
 
 
 if __name__ == '__main__':

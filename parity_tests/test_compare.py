@@ -2,8 +2,11 @@
 says why when they do not."""
 
 import json
+import math
 import subprocess
 import sys
+
+import pytest
 
 from parity_tests.helpers import REPO
 
@@ -74,3 +77,130 @@ def test_an_empty_log_is_named(tmp_path):
     done = compare(a, b)
     assert done.returncode != 0
     assert f'{b / "metrics.jsonl"} is empty' in done.stderr
+
+
+def one_error_line(done):
+    """The run failed with a single `error: ...` line on stderr and no traceback."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1, done.stderr
+    assert lines[0].startswith('error: '), done.stderr
+    return lines[0]
+
+
+def mlp_log(log_every, eval_loss=0.5):
+    """An MLP run of 200 steps: train lines every `log_every` steps, each the mean loss since
+    the previous one, and an eval line every 100 steps."""
+    lines = []
+    for step in range(log_every, 201, log_every):
+        lines.append({'step': step, 'train_loss': (2.0 - step / 200) + 0.01 * log_every})
+        if step % 100 == 0:
+            lines.append({'step': step, 'eval_loss': eval_loss, 'eval_accuracy': 0.9})
+    lines.append({'step': 200, 'final': True, 'eval_loss': eval_loss, 'eval_accuracy': 0.9})
+    return lines
+
+
+def test_lines_are_paired_by_step_not_by_position(tmp_path):
+    a = workdir(tmp_path, 'a', mlp_log(10))  # the same run, logged twice as often
+    b = workdir(tmp_path, 'b', mlp_log(20))
+    done = compare(a, b)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()[1:] if line[:6].strip().isdigit()]
+    steps = {int(r[0]) for r in rows}
+    assert steps == set(range(20, 201, 20))  # only the steps both logged, each beside itself
+    assert all(r[1] != 'eval_loss' or r[2] == r[3] for r in rows)
+    # Its train means cover 10 steps in a, 20 in b: shown, marked, not called a disagreement.
+    assert all(r[-1] == '*' for r in rows if r[1] == 'train_loss')
+    assert 'every logged figure: bitwise identical' in done.stdout
+    assert f'10 of 22 in {a}, 0 of 12 in {b}' in done.stdout  # a's odd tens have no partner
+
+
+def test_train_figures_of_the_same_window_and_eval_figures_are_compared(tmp_path):
+    a = mlp_log(20)
+    b = [x for x in mlp_log(20, eval_loss=0.6) if x['step'] != 100 or 'eval_loss' not in x]
+    done = compare(workdir(tmp_path, 'a', a), workdir(tmp_path, 'b', b))
+    assert done.returncode == 0, done.stderr  # the final accuracies agree
+    assert '*' not in done.stdout  # the same --log_every: every train mean is comparable
+    assert 'every logged figure: largest difference 0.1' in done.stdout  # step 200's eval_loss
+    assert '1 of 12 in' in done.stdout and '0 of 11 in' in done.stdout  # a's eval at step 100
+
+
+@pytest.mark.parametrize('bad', [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize('where', ['a train line', 'the final line', 'both runs'])
+def test_a_non_finite_figure_is_a_mismatch(tmp_path, bad, where):
+    a, b = transformer_log(2.4), transformer_log(2.4)
+    if where == 'the final line':
+        b[-1]['eval_loss'] = bad
+    else:
+        b[0]['train_loss'] = bad
+        if where == 'both runs':
+            a[0]['train_loss'] = bad
+    done = compare(workdir(tmp_path, 'a', a), workdir(tmp_path, 'b', b))
+    assert done.returncode == 1
+    line = one_error_line(done)
+    at = 'eval_loss at the final line' if where == 'the final line' else 'train_loss at step 100'
+    assert line.startswith(f'error: {at} of '), line
+    assert f'is {bad}: a NaN or infinity is a mismatch' in line
+    assert 'bitwise identical' not in done.stdout
+
+
+def test_one_directory_given_twice_is_refused(tmp_path):
+    a = workdir(tmp_path, 'a', transformer_log(2.4))
+    for twice in (a, f'{a}/', tmp_path / 'a' / '..' / 'a'):
+        line = one_error_line(compare(a, twice))
+        assert line == f'error: {a} and {twice} are the same directory: compare two different runs'
+
+
+def test_throughput_is_a_rounded_table(tmp_path):
+    a = workdir(tmp_path, 'a', transformer_log(2.4))
+    b = transformer_log(2.4)
+    b[-1]['tokens_per_sec'] = 12345.6
+    done = compare(a, workdir(tmp_path, 'b', b))
+    assert done.returncode == 0, done.stderr
+    table = done.stdout.split('\n\n')[-1].splitlines()
+    assert table[0].split() == ['run', 'tokens_per_sec']
+    assert table[1].split() == [str(a), '10,000']
+    assert table[2].split() == [str(tmp_path / 'b'), '12,346']
+    assert '{' not in done.stdout
+
+
+def test_torn_and_garbled_lines_are_skipped_with_one_warning(tmp_path):
+    a = workdir(tmp_path, 'a', transformer_log(2.4))
+    b = workdir(tmp_path, 'b', transformer_log(2.4))
+    log = b / 'metrics.jsonl'
+    log.write_text('{"step": 50, "train_lo\n' + log.read_text() + '\x00garbage\n{"step": "x"}')
+    found = log.read_bytes()
+    done = compare(a, b)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f'warning: skipped 3 unparsable lines of {log} (torn or garbled)'
+    ]
+    assert 'bitwise identical' in done.stdout
+    assert log.read_bytes() == found  # a reader: the log stays as it was found
+    c = workdir(tmp_path, 'c', [])
+    (c / 'metrics.jsonl').write_text('{"ste\n')
+    done = compare(a, c)
+    assert done.returncode != 0 and 'Traceback' not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f'error: {c / "metrics.jsonl"} has no readable line: all 1 are unparsable'
+    )
+
+
+@pytest.mark.parametrize(
+    'args, error',
+    [
+        ((), 'error: expected two workdirs, got 0; usage: '),
+        (('a',), 'error: expected two workdirs, got 1; usage: '),
+        (('a', 'b', '--max_loss_gap=-1'), 'error: flag --max_loss_gap=-1: '),
+        (('a', 'missing'), 'error: {tmp}/missing/metrics.jsonl does not exist'),
+        (('a', 'unfinished'), 'error: a run has no final line'),
+        (('a', 'no_loss'), 'error: the final line of {tmp}/no_loss/metrics.jsonl has no eval_loss'),
+    ],
+    ids=['no_workdir', 'one_workdir', 'bad_flag', 'missing_log', 'unfinished', 'final_no_loss'],
+)
+def test_every_error_is_one_line(tmp_path, args, error):
+    workdir(tmp_path, 'a', transformer_log(2.4))
+    workdir(tmp_path, 'unfinished', transformer_log(2.4)[:-1])
+    workdir(tmp_path, 'no_loss', [{'step': 100, 'final': True, 'tokens_per_sec': 1.0}])
+    paths = [a if a.startswith('--') else tmp_path / a for a in args]
+    line = one_error_line(compare(*paths))
+    assert line.startswith(error.format(tmp=tmp_path)), line
