@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from parity_tests.conftest import REPO
+from parity_tests.helpers import REPO
 
 # What process i does is the i-th item of argv[1]: 'exit:N' exits N at once; 'sleep' sleeps,
 # leaving quietly (exit 3) on SIGINT or SIGTERM; 'deaf' sleeps and ignores both. Each sleeper
