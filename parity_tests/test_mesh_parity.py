@@ -52,12 +52,22 @@ GRID = [
     ('fsdp_tp', (2, 4)),
 ]
 TWINS = {'auto': auto, 'explicit': explicit}
+SLOW = pytest.mark.slow
 
 
 CASES = [(model, s, shape) for model in ('mlp', 'transformer') for s, shape in GRID] + [
     ('gqa', 'tp', (4, 2)),  # 2 key/value heads: one per model device
     ('gqa', 'fsdp_tp', (4, 2)),
     ('fused', 'tp', (2, 4)),  # both axes: 2-way data, heads split 4 ways
+]
+# The fast tier (-m "not slow") keeps one mesh with both axes split per strategy and model,
+# GQA and fused attention; the rest of the grid runs in the full suite.
+FAST = {(m, s, (4, 2)) for m in ('mlp', 'transformer') for s in ('dp', 'tp')}
+FAST |= {(m, s, (2, 4)) for m in ('mlp', 'transformer') for s in ('fsdp', 'fsdp_tp')}
+FAST |= {('gqa', 'tp', (4, 2)), ('fused', 'tp', (2, 4))}
+PARAMS = [
+    pytest.param(*c, id=f'{c[0]}-{c[1]}-{c[2][0]}x{c[2][1]}', marks=[] if c in FAST else [SLOW])
+    for c in CASES
 ]
 
 
@@ -108,9 +118,7 @@ def test_forgetting_the_psum_is_refused_by_shard_map(one_device, monkeypatch):
 
 
 @pytest.mark.parametrize('name', list(TWINS))
-@pytest.mark.parametrize(
-    'model, strategy, shape', CASES, ids=[f'{m}-{s}-{d}x{k}' for m, s, (d, k) in CASES]
-)
+@pytest.mark.parametrize('model, strategy, shape', PARAMS)
 def test_strategy_matches_the_one_device_run(name, model, strategy, shape, one_device, monkeypatch):
     monkeypatch.setattr(attention, 'KEY_BLOCK', 8)  # two blocks of keys for 'fused'
     case, want_metrics, want_grads, (want_losses, want_params) = one_device(model)
