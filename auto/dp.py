@@ -9,8 +9,8 @@ this file; compare it line by line with `explicit/dp.py`, where the same all-red
 import jax
 from jax.sharding import NamedSharding
 
-from shard_parity.placement import BATCH, REPLICATED, state_shardings
-from shard_parity.step import TrainState, apply_gradients, bind
+from shard_parity.placement import BATCH, REPLICATED
+from shard_parity.step import bind, make_train_step
 
 STRATEGY = 'dp'  # --strategy=dp: every array whole on every device
 
@@ -20,25 +20,16 @@ def loss_and_grads(graphdef, loss_fn, mesh):
 
     def fn(params, batch):  # params @ P(); batch: x[B, ...] @ P('data')
         (_, metrics), grads = grad_fn(params, batch)
-        # grads @ P() and metrics @ P(): each device's rows give only a partial sum, so the
-        # compiler inserts an all-reduce over 'data' here (see parity_tests/test_collectives.py).
-        grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, STRATEGY))
-        return jax.lax.with_sharding_constraint(metrics, NamedSharding(mesh, REPLICATED)), grads
+        # metrics and grads @ P(): each device's rows give only a partial sum, so the compiler
+        # inserts an all-reduce over 'data' here (see parity_tests/test_collectives.py).
+        return jax.lax.with_sharding_constraint((metrics, grads), NamedSharding(mesh, REPLICATED))
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
 
 
 def train_step(graphdef, loss_fn, tx, mesh):
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
-
-    def step(state: TrainState, batch):
-        metrics, grads = grads_fn(state.params, batch)
-        state = apply_gradients(state, grads, tx)  # replicated: the same update everywhere
-        return jax.lax.with_sharding_constraint(
-            state, state_shardings(state, mesh, STRATEGY)
-        ), metrics
-
-    return jax.jit(step, donate_argnums=0)
+    # the gradients, then the shared update: the same on every device (replicated)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
 
 
 def eval_step(graphdef, eval_fn, mesh):

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from shard_parity.placement import state_shardings
 from shard_parity.runtime.config import TrainConfig
 
 
@@ -61,6 +62,22 @@ def create_state(model: nnx.Module, tx: optax.GradientTransformation):
 def apply_gradients(state: TrainState, grads, tx) -> TrainState:
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
+
+
+def make_train_step(grads_fn: Callable, tx, mesh, strategy: str) -> Callable:
+    """The train step every strategy file builds from its `loss_and_grads`: the gradients, then
+    the update, which is elementwise and so the same code for every strategy (each device
+    updates the arrays or shards it holds). The new state is constrained to the placement the
+    old one had, and the old one is donated, so its buffers are reused."""
+
+    def step(state: TrainState, batch):
+        metrics, grads = grads_fn(state.params, batch)
+        state = apply_gradients(state, grads, tx)
+        return jax.lax.with_sharding_constraint(
+            state, state_shardings(state, mesh, strategy)
+        ), metrics
+
+    return jax.jit(step, donate_argnums=0)
 
 
 def bind(graphdef, fn: Callable, **call) -> Callable:
