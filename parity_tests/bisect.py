@@ -18,7 +18,7 @@ import json
 import sys
 import traceback
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from shard_parity import UsageError
 from shard_parity.runtime import flags as F
@@ -45,6 +45,8 @@ DEFAULT_STEPS = 20
 
 
 def main(argv):
+    if not flags.FLAGS['verbosity'].present:  # Orbax and XLA log a lot at INFO
+        logging.set_verbosity(logging.WARNING)
     try:
         import jax
 
@@ -75,6 +77,7 @@ def from_flags():
     from shard_parity.mesh import make_mesh
     from shard_parity.runtime import config as cfg
     from shard_parity.runtime import tasks
+    from shard_parity.runtime.train import check_batch
     from shard_parity.step import create_state, make_optimizer
 
     model = F.MODEL.value
@@ -82,6 +85,7 @@ def from_flags():
     changes = {n: f.value for n, f in F.TRAIN.items() if f.value is not None and n != 'steps'}
     config = dataclasses.replace(cfg.TRAIN_DEFAULTS[model], **changes)
     mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape())
+    check_batch(config.batch_size, mesh)
     if len(TWINS.value) != 2:
         raise UsageError(f'--twins={",".join(TWINS.value)}: give two, such as auto,explicit')
     a, b = (D.load_side(name, F.STRATEGY.value, mesh) for name in TWINS.value)
@@ -136,6 +140,8 @@ def as_dict(report) -> dict:
 
 def render(r) -> str:
     a, b = r.twins
+    if not r.diverged and not r.steps:
+        return f'A={a} and B={b}: every figure both logged agrees ({r.tolerance}).'
     if not r.diverged:
         return f'A={a} and B={b} agree for {r.steps} steps ({r.tolerance}).'
     lines = [f'A={a} and B={b} diverge at step {r.step}, phase {r.phase} ({r.tolerance}).']

@@ -2,9 +2,12 @@
 layer that differs and the hint, for each mistake of the bug zoo (parity_tests/zoo/); and it
 finds nothing where the twins agree."""
 
+import json
+
 import pytest
 
 from parity_tests import divergence as D
+from parity_tests import runs
 from parity_tests.helpers import REPO, fresh_state, make_case
 from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
@@ -66,7 +69,6 @@ def test_bad_twins_get_one_line(mesh8):
 
 @pytest.mark.slow
 def test_cli_reports_the_zoo_and_exits_1():
-    import json
     import subprocess
     import sys
 
@@ -87,3 +89,26 @@ def test_cli_reports_the_zoo_and_exits_1():
     assert result.returncode == 1, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert (report['step'], report['phase'], report['ratio']) == (0, 'gradients', 8.0)
+
+
+def fake_run(root, embed_dim=16, loss=2.0):
+    """A workdir as the train CLI leaves it, without checkpoints."""
+    root.mkdir()
+    config = {
+        'model': 'transformer',
+        'model_config': {'embed_dim': embed_dim},
+        'train': {'steps': 4, 'learning_rate': 1e-3},
+    }
+    (root / 'config.json').write_text(json.dumps(config))
+    lines = [{'step': 1, 'train_loss': 2.5}, {'step': 2, 'train_loss': loss}]
+    (root / 'metrics.jsonl').write_text(''.join(json.dumps(x) + '\n' for x in lines))
+    return str(root)
+
+
+def test_run_directories_of_other_settings_or_without_checkpoints_are_refused(tmp_path):
+    a = fake_run(tmp_path / 'a')
+    with pytest.raises(UsageError, match='other settings: --embed_dim: A 16, B 32'):
+        runs.bisect_runs(a, fake_run(tmp_path / 'b', embed_dim=32), 'f32', None, None)
+    assert runs.bisect_runs(a, fake_run(tmp_path / 'c'), 'f32', None, None).step is None
+    with pytest.raises(UsageError, match='share no checkpoint before it'):
+        runs.bisect_runs(a, fake_run(tmp_path / 'd', loss=2.1), 'f32', None, None)
