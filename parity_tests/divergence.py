@@ -147,9 +147,8 @@ def compare(path, a, b, tolerance, n_rows=1) -> Leaf | None:
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         return Leaf(path, float('inf'), float('inf'), shapes=(a.shape, b.shape))
-    if tolerance == 'bitwise':
-        if np.array_equal(a, b, equal_nan=True):
-            return None
+    if tolerance == 'bitwise' and np.array_equal(a, b, equal_nan=True):
+        return None
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     diff = np.abs(a64 - b64)
     rtol, atol = TOLERANCES[tolerance]
