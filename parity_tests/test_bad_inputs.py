@@ -167,6 +167,26 @@ ROWS = [
         "--num_heads=4 is not divisible by the mesh's model axis (8)",
         'test_bad_inputs.test_cli_row',
     ),
+    (
+        'bisect: a strategy module that cannot be imported',
+        "--twins: cannot import 'nosuch.module'",
+        'test_bisect.test_bad_twins_get_one_line',
+    ),
+    (
+        'bisect: a strategy module without a function of the interface',
+        '--twins: parity_tests.helpers has no loss_and_grads()',
+        'test_bisect.test_bad_twins_get_one_line',
+    ),
+    (
+        'bisect: two run directories of other settings',
+        'were trained with other settings: --embed_dim: A 16, B 32',
+        'test_bisect.test_run_directories_of_other_settings_or_without_checkpoints_are_refused',
+    ),
+    (
+        'bisect: no checkpoint before the divergence',
+        'share no checkpoint before it',
+        'test_bisect.test_run_directories_of_other_settings_or_without_checkpoints_are_refused',
+    ),
 ]
 
 TINY = ['--model=transformer', '--batch_size=16', '--cpu_devices=8']

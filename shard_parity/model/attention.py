@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from shard_parity.model.ops import vary_like
+from shard_parity.model.ops import vary_like, wide
 
 
 def causal_mask(t: int, s: int, offset=0, valid=None):
@@ -29,8 +29,9 @@ def naive(q, k, v, offset=0, valid=None):
     v = jnp.repeat(v, h // kv_heads, axis=2)
     scores = jnp.einsum('bthd,bshd->bhts', q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
     mask = causal_mask(q.shape[1], k.shape[1], offset, valid)
-    scores = jnp.where(mask, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # softmax in float32
+    f = wide(q.dtype)
+    scores = jnp.where(mask, scores.astype(f), jnp.finfo(f).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # softmax in float32 (or 64)
     return jnp.einsum('bhts,bshd->bthd', weights, v)
 
 

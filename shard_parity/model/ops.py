@@ -21,7 +21,7 @@ parity_tests/test_matmul.py, test_layers.py) with a hand-written backward, for o
 Inside shard_map a custom backward must return each gradient with its operand's own type, so
 `vary_like` first gives both operands the same varying mesh axes, as JAX's own ops do
 implicitly; under explicit tensor parallelism that cast of a model-invariant input transposes
-into the psum of its gradient. GELU and LayerNorm compute in float32 and return the input's
+into the psum of its gradient. GELU and LayerNorm compute in float32 (float64 for float64 inputs) and return the input's
 dtype; in bfloat16 LayerNorm multiplies its scale in float32 where nnx.LayerNorm rounds it to
 bfloat16 first. What each saved is measured in docs/benchmarks.md.
 """
@@ -87,6 +87,12 @@ def vary_like(a, b):
 # --- GELU and LayerNorm ---
 
 
+def wide(dtype):
+    """The dtype GELU, LayerNorm and softmax compute in: float64 for float64 inputs (the
+    bisector's --x64), float32 for everything else (float32, bfloat16)."""
+    return jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
+
+
 # erf(x) ~ x * P(x^2) / Q(x^2) on [-4, 4] and +-1 beyond: the float32 rational approximation
 # of Eigen's generic_fast_erf_float. Within 4.5e-7 of the true erf (test_layers.py measures it).
 _ERF_P = (
@@ -132,7 +138,7 @@ def gelu(x):
 
 
 def _gelu_fwd(x):
-    x32 = x.astype(jnp.float32)
+    x32 = x.astype(wide(x.dtype))
     cdf = _cdf(x32)
     return (x32 * cdf).astype(x.dtype), (x32, cdf)
 
@@ -140,7 +146,7 @@ def _gelu_fwd(x):
 def _gelu_bwd(saved, g):  # d/dx x Φ(x) = Φ(x) + x φ(x)
     x, cdf = saved
     pdf = jnp.exp(-0.5 * x * x) * _INV_SQRT_2PI
-    return ((g.astype(jnp.float32) * (cdf + x * pdf)).astype(g.dtype),)
+    return ((g.astype(x.dtype) * (cdf + x * pdf)).astype(g.dtype),)
 
 
 gelu.defvjp(_gelu_fwd, _gelu_bwd)
@@ -153,7 +159,7 @@ def layer_norm(x, scale, epsilon: float):
 
 
 def _layer_norm_fwd(x, scale, epsilon):
-    x32 = x.astype(jnp.float32)
+    x32 = x.astype(wide(x.dtype))
     centred = x32 - x32.mean(-1, keepdims=True)
     inv_std = jax.lax.rsqrt((centred * centred).mean(-1, keepdims=True) + epsilon)
     normed = centred * inv_std
@@ -162,7 +168,7 @@ def _layer_norm_fwd(x, scale, epsilon):
 
 def _layer_norm_bwd(epsilon, saved, g):
     normed, inv_std, scale = saved
-    g32 = g.astype(jnp.float32)
+    g32 = g.astype(normed.dtype)
     gs = g32 * scale
     dx = inv_std * (
         gs - gs.mean(-1, keepdims=True) - normed * (gs * normed).mean(-1, keepdims=True)

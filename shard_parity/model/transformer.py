@@ -16,7 +16,7 @@ from flax import nnx
 from shard_parity import UsageError
 from shard_parity.model.attention import ATTENTION
 from shard_parity.model.mlp import linear
-from shard_parity.model.ops import LayerNorm, dot_general, gelu, product
+from shard_parity.model.ops import LayerNorm, dot_general, gelu, product, wide
 
 normal = nnx.initializers.normal
 
@@ -179,7 +179,7 @@ class Transformer(nnx.Module):
         x = self.norm(x)
         table = self.embed.embedding[...].astype(x.dtype)
         logits = product(x, table, transposed=True)  # the head, tied to the embedding
-        logits = logits.astype(jnp.float32)
+        logits = logits.astype(wide(logits.dtype))  # float64 only under the bisector's --x64
         return logits, (None if caches is None else new_caches)
 
     def init_caches(self, batch: int):

@@ -137,3 +137,28 @@ def restore(workdir, mesh, strategy: str = 'dp', step: int | None = None):
         target = target_for(abstract, state_shardings(abstract, mesh, strategy))
         state = restore_state(mngr, step, target)
     return saved, graphdef, state
+
+
+def read_numpy(workdir, step: int):
+    """(saved config, graphdef, TrainState of numpy arrays) of checkpoint `step`: no mesh, no
+    twin. Every array is read whole onto the first device, whatever mesh wrote it."""
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    with manager(workdir, create=False) as mngr:
+        saved = read_config(mngr, step)
+        tx = make_optimizer(cfg.TrainConfig(**saved['train']))
+        graphdef, params = nnx.split(nnx.eval_shape(lambda: build_model(saved, nnx.Rngs(0))))
+        abstract = TrainState(
+            jax.ShapeDtypeStruct((), 'int32'), params, jax.eval_shape(tx.init, params)
+        )
+        state = restore_state(
+            mngr, step, target_for(abstract, jax.tree.map(lambda _: device, abstract))
+        )
+    return saved, graphdef, jax.device_get(state)
+
+
+def steps(workdir) -> list[int]:
+    """The complete checkpoints in `workdir`, oldest first."""
+    if not (pathlib.Path(workdir) / 'checkpoints').is_dir():
+        return []
+    with manager(workdir, create=False) as mngr:
+        return sorted(mngr.all_steps())

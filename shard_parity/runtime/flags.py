@@ -123,6 +123,12 @@ CHECKPOINT_EVERY = flags.DEFINE_integer(
     'at the end. A rerun with the same --workdir resumes from the latest.',
     lower_bound=1,
 )
+SAVE_INITIAL = flags.DEFINE_bool(
+    'save_initial',
+    False,
+    'Also save the initial state as a step-0 checkpoint, so that python -m parity_tests.bisect '
+    'RUN_A RUN_B can replay from the start.',
+)
 KEEP = flags.DEFINE_integer('keep', 3, 'How many checkpoints to keep.', lower_bound=1)
 DEBUG_NANS = flags.DEFINE_bool('debug_nans', False, "Turn on JAX's NaN checks (slow).")
 VERBOSE = flags.DEFINE_bool('verbose', False, 'Show the traceback of an expected error too.')

@@ -72,6 +72,7 @@ def run(
     sharding=False,
     checkpoint_every=None,
     keep=3,
+    save_initial=False,
 ) -> dict:
     """Trains `task` with `twin.STRATEGIES[strategy]` (e.g. auto's dp.py); returns the last line.
     Saves a checkpoint every `checkpoint_every` steps (default: at each evaluation) and at the
@@ -94,6 +95,8 @@ def run(
     main = jax.process_index() == 0  # with several processes, process 0 writes and prints
     with checkpoint.manager(workdir, keep) as mngr:
         state, start = restore_latest(mngr, state, saved, mesh)
+        if save_initial and start == 0:  # step 0, for python -m parity_tests.bisect RUN_A RUN_B
+            checkpoint.save(mngr, state, saved)
         text = json.dumps(saved, indent=2)
         if main:
             report.atomic_write(workdir / 'config.json', lambda f: f.write(text.encode()))
@@ -142,6 +145,7 @@ def main(twin):
                 F.SHOW_SHARDING.value,
                 F.CHECKPOINT_EVERY.value,
                 F.KEEP.value,
+                F.SAVE_INITIAL.value,
             )
         except FloatingPointError as e:  # raised by JAX's checks under --debug_nans
             if F.VERBOSE.value:

@@ -1,0 +1,363 @@
+"""The bisector's core: two sides (twins, strategy modules or the one-device run), stepped from
+the same state on the same batches, compared phase by phase until the first divergence.
+
+Each step starts both sides from the same state (side A's result of the step before), so every
+comparison measures what one step does, not the drift of many: within round-off, any difference
+at step k was made at step k. Per step, in order:
+
+    forward    each module's output, in the order the modules finish, then the loss metrics
+    gradients  every leaf of loss_and_grads' gradient
+    update     every leaf of the state train_step returns (step, params, optimizer state)
+
+The activations come from the side's own eval_step (its own placement and shard_map), running
+the loss under intercepted module calls. Only per-example outputs (leading dimension the batch)
+that are whole on every device are kept: under explicit tensor parallelism a column-parallel
+layer's output is one device's columns and a row-parallel one's a partial sum, which have no
+counterpart on the other side. flax's nnx.capture(method_outputs=) records outputs too, but
+sorted by name; here the order they were computed in names the first layer that differs.
+"""
+
+import dataclasses
+import functools
+import importlib
+import types
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from flax import nnx
+
+from shard_parity import UsageError
+from shard_parity.mesh import DATA, MODEL
+from shard_parity.model.ops import varying
+from shard_parity.placement import place_batch, place_state
+from shard_parity.step import (
+    apply_gradients,
+    bind,
+    one_device_loss_and_grads,
+    one_device_train_step,
+)
+
+INTERFACE = ('loss_and_grads', 'train_step', 'eval_step')
+# (rtol, atol as a fraction of the leaf's largest magnitude) per --tolerance
+TOLERANCES = {'f32': (1e-5, 1e-6), 'bitwise': (0.0, 0.0), 'x64': (1e-9, 1e-11)}
+
+
+class Side(NamedTuple):
+    name: str  # as given: 'auto', 'one_device', 'parity_tests.zoo.no_pcast', ...
+    module: Any  # loss_and_grads, train_step, eval_step
+    mesh: Any  # None: one device, no mesh
+    strategy: str  # how its state is placed (shard_parity/placement.py)
+
+
+def _one_device():
+    return types.SimpleNamespace(
+        loss_and_grads=lambda graphdef, loss_fn, mesh: one_device_loss_and_grads(graphdef, loss_fn),
+        train_step=lambda graphdef, loss_fn, tx, mesh: one_device_train_step(graphdef, loss_fn, tx),
+        eval_step=lambda graphdef, eval_fn, mesh: jax.jit(bind(graphdef, eval_fn)),
+    )
+
+
+def load_side(name: str, strategy: str, mesh) -> Side:
+    """A twin package (its STRATEGIES[strategy]), a strategy module's import path, or
+    'one_device'."""
+    if name == 'one_device':
+        return Side(name, _one_device(), None, strategy)
+    try:
+        module = importlib.import_module(name)
+    except ImportError as e:
+        raise UsageError(
+            f'--twins: cannot import {name!r} ({e}): give a twin (auto, explicit), one_device, '
+            'or the import path of a strategy module on PYTHONPATH, e.g. mypkg.my_dp'
+        ) from e
+    if hasattr(module, 'STRATEGIES'):
+        if strategy not in module.STRATEGIES:
+            raise UsageError(f'--twins: {name} has no --strategy={strategy}')
+        module = module.STRATEGIES[strategy]
+    missing = [f for f in INTERFACE if not callable(getattr(module, f, None))]
+    if missing:
+        raise UsageError(
+            f'--twins: {name} has no {", ".join(f + "()" for f in missing)}: a strategy module '
+            f'defines {", ".join(INTERFACE)} (as explicit/dp.py does)'
+        )
+    return Side(name, module, mesh, getattr(module, 'STRATEGY', strategy))
+
+
+def place(side: Side, tree, batch=False):
+    tree = jax.tree.map(np.array, tree)  # a private copy: train_step donates its state
+    if side.mesh is None:
+        return jax.device_put(tree, jax.devices()[0])
+    return place_batch(tree, side.mesh) if batch else place_state(tree, side.mesh, side.strategy)
+
+
+# --- activations, recorded by intercepting every module's __call__ ---
+
+
+def recorded(loss_fn, names: list):
+    """An eval_fn(model, batch) for eval_step: runs `loss_fn` and returns the per-example outputs
+    of every module, in the order they finished; their paths go into `names` while tracing."""
+
+    def capture(model, batch):
+        root = model.func if isinstance(model, functools.partial) else model
+        paths = {id(m): '.'.join(map(str, p)) or 'model' for p, m in nnx.iter_modules(root)}
+        rows = next(iter(batch.values())).shape[0]  # this device's rows
+        outputs, originals = [], {}
+
+        def wrap(cls):
+            original = originals[cls] = cls.__call__
+
+            def call(self, *args, **kwargs):
+                out = original(self, *args, **kwargs)
+                x = out[0] if isinstance(out, tuple) else out
+                per_example = args and getattr(args[0], 'ndim', 0) >= 2 and args[0].shape[0] == rows
+                if id(self) in paths and per_example and MODEL not in varying(x):
+                    outputs.append((paths[id(self)], x))
+                return out
+
+            cls.__call__ = call
+
+        for cls in {type(m) for _, m in nnx.iter_modules(root)}:
+            wrap(cls)
+        try:
+            loss_fn(model, batch)
+        finally:
+            for cls, original in originals.items():
+                cls.__call__ = original
+        names[:] = [n for n, _ in outputs]
+        return tuple(x for _, x in outputs)
+
+    return capture
+
+
+# --- comparing ---
+
+
+@dataclasses.dataclass
+class Leaf:
+    path: str
+    max_abs: float
+    max_rel: float
+    ratio: float | None = None  # B / A, when constant over the leaf
+    shapes: tuple | None = None  # (A's, B's) when they differ
+    blocks: list | None = None  # which devices' rows differ, when only some do
+
+
+def compare(path, a, b, tolerance, n_rows=1) -> Leaf | None:
+    """None when a and b agree under `tolerance`; else how they differ."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return Leaf(path, float('inf'), float('inf'), shapes=(a.shape, b.shape))
+    if tolerance == 'bitwise' and np.array_equal(a, b, equal_nan=True):
+        return None
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    diff = np.abs(a64 - b64)
+    rtol, atol = TOLERANCES[tolerance]
+    scale = max(np.abs(a64).max(initial=0), np.abs(b64).max(initial=0))
+    bad = ~(diff <= atol * scale + rtol * np.abs(a64))  # NaN counts as differing
+    if tolerance != 'bitwise' and not bad.any():
+        return None
+    rel = diff / np.maximum(np.abs(a64), np.finfo(np.float64).tiny)
+    leaf = Leaf(path, float(np.nanmax(diff)), float(np.nanmax(rel)), _ratio(a64, b64, scale))
+    if n_rows > 1 and a.ndim and a.shape[0] % n_rows == 0:
+        per_block = bad.reshape(n_rows, -1).any(1)
+        if 0 < per_block.sum() < n_rows:
+            leaf.blocks = [int(i) for i in np.flatnonzero(per_block)]
+    return leaf
+
+
+def _ratio(a, b, scale) -> float | None:
+    """B / A where it is the same number everywhere A is not negligible."""
+    big = np.abs(a) > 1e-3 * scale
+    if big.sum() < 1:
+        return None
+    r = b[big] / a[big]
+    mid = float(np.median(r))
+    return mid if np.all(np.abs(r - mid) <= 1e-3 * abs(mid) + 1e-12) else None
+
+
+def named_leaves(tree) -> list:
+    def name(k):
+        return str(getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k))))
+
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [('.'.join(name(k) for k in path if name(k) != 'value'), x) for path, x in flat]
+
+
+def compare_trees(prefix, a, b, tolerance) -> list[Leaf]:
+    out = []
+    for (path, x), (_, y) in zip(named_leaves(a), named_leaves(b), strict=True):
+        leaf = compare(f'{prefix}{path}', x, y, tolerance)
+        if leaf:
+            out.append(leaf)
+    return out
+
+
+# --- what a constant ratio or a per-device pattern points to ---
+
+
+def hints(leaf: Leaf, a: Side, b: Side) -> list[str]:
+    sizes = {ax: sorted({s.mesh.shape[ax] for s in (a, b) if s.mesh} - {1}) for ax in (DATA, MODEL)}
+    out = []
+    if leaf.shapes and len(leaf.shapes[0]) and leaf.shapes[0][1:] == leaf.shapes[1][1:]:
+        k = leaf.shapes[1][0] / leaf.shapes[0][0]
+        for big, n in (('B', k), ('A', 1 / k)):
+            if n in sizes[DATA]:
+                out.append(
+                    f"{big} has {int(n)}x the rows, the 'data' axis size: in {big} the batch is "
+                    "replicated where it should be split (an in_spec P() for the batch, not "
+                    "P('data')): every device works on the whole batch"
+                )
+    r = leaf.ratio
+    for n in sizes[DATA] if r else ():
+        for big, k in (('B', r), ('A', 1 / r)):
+            if abs(k - n) <= 1e-3 * n:
+                out.append(
+                    f"{big} is {n}x the other, the 'data' axis size: in {big} a sum where a mean "
+                    'belongs (psum for pmean, or a reduce-scatter without its division by n), or '
+                    'a missing pcast(..., to=\'varying\') before grad, whose transpose is a psum'
+                )
+    for m in sizes[MODEL] if r else ():
+        for small, k in (('B', r), ('A', 1 / r)):
+            if abs(k * m - 1) <= 1e-3:
+                out.append(
+                    f"{small} is the other / {m}, the 'model' axis size: in {small} a mean where "
+                    "a psum belongs (pmean over 'model' for tensor parallelism's psum)"
+                )
+    if leaf.blocks:
+        out.append(
+            f'only the rows of devices {leaf.blocks} differ: a per-device random key (a dropout '
+            'or init key that is the same on every device where each needs its own rows, or '
+            'folded with axis_index where the global draw was meant)'
+        )
+    return out
+
+
+# --- the step-by-step run ---
+
+
+@dataclasses.dataclass
+class Report:
+    twins: tuple[str, str]
+    tolerance: str
+    steps: int  # steps compared
+    step: int | None = None  # the first step that diverged (None: none did)
+    phase: str | None = None  # 'state', 'forward', 'gradients' or 'update'
+    layer: str | None = None  # the first module whose output differs (forward only)
+    leaves: list = dataclasses.field(default_factory=list)
+    ratio: float | None = None
+    hints: list = dataclasses.field(default_factory=list)
+    compared: dict = dataclasses.field(default_factory=dict)  # phase -> leaves compared per step
+
+    @property
+    def diverged(self) -> bool:
+        return self.step is not None
+
+
+class Runner:
+    """One side's compiled functions, built on first use (a bug found in the forward pass never
+    compiles the train step)."""
+
+    def __init__(self, side: Side, graphdef, loss_fn, tx):
+        self.side, self.graphdef, self.loss_fn, self.tx = side, graphdef, loss_fn, tx
+        self.names = []
+
+    @functools.cached_property
+    def forward(self):
+        capture = recorded(self.loss_fn, self.names)
+        return self.side.module.eval_step(self.graphdef, capture, self.side.mesh)
+
+    @functools.cached_property
+    def grads(self):
+        return self.side.module.loss_and_grads(self.graphdef, self.loss_fn, self.side.mesh)
+
+    @functools.cached_property
+    def step(self):
+        return self.side.module.train_step(self.graphdef, self.loss_fn, self.tx, self.side.mesh)
+
+    def activations(self, state, batch) -> list:
+        out = self.forward(place(self.side, state.params), place(self.side, batch, True))
+        return list(zip(self.names, [np.asarray(x) for x in out]))
+
+    def loss_and_grads(self, state, batch):
+        return jax.device_get(
+            self.grads(place(self.side, state.params), place(self.side, batch, True))
+        )
+
+    def train_step(self, state, batch):
+        return jax.device_get(self.step(place(self.side, state), place(self.side, batch, True)))
+
+
+def _rows(a: Side, b: Side) -> int:
+    return max(s.mesh.shape[DATA] for s in (a, b) if s.mesh) if (a.mesh or b.mesh) else 1
+
+
+def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report) -> tuple:
+    """(phase, layer, differing leaves) of one step from `state`, or (None, None, A's state)."""
+    n = _rows(ra.side, rb.side)
+    acts_a, acts_b = ra.activations(state, batch), dict(rb.activations(state, batch))
+    common = [(p, x) for p, x in acts_a if p in acts_b]
+    report.compared['forward'] = len(common)
+    for path, x in common:
+        leaf = compare(path, x, acts_b[path], tolerance, n)
+        if leaf:
+            return 'forward', path, [leaf]
+    (ma, ga), (mb, gb) = ra.loss_and_grads(state, batch), rb.loss_and_grads(state, batch)
+    leaves = compare_trees('', ma, mb, tolerance)
+    if leaves:
+        return 'forward', None, leaves
+    leaves = compare_trees('', ga, gb, tolerance)
+    report.compared['gradients'] = len(leaves) or len(jax.tree.leaves(ga))
+    if leaves:
+        return 'gradients', None, leaves
+    # AdamW divides by sqrt(v): gradients equal to round-off can give updates that differ far
+    # more. So each side's train_step is held to what its own gradient makes of the state.
+    (sa, _), (sb, _) = ra.train_step(state, batch), rb.train_step(state, batch)
+    leaves = compare_trees('A: ', apply(state, ga), sa, tolerance)
+    leaves += compare_trees('B: ', apply(state, gb), sb, tolerance)
+    report.compared['update'] = 2 * len(jax.tree.leaves(sa))
+    if leaves:
+        return 'update', None, leaves
+    return None, None, sa
+
+
+def bisect(
+    a: Side,
+    b: Side,
+    graphdef,
+    loss_fn,
+    tx,
+    state,
+    batches,
+    steps,
+    tolerance='f32',
+    start=0,
+    state_b=None,
+) -> Report:
+    """Steps A and B side by side from `state` (B from `state_b` if given, e.g. its own
+    checkpoint) on batches start..start+steps-1; stops at the first divergence."""
+    report = Report((a.name, b.name), tolerance, 0)
+    if state_b is not None:
+        leaves = compare_trees('', state, state_b, tolerance)
+        if leaves:
+            return _diverged(report, start, 'state', None, leaves, a, b)
+    ra, rb = Runner(a, graphdef, loss_fn, tx), Runner(b, graphdef, loss_fn, tx)
+    one_device = jax.jit(lambda s, g: apply_gradients(s, g, tx))
+
+    def apply(state, grads):  # the update the shared optimizer makes of `grads`, on one device
+        return jax.device_get(one_device(jax.tree.map(np.array, state), grads))
+
+    for i in range(start, start + steps):
+        batch = batches.batch(i)
+        phase, layer, out = compare_step(ra, rb, apply, state, batch, tolerance, report)
+        report.steps += 1
+        if phase:
+            return _diverged(report, i, phase, layer, out, a, b)
+        state = out
+    return report
+
+
+def _diverged(report, step, phase, layer, leaves, a, b) -> Report:
+    report.step, report.phase, report.layer, report.leaves = step, phase, layer, leaves
+    report.ratio = leaves[0].ratio
+    report.hints = hints(leaves[0], a, b)
+    return report

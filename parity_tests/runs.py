@@ -1,0 +1,112 @@
+"""The bisector on two train runs' workdirs: `python -m parity_tests.bisect RUN_A RUN_B`.
+
+Finds the first logged step where the two metrics.jsonl differ (train_loss, train_grad_norm
+with --log_grad_norm, the eval figures), restores the newest checkpoint both runs have before
+it, each with its own twin, strategy and mesh from its config.json, and replays step by step
+from there (parity_tests/divergence.py). A step-0 checkpoint (train with --save_initial) lets
+it start from the beginning.
+"""
+
+import json
+import pathlib
+
+from parity_tests import divergence as D
+from shard_parity import UsageError
+from shard_parity.mesh import make_mesh
+from shard_parity.runtime import checkpoint, tasks
+from shard_parity.runtime import config as cfg
+from shard_parity.step import make_optimizer
+
+SAME = ('model', 'model_config', 'train')  # what two runs must share to be replayed together
+
+
+def read_run(workdir: str) -> tuple[dict, dict]:
+    """(config.json, {step: merged metrics of that step}) of a workdir."""
+    root = pathlib.Path(workdir)
+    if not (root / 'config.json').is_file() or not (root / 'metrics.jsonl').is_file():
+        raise UsageError(f'{workdir} has no config.json and metrics.jsonl: not a train workdir')
+    lines = {}
+    for line in (root / 'metrics.jsonl').read_text().splitlines():
+        record = json.loads(line)
+        if not record.get('final'):
+            lines.setdefault(record['step'], {}).update(record)
+    return json.loads((root / 'config.json').read_text()), lines
+
+
+def different_settings(a: dict, b: dict) -> list[str]:
+    diffs = [f"--model: A {a['model']}, B {b['model']}"] if a['model'] != b['model'] else []
+    for group in SAME[1:]:
+        for key in sorted(set(a[group]) | set(b[group])):
+            if key not in checkpoint.RESUMABLE and a[group].get(key) != b[group].get(key):
+                diffs.append(f'--{key}: A {a[group].get(key)}, B {b[group].get(key)}')
+    return diffs
+
+
+def first_difference(lines_a: dict, lines_b: dict, tolerance: str) -> tuple[int | None, int]:
+    """(first logged step whose shared figures differ, or None; the last step that agreed)."""
+    agreed = 0
+    for step in sorted(set(lines_a) & set(lines_b)):
+        keys = sorted((set(lines_a[step]) & set(lines_b[step])) - {'step'})
+        for key in keys:
+            if D.compare(key, [lines_a[step][key]], [lines_b[step][key]], tolerance):
+                return step, agreed
+        agreed = step
+    return None, agreed
+
+
+def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None):
+    (saved_a, lines_a), (saved_b, lines_b) = read_run(run_a), read_run(run_b)
+    diffs = different_settings(saved_a, saved_b)
+    if diffs:
+        raise UsageError(
+            f'{run_a} and {run_b} were trained with other settings: ' + '; '.join(diffs)
+        )
+    step, agreed = first_difference(lines_a, lines_b, tolerance)
+    if step is None:
+        return D.Report((run_a, run_b), tolerance, 0)
+    common = sorted(set(checkpoint.steps(run_a)) & set(checkpoint.steps(run_b)))
+    before = [s for s in common if s <= agreed] or [s for s in common if s < step]
+    if not before:
+        raise UsageError(
+            f'the runs first differ at logged step {step}, but they share no checkpoint before it '
+            f'(A: {checkpoint.steps(run_a) or "none"}, B: {checkpoint.steps(run_b) or "none"}): '
+            'train with --save_initial (a step-0 checkpoint) and a smaller --checkpoint_every'
+        )
+    start = before[-1]
+    _, graphdef, state_a = checkpoint.read_numpy(run_a, start)
+    _, _, state_b = checkpoint.read_numpy(run_b, start)
+    config = cfg.TrainConfig(**saved_a['train'])
+    sides = [side(saved, run) for saved, run in ((saved_a, run_a), (saved_b, run_b))]
+    task = make_task(saved_a, config)
+    return D.bisect(
+        *sides,
+        graphdef,
+        task.loss_fn,
+        make_optimizer(config),
+        widen(state_a),
+        _Widened(task, widen),
+        steps or step - start,
+        tolerance,
+        start=start,
+        state_b=widen(state_b),
+    )
+
+
+def side(saved: dict, run: str) -> D.Side:
+    mesh = make_mesh(shape=(saved['mesh']['data'], saved['mesh']['model']))
+    found = D.load_side(saved['twin'], saved['strategy'], mesh)
+    return found._replace(name=f"{run} ({saved['twin']} {saved['strategy']} {saved['devices']})")
+
+
+def make_task(saved: dict, config):
+    if saved['model'] == 'mlp':
+        return tasks.mnist_task(config)
+    return tasks.shakespeare_task(config, cfg.TransformerConfig(**saved['model_config']))
+
+
+class _Widened:
+    def __init__(self, task, widen):
+        self.task, self.widen = task, widen
+
+    def batch(self, i):
+        return self.widen(self.task.train_batches.batch(i))

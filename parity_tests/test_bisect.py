@@ -1,0 +1,114 @@
+"""Claim: the bisector names where two twins first disagree: the step, the phase, the first
+layer that differs and the hint, for each mistake of the bug zoo (parity_tests/zoo/); and it
+finds nothing where the twins agree."""
+
+import json
+
+import pytest
+
+from parity_tests import divergence as D
+from parity_tests import runs
+from parity_tests.helpers import REPO, fresh_state, make_case
+from shard_parity import UsageError
+from shard_parity.mesh import make_mesh
+
+DATA_HINT = "the 'data' axis size: in B a sum where a mean belongs"
+ZOO = {  # module: (strategy, mesh, reference, phase, layer, ratio, hint fragment)
+    'dp_psum': ('dp', (8, 1), 'explicit', 'gradients', None, 8.0, DATA_HINT),
+    'no_pcast': ('dp', (8, 1), 'explicit', 'gradients', None, 8.0, DATA_HINT),
+    'scatter_no_div': ('fsdp', (8, 1), 'one_device', 'gradients', None, 8.0, DATA_HINT),
+    'replicated_batch': ('dp', (8, 1), 'auto', 'forward', 'layers.0', None, 'B has 8x the rows'),
+    'dropout_key': (
+        'dp',
+        (8, 1),
+        'parity_tests.zoo.dropout',
+        'forward',
+        'layers.0',
+        None,
+        'only the rows of devices [1, 2, 3, 4, 5, 6, 7] differ',
+    ),
+}
+
+
+def run(a, b, strategy, shape, model='mlp', steps=1):
+    case = make_case(model)
+    graphdef, tx, state = fresh_state(0, case)
+    mesh = make_mesh(shape=shape)
+    sides = [D.load_side(name, strategy, mesh) for name in (a, b)]
+    return D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, steps)
+
+
+def test_agreeing_twins_pass_and_a_bug_does_not():
+    report = run('auto', 'explicit', 'dp', (8, 1), steps=2)
+    assert not report.diverged and report.steps == 2
+    assert report.compared == {'forward': 4, 'gradients': 6, 'update': 40}
+
+
+@pytest.mark.parametrize('bug', ZOO)
+def test_the_zoo(bug):
+    strategy, shape, reference, phase, layer, ratio, hint = ZOO[bug]
+    report = run(reference, f'parity_tests.zoo.{bug}', strategy, shape)
+    assert (report.step, report.phase, report.layer) == (0, phase, layer)
+    assert report.ratio == pytest.approx(ratio, rel=1e-4) if ratio else report.ratio is None
+    assert any(hint in h for h in report.hints), report.hints
+
+
+def test_tp_pmean_names_the_attention_and_the_model_axis():
+    report = run('auto', 'parity_tests.zoo.tp_pmean', 'tp', (4, 2), model='transformer')
+    assert (report.step, report.phase, report.layer) == (0, 'forward', 'blocks.0.attn')
+    assert report.ratio == pytest.approx(0.5, rel=1e-4)
+    assert "B is the other / 2, the 'model' axis size" in report.hints[0]
+
+
+def test_bad_twins_get_one_line(mesh8):
+    with pytest.raises(UsageError, match="cannot import 'nosuch.module'"):
+        D.load_side('nosuch.module', 'dp', mesh8)
+    with pytest.raises(UsageError, match=r'parity_tests.helpers has no loss_and_grads\(\)'):
+        D.load_side('parity_tests.helpers', 'dp', mesh8)
+
+
+@pytest.mark.slow
+def test_cli_reports_the_zoo_and_exits_1():
+    import subprocess
+    import sys
+
+    flags = ['--model=mlp', '--steps=2', '--cpu_devices=8', '--json']
+    result = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'parity_tests.bisect',
+            *flags,
+            '--twins=explicit,parity_tests.zoo.no_pcast',
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert (report['step'], report['phase'], report['ratio']) == (0, 'gradients', 8.0)
+
+
+def fake_run(root, embed_dim=16, loss=2.0):
+    """A workdir as the train CLI leaves it, without checkpoints."""
+    root.mkdir()
+    config = {
+        'model': 'transformer',
+        'model_config': {'embed_dim': embed_dim},
+        'train': {'steps': 4, 'learning_rate': 1e-3},
+    }
+    (root / 'config.json').write_text(json.dumps(config))
+    lines = [{'step': 1, 'train_loss': 2.5}, {'step': 2, 'train_loss': loss}]
+    (root / 'metrics.jsonl').write_text(''.join(json.dumps(x) + '\n' for x in lines))
+    return str(root)
+
+
+def test_run_directories_of_other_settings_or_without_checkpoints_are_refused(tmp_path):
+    a = fake_run(tmp_path / 'a')
+    with pytest.raises(UsageError, match='other settings: --embed_dim: A 16, B 32'):
+        runs.bisect_runs(a, fake_run(tmp_path / 'b', embed_dim=32), 'f32', None, None)
+    assert runs.bisect_runs(a, fake_run(tmp_path / 'c'), 'f32', None, None).step is None
+    with pytest.raises(UsageError, match='share no checkpoint before it'):
+        runs.bisect_runs(a, fake_run(tmp_path / 'd', loss=2.1), 'f32', None, None)

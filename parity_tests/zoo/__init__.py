@@ -1,0 +1,13 @@
+"""The bug zoo: the classic mistakes of hand-written collectives, each a strategy module that is
+a copy of an explicit/ file with one thing changed (marked `# BUG:`), for
+`python -m parity_tests.bisect --twins=explicit,parity_tests.zoo.<name>` to find. test_bisect.py
+asserts what the bisector says about each.
+
+    tp_pmean        explicit/tp.py, pmean over 'model' where the psum belongs
+    dp_psum         explicit/dp.py, psum of the gradients where the pmean belongs
+    no_pcast        explicit/dp.py without the pcast before grad
+    replicated_batch  explicit/dp.py with the batch's in_spec P(): every device takes all of it
+    scatter_no_div  explicit/fsdp.py, the reduce-scatter without its division by n
+    dropout         input dropout drawn per global row: correct, the reference for...
+    dropout_key     ...the same, with the key folded with the device's local row index
+"""

@@ -1,0 +1,44 @@
+"""explicit/dp.py without the pcast before grad: the gradient comes out summed (the bug zoo)."""
+
+import jax
+
+from shard_parity.mesh import DATA
+from shard_parity.placement import BATCH, REPLICATED, state_shardings
+from shard_parity.step import TrainState, apply_gradients, bind
+
+STRATEGY = 'dp'
+
+
+def loss_and_grads(graphdef, loss_fn, mesh):
+    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
+
+    def fn(params, batch):
+        # BUG: no jax.lax.pcast(params, DATA, to='varying') here
+        (_, metrics), grads = grad_fn(params, batch)
+        return jax.lax.pmean((metrics, grads), DATA)
+
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, BATCH), out_specs=REPLICATED))
+
+
+def train_step(graphdef, loss_fn, tx, mesh):
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
+
+    def step(state: TrainState, batch):
+        metrics, grads = grads_fn(state.params, batch)
+        state = apply_gradients(state, grads, tx)
+        return jax.lax.with_sharding_constraint(
+            state, state_shardings(state, mesh, STRATEGY)
+        ), metrics
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def eval_step(graphdef, eval_fn, mesh):
+    fn = bind(graphdef, eval_fn)
+
+    def evaluate(params, batch):
+        return jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, BATCH), out_specs=BATCH)(
+            params, batch
+        )
+
+    return jax.jit(evaluate)
