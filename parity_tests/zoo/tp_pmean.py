@@ -3,8 +3,8 @@
 import jax
 
 from shard_parity.mesh import DATA, MODEL
-from shard_parity.placement import BATCH, REPLICATED, state_shardings, state_specs
-from shard_parity.step import TrainState, apply_gradients, bind
+from shard_parity.placement import BATCH, REPLICATED, state_specs
+from shard_parity.step import bind, make_train_step
 
 STRATEGY = 'tp'  # --strategy=tp: layers split over 'model', the batch over 'data'
 
@@ -33,16 +33,7 @@ def loss_and_grads(graphdef, loss_fn, mesh):
 
 
 def train_step(graphdef, loss_fn, tx, mesh):
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
-
-    def step(state: TrainState, batch):
-        metrics, grads = grads_fn(state.params, batch)
-        state = apply_gradients(state, grads, tx)  # each device updates its own slices
-        return jax.lax.with_sharding_constraint(
-            state, state_shardings(state, mesh, STRATEGY)
-        ), metrics
-
-    return jax.jit(step, donate_argnums=0)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
 
 
 def eval_step(graphdef, eval_fn, mesh):
