@@ -62,6 +62,14 @@ def make_mesh(
     return jax.make_mesh(shape, (DATA, MODEL), axis_types=(axis_type,) * 2, devices=devices[:n])
 
 
+def with_axis_type(mesh, axis_type: AxisType):
+    """The same devices and axes as `mesh`, with every axis of `axis_type` (a twin's AXIS_TYPE):
+    for tools that compile several twins over one mesh."""
+    return jax.sharding.Mesh(
+        mesh.devices, mesh.axis_names, axis_types=(axis_type,) * len(mesh.axis_names)
+    )
+
+
 def start_processes(
     coordinator: str | None,
     num_processes: int | None,
