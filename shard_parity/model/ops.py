@@ -30,6 +30,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -144,6 +145,16 @@ def lookup(embed: nnx.Embed, ids):
         return embed(ids)
     out = NamedSharding(sharding.mesh, P(*sharding.spec.partitions, None))
     return embed.embedding[...].astype(embed.dtype).at[ids].get(out_sharding=out)
+
+
+def cross_entropy(logits, labels):
+    """optax.softmax_cross_entropy_with_integer_labels(logits, labels) over the last axis. In
+    Explicit mode the same arithmetic with `[..., 0]` for optax's `.take(0, axis)`, whose
+    transpose (a scatter) has no sharding rule in jax 0.12 (jax#33787); a slice's has."""
+    if typed(logits) is None:
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    label_logits = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    return jax.nn.logsumexp(logits, axis=-1) - label_logits
 
 
 # --- GELU and LayerNorm ---
