@@ -1,7 +1,10 @@
 """The twin in JAX's Auto mode: we place the arrays (NamedSharding on an AxisType.Auto mesh),
 and the compiler inserts the collectives. One whole file per strategy."""
 
+from jax.sharding import AxisType
+
 from auto import dp, fsdp, fsdp_tp, tp
 
 NAME = 'auto'
+AXIS_TYPE = AxisType.Auto  # the mesh the compiler partitions over
 STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp}

@@ -1,7 +1,10 @@
 """The twin in JAX's Manual mode (jax.shard_map): each device runs on its own shards, and every
 collective is a line of its strategy file. One whole file per strategy."""
 
+from jax.sharding import AxisType
+
 from explicit import dp, fsdp, fsdp_tp, tp
 
 NAME = 'explicit'
+AXIS_TYPE = AxisType.Auto  # shard_map makes the axes Manual inside its functions
 STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp}

@@ -4,10 +4,10 @@
     python -m parity_tests.collectives --model=transformer --num_kv_heads=1 --cpu_devices=8 --json
     python -m parity_tests.collectives --model=transformer --strategy=tp --mesh=4x2 --cpu_devices=8
 
-Lowers and compiles the train step of the one-device run, auto/ and explicit/ (shapes
-only: no data is read), lists each program's collectives from its optimized HLO, prints the
-analytic expectation of the strategy beside them, and flags whatever one twin moves that the
-other does not. Takes the train CLI's model, batch, --strategy and --mesh flags.
+Lowers and compiles the train step of the one-device run, auto/, explicit/ and typed/
+(shapes only: no data is read), lists each program's collectives from its optimized HLO, prints
+the analytic expectation of the strategy beside them, and flags whatever auto/ moves that
+explicit/ does not, and typed/ likewise against explicit/ (`typed_differences`). Takes the train CLI's model, batch, --strategy and --mesh flags.
 """
 
 import collections
@@ -24,9 +24,10 @@ from jax.sharding import NamedSharding
 
 import auto
 import explicit
+import typed
 from parity_tests.hlo import collectives
 from shard_parity import UsageError
-from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh
+from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh, with_axis_type
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import BATCH, state_shardings, state_specs
@@ -71,13 +72,14 @@ def inspect(
     tx = make_optimizer(config)
     graphdef, state = nnx.eval_shape(lambda: create_state(make_model(nnx.Rngs(0)), tx))
     programs = {'one_device': one_device_train_step(graphdef, loss_fn, tx).lower(state, batch)}
-    shardings = state_shardings(state, mesh, strategy)
-    abstract_state = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
-    )
-    for twin in (auto, explicit):
-        step = twin.STRATEGIES[strategy].train_step(graphdef, loss_fn, tx, mesh)
-        programs[twin.NAME] = step.lower(abstract_state, with_sharding(batch, mesh, BATCH))
+    for twin in (auto, explicit, typed):
+        twin_mesh = with_axis_type(mesh, twin.AXIS_TYPE)  # typed/: the same devices, Explicit
+        shardings = state_shardings(state, twin_mesh, strategy)
+        abstract_state = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
+        )
+        step = twin.STRATEGIES[strategy].train_step(graphdef, loss_fn, tx, twin_mesh)
+        programs[twin.NAME] = step.lower(abstract_state, with_sharding(batch, twin_mesh, BATCH))
     found = {
         name: [
             dataclasses.asdict(c) | {'bytes': c.bytes, 'group_size': c.group_size}
@@ -95,6 +97,7 @@ def inspect(
         'programs': found,
         'expected': expected,
         'differences': differences(found['auto'], found['explicit']),
+        'typed_differences': differences(found['typed'], found['explicit'], 'typed'),
     }
 
 
@@ -167,14 +170,14 @@ def signature(ops) -> collections.Counter:
     )
 
 
-def differences(auto_ops, explicit_ops) -> list[str]:
+def differences(auto_ops, explicit_ops, name: str = 'auto') -> list[str]:
     a, e = signature(auto_ops), signature(explicit_ops)
     out = [
-        f'auto has {k[0]} of {k[2]:,} elements over {k[1]} devices that explicit lacks (x{v})'
+        f'{name} has {k[0]} of {k[2]:,} elements over {k[1]} devices that explicit lacks (x{v})'
         for k, v in (a - e).items()
     ]
     out += [
-        f'explicit has {k[0]} of {k[2]:,} elements over {k[1]} devices that auto lacks (x{v})'
+        f'explicit has {k[0]} of {k[2]:,} elements over {k[1]} devices that {name} lacks (x{v})'
         for k, v in (e - a).items()
     ]
     return out
@@ -205,14 +208,18 @@ def print_report(r: dict) -> None:
             f"expected: {a['count']} all-reduce(s) of f32{list(a['shape'])} activations over "
             f"{a['group_size']} devices, {a['bytes']:,} bytes.\n  {a['note']}"
         )
-    for name in ('auto', 'explicit'):
+    for name in ('auto', 'explicit', 'typed'):
         got = collections.Counter()
         for op in r['programs'][name]:
             got[op['kind']] += op['bytes']
         print(f'{name:<10} moves ' + ', '.join(f'{k} {v:,} bytes' for k, v in got.items()))
-    print('\ndifferences between the twins: ' + ('none' if not r['differences'] else ''))
-    for d in r['differences']:
-        print(f'  - {d}')
+    for key, pair in (
+        ('differences', 'auto and explicit'),
+        ('typed_differences', 'typed and explicit'),
+    ):
+        print(f'\ndifferences between {pair}: ' + ('none' if not r[key] else ''))
+        for d in r[key]:
+            print(f'  - {d}')
 
 
 def main(argv):

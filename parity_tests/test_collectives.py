@@ -64,27 +64,30 @@ def test_inspector_pins_the_mlp_collectives():
     grads = r['expected']['gradient_bytes']
     assert grads == 669_706 * 4 and r['expected']['ring_bytes_per_device'] == 2 * 7 / 8 * grads
     assert r['programs']['one_device'] == []
-    for twin in ('auto', 'explicit'):
+    for twin in ('auto', 'explicit', 'typed'):
         (op,) = r['programs'][twin]  # exactly one, combined all-reduce
         assert op['kind'] == 'all-reduce' and op['group_size'] == 8
         assert op['bytes'] == grads + 8  # + the mean loss and accuracy
-    assert r['differences'] == []
+    assert r['differences'] == [] and r['typed_differences'] == []
 
 
 def test_inspector_pins_the_transformer_collectives():
     """Pinned compiler behaviour (jax 0.10.2): the tied embedding gets two gradient terms, the
     lookup and the output head. explicit/ adds them on each device and all-reduces the sum once;
-    auto/ all-reduces each term, moving one extra [256, 128] float32 (131,072 bytes)."""
+    auto/ all-reduces each term, moving one extra [256, 128] float32 (131,072 bytes). typed/'s
+    `reduced` table gets one `unreduced` gradient, both terms summed before its one reduction."""
     r = inspect_collectives('transformer', batch_size=16)
     grads = r['expected']['gradient_bytes']
     assert grads == 828_544 * 4
-    sizes = {twin: sum(op['bytes'] for op in r['programs'][twin]) for twin in ('auto', 'explicit')}
-    assert sizes['explicit'] == grads + 4  # + the mean loss
+    twins = ('auto', 'explicit', 'typed')
+    sizes = {twin: sum(op['bytes'] for op in r['programs'][twin]) for twin in twins}
+    assert sizes['explicit'] == sizes['typed'] == grads + 4  # + the mean loss
     assert sizes['auto'] == grads + 4 + 256 * 128 * 4
     assert r['differences'] == [
         'auto has all-reduce of 32,768 elements over 8 devices that explicit lacks (x1)'
     ]
-    for twin in ('auto', 'explicit'):
+    assert r['typed_differences'] == []
+    for twin in twins:
         assert {op['kind'] for op in r['programs'][twin]} == {'all-reduce'}
 
 

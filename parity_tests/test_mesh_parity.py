@@ -1,4 +1,4 @@
-"""Claim: on a DATA x MODEL mesh, every strategy (dp, fsdp, tp, fsdp_tp) in both twins gives the
+"""Claim: on a DATA x MODEL mesh, every strategy (dp, fsdp, tp, fsdp_tp) in every twin gives the
 one-device run's loss and gradients, and 20 AdamW steps track it, at data parallelism's
 tolerances, for the MLP and the transformer (8 heads, so that 8 model devices get one each).
 dp and fsdp on the 1-D 8x1 mesh are in test_gradient_parity, test_training_parity, test_fsdp."""
@@ -11,6 +11,7 @@ import pytest
 
 import auto
 import explicit
+import typed
 from parity_tests.helpers import (
     LOSS_TOL,
     PARAM_TOL,
@@ -51,7 +52,7 @@ GRID = [
     ('fsdp_tp', (4, 2)),
     ('fsdp_tp', (2, 4)),
 ]
-TWINS = {'auto': auto, 'explicit': explicit}
+TWINS = {'auto': auto, 'explicit': explicit, 'typed': typed}
 SLOW = pytest.mark.slow
 
 
@@ -117,12 +118,14 @@ def test_forgetting_the_psum_is_refused_by_shard_map(one_device, monkeypatch):
         twin_loss_and_grads(explicit, mesh, graphdef, case.loss_fn, state, batch, 'tp')
 
 
-@pytest.mark.parametrize('name', list(TWINS))
+# typed's 25 cases take about 5 minutes on 2 cores: the slow tier (test_typed.py keeps a few fast).
+@pytest.mark.parametrize('name', ['auto', 'explicit', pytest.param('typed', marks=SLOW)])
 @pytest.mark.parametrize('model, strategy, shape', PARAMS)
 def test_strategy_matches_the_one_device_run(name, model, strategy, shape, one_device, monkeypatch):
     monkeypatch.setattr(attention, 'KEY_BLOCK', 8)  # two blocks of keys for 'fused'
     case, want_metrics, want_grads, (want_losses, want_params) = one_device(model)
-    twin, mesh = TWINS[name], make_mesh(shape=shape)
+    twin = TWINS[name]
+    mesh = make_mesh(shape=shape, axis_type=twin.AXIS_TYPE)
     graphdef, _, state = fresh_state(case=case)
     batch = case.batches.batch(0)
     metrics, grads = twin_loss_and_grads(twin, mesh, graphdef, case.loss_fn, state, batch, strategy)

@@ -36,10 +36,17 @@ def configure_jax(cpu_devices: int | None, *, cpu_fma: bool = False) -> None:
         os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {NO_FMA}".strip()
 
 
-def make_mesh(num_devices: int | None = None, shape: tuple[int, int] | None = None):
+def make_mesh(
+    num_devices: int | None = None,
+    shape: tuple[int, int] | None = None,
+    axis_type: AxisType = AxisType.Auto,
+):
     """A DATA x MODEL mesh over the first devices: `shape` (from --mesh=4x2), or by default
     all `num_devices` (all of them) on 'data' and 1 on 'model'. Strategies name the axes they
     split over; an axis a strategy does not name holds copies (dp on 4x2: 2 copies of each shard).
+    `axis_type`: the twin's AXIS_TYPE (its __init__.py). Auto for auto/ (the compiler decides
+    how sharded values flow) and explicit/ (shard_map makes the axes Manual inside); Explicit
+    for typed/ (every array's sharding is part of its type).
     """
     devices = jax.devices()
     if shape is None:
@@ -52,8 +59,15 @@ def make_mesh(num_devices: int | None = None, shape: tuple[int, int] | None = No
             f'{devices[0].platform.upper()} devices: use 1..{len(devices)} in all'
             + (', or emulate more with --cpu_devices' if devices[0].platform == 'cpu' else '')
         )
-    # Auto: the compiler decides how sharded values flow; shard_map makes the axes manual inside.
-    return jax.make_mesh(shape, (DATA, MODEL), axis_types=(AxisType.Auto,) * 2, devices=devices[:n])
+    return jax.make_mesh(shape, (DATA, MODEL), axis_types=(axis_type,) * 2, devices=devices[:n])
+
+
+def with_axis_type(mesh, axis_type: AxisType):
+    """The same devices and axes as `mesh`, with every axis of `axis_type` (a twin's AXIS_TYPE):
+    for tools that compile several twins over one mesh."""
+    return jax.sharding.Mesh(
+        mesh.devices, mesh.axis_names, axis_types=(axis_type,) * len(mesh.axis_names)
+    )
 
 
 def start_processes(

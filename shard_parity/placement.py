@@ -80,6 +80,21 @@ def state_shardings(state, mesh, strategy: str):
     return jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs(state, strategy, mesh))
 
 
+def reduced_shardings(params, mesh, strategy: str):
+    """typed/'s layout of the params inside a step (JAX's Explicit mode): `strategy`'s, with each
+    matrix also `reduced` over 'data'. Reduced is a type, not a move: the array is whole on every
+    'data' device, as replicated; but its gradient comes out `unreduced` (each device's partial
+    sum), for the strategy to add once. Vectors (biases, LayerNorm scales) stay replicated: jax
+    (0.10 to 0.12 at least) refuses a reduced operand beside one split on the same axis in an
+    elementwise op (x + b), so their gradients are summed where they are formed."""
+
+    def cast(x, spec):
+        return P(*spec, reduced={DATA}) if x.ndim >= 2 and mesh.shape[DATA] > 1 else spec
+
+    specs = jax.tree.map(cast, params, state_specs(params, strategy, mesh))
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+
+
 def place_state(state, mesh, strategy: str):
     """Params and optimizer state to the devices, split as `strategy` splits them."""
     return jax.device_put(state, state_shardings(state, mesh, strategy))

@@ -30,13 +30,17 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def matmul(x, w, transposed: bool = False):
     """x[..., K] @ w[K, N] -> [..., N]; with `transposed`, x[..., K] @ w[N, K]^T."""
-    return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1 if transposed else 0,)), ((), ())))
+    dims = (((x.ndim - 1,), (1 if transposed else 0,)), ((), ()))
+    return jax.lax.dot_general(x, w, dims, out_sharding=typed_partials(x, w, transposed))
 
 
 def _fwd(x, w, transposed):
@@ -45,12 +49,18 @@ def _fwd(x, w, transposed):
 
 def _bwd(transposed, saved, g):  # g: [..., N]
     x, w = saved
-    dx = jax.lax.dot_general(g, w, (((g.ndim - 1,), (0 if transposed else 1,)), ((), ())))
+    dx = jax.lax.dot_general(
+        g, w, (((g.ndim - 1,), (0 if transposed else 1,)), ((), ())), out_sharding=typed_ct(x)
+    )
     # Sum over every row (batch, position): flattened into one dimension, which XLA:CPU's
-    # matmul takes as it is (with two or more it transposes the activations first).
-    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-    rows = (((0,), (0,)), ((), ()))
-    dw = jax.lax.dot_general(g2, x2, rows) if transposed else jax.lax.dot_general(x2, g2, rows)
+    # matmul takes as it is (with two or more it transposes the activations first). Not in
+    # Explicit mode: jax's reshape has no sharding rule for a `reduced` g (a row-parallel
+    # layer's, jax 0.10 to 0.12), so there the dot contracts the leading dimensions as they are.
+    lead = tuple(range(x.ndim - 1))
+    if typed(x) is None:
+        x, g, lead = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1]), (0,)
+    rows, out = ((lead, lead), ((), ())), typed_ct(w)
+    dw = jax.lax.dot_general(*((g, x) if transposed else (x, g)), rows, out_sharding=out)
     return dx, dw  # dw: [N, K] or [K, N], as w
 
 
@@ -82,6 +92,69 @@ def vary_like(a, b):
     """`a`, cast to varying over the mesh axes along which `b` varies and `a` does not."""
     axes = tuple(sorted(varying(b) - varying(a)))
     return jax.lax.pcast(a, axes, to='varying') if axes else a
+
+
+# --- JAX's Explicit mode (typed/), where every array's sharding is part of its type ---
+
+
+def typed(x):
+    """x's sharding where it is part of x's type (a mesh with Explicit axes: the typed/ twin);
+    None in Auto mode and inside shard_map, where every call below then runs as it always has."""
+    sharding = jax.typeof(x).sharding
+    mesh = getattr(sharding, 'mesh', None)
+    return sharding if mesh is not None and AxisType.Explicit in mesh.axis_types else None
+
+
+def typed_ct(x):
+    """The sharding of x's gradient: x's own, with `reduced` and `unreduced` swapped (a weight
+    made `reduced` over 'data' gets an `unreduced` gradient: partial sums, one per device, that
+    the strategy reduces once). Explicit mode needs it said wherever a dot contracts a sharded
+    dimension, as every weight gradient's does (the batch's rows); None elsewhere."""
+    sharding = typed(x)
+    if sharding is None:
+        return None
+    spec = sharding.spec
+    return NamedSharding(
+        sharding.mesh, P(*spec.partitions, unreduced=spec.reduced, reduced=spec.unreduced)
+    )
+
+
+def typed_partials(x, w, transposed: bool):
+    """In Explicit mode, a product whose contracted dimension is split (a row-parallel layer:
+    x[..., K@model] @ w[K@model, N]) comes out `unreduced` over that axis: each device's partial
+    sum, which the strategy's `sum_partials` adds (typed/tp.py). None where nothing is split."""
+    sx, sw = typed(x), typed(w)
+    if sx is None or sw is None:
+        return None
+    xs = sx.spec.partitions + (None,) * (x.ndim - len(sx.spec.partitions))
+    ws = sw.spec.partitions + (None,) * (2 - len(sw.spec.partitions))
+    split = xs[-1]
+    if split is None:
+        return None
+    axes = frozenset(split if isinstance(split, tuple) else (split,))
+    dims = (*xs[:-1], ws[0 if transposed else 1])
+    return NamedSharding(sx.mesh, P(*dims, unreduced=axes))
+
+
+def lookup(embed: nnx.Embed, ids):
+    """embed(ids): rows of the table, f32[*ids.shape, C]. In Explicit mode `jnp.take` has no
+    sharding rule for a table indexed by a split array of ids (jax#28111), so the gather says
+    its output's sharding itself: the ids', with the features whole."""
+    sharding = typed(ids)
+    if sharding is None:
+        return embed(ids)
+    out = NamedSharding(sharding.mesh, P(*sharding.spec.partitions, None))
+    return embed.embedding[...].astype(embed.dtype).at[ids].get(out_sharding=out)
+
+
+def cross_entropy(logits, labels):
+    """optax.softmax_cross_entropy_with_integer_labels(logits, labels) over the last axis. In
+    Explicit mode the same arithmetic with `[..., 0]` for optax's `.take(0, axis)`, whose
+    transpose (a scatter) has no sharding rule in jax 0.12 (jax#33787); a slice's has."""
+    if typed(logits) is None:
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    label_logits = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    return jax.nn.logsumexp(logits, axis=-1) - label_logits
 
 
 # --- GELU and LayerNorm ---

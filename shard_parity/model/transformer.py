@@ -16,7 +16,7 @@ from flax import nnx
 from shard_parity import UsageError
 from shard_parity.model.attention import ATTENTION
 from shard_parity.model.mlp import linear
-from shard_parity.model.ops import LayerNorm, dot_general, gelu, product, wide
+from shard_parity.model.ops import LayerNorm, dot_general, gelu, lookup, product, typed, wide
 
 normal = nnx.initializers.normal
 
@@ -170,8 +170,10 @@ class Transformer(nnx.Module):
         """tokens: i32[B, T] at positions index..index+T-1 -> (logits f32[B, T, 256], caches).
         `sum_partials`: explicit tensor parallelism's psum over 'model' (explicit/tp.py), which
         adds the partial sums of each row-parallel layer (attention `out`, feed-forward `down`)."""
-        t = tokens.shape[1]
-        x = self.embed(tokens) + self.pos(index + jnp.arange(t))  # [B, T, C]
+        positions = index + jnp.arange(tokens.shape[1])  # [T]
+        if typed(tokens) is not None:  # Explicit mode: look positions up per row, as tokens
+            positions = jax.reshard(jnp.broadcast_to(positions, tokens.shape), typed(tokens))
+        x = lookup(self.embed, tokens) + lookup(self.pos, positions)  # [B, T, C]
         new_caches = []
         for i, block in enumerate(self.blocks):
             x, cache = block(x, None if caches is None else caches[i], index, sum_partials)

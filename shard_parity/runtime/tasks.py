@@ -10,13 +10,13 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 import datasets
 from datasets import batches, mnist, shakespeare
 from shard_parity import UsageError
 from shard_parity.model.mlp import MLP
+from shard_parity.model.ops import cross_entropy
 from shard_parity.model.transformer import Transformer
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import report
@@ -39,7 +39,7 @@ class Task:
 
 def classification_loss(model, batch):
     logits = model(batch['image'])  # f32[B, 10]
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
+    losses = cross_entropy(logits, batch['label'])
     accuracy = jnp.mean(jnp.argmax(logits, -1) == batch['label'])
     return losses.mean(), {'loss': losses.mean(), 'accuracy': accuracy}
 
@@ -47,7 +47,7 @@ def classification_loss(model, batch):
 def classification_eval(model, batch):
     """Per-example outputs, so the host can mask padding and build the confusion matrix."""
     logits = model(batch['image'])
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
+    losses = cross_entropy(logits, batch['label'])
     return {'loss': losses, 'pred': jnp.argmax(logits, -1)}
 
 
@@ -85,14 +85,14 @@ def mnist_task(config: cfg.TrainConfig, data_dir: str | None = None, download=Tr
 
 def lm_loss(model, batch):
     logits, _ = model(batch['x'])  # f32[B, T, 256]
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch['y']).mean()
+    loss = cross_entropy(logits, batch['y']).mean()
     return loss, {'loss': loss}
 
 
 def lm_eval(model, batch):
     """The mean next-byte loss of each sequence: f32[B]."""
     logits, _ = model(batch['x'])
-    return {'loss': optax.softmax_cross_entropy_with_integer_labels(logits, batch['y']).mean(-1)}
+    return {'loss': cross_entropy(logits, batch['y']).mean(-1)}
 
 
 EVAL_BATCHES = 100  # fixed validation windows: 100 x 12 x 64 = 76,800 bytes at the defaults

@@ -131,7 +131,7 @@ def main(twin):
                 F.HEARTBEAT_TIMEOUT.value,
             )
             jax.config.update('jax_debug_nans', F.DEBUG_NANS.value)
-            mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape())
+            mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape(), twin.AXIS_TYPE)
             config = F.train_config()
             check_batch(config.batch_size, mesh)
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{twin.NAME}_{F.MODEL.value}')

@@ -1,0 +1,15 @@
+"""The twin in JAX's Explicit mode ("sharding in types", AxisType.Explicit): every array's
+sharding is part of its type (`jax.typeof(x)`), ambiguous products say their output's sharding
+(`out_sharding=`), and data moves only at a `jax.sharding.reshard`. One whole file per strategy.
+
+Mind the names: this folder, typed/, is JAX's Explicit mode; our explicit/ is JAX's Manual mode
+(shard_map), and auto/ its Auto mode.
+"""
+
+from jax.sharding import AxisType
+
+from typed import dp, fsdp, fsdp_tp, tp
+
+NAME = 'typed'
+AXIS_TYPE = AxisType.Explicit  # the mesh's axes: shardings are types, checked while tracing
+STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp}

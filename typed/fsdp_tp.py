@@ -1,0 +1,56 @@
+"""FSDP and tensor parallelism together in JAX's Explicit mode, on a DATA x MODEL mesh.
+
+Each weight carries both splits at rest (shard_parity/placement.py), e.g. a column-parallel
+kernel `f32[in@data, out@model]`. The step reshards the weights to tp's layout, `reduced` over
+'data' (the all-gather over 'data'), runs typed/tp.py's model call (the activations' all-reduces
+over 'model' through `sum_partials`), and reshards the `unreduced` gradients back to the split
+layout (the reduce-scatter in the types). Compare explicit/fsdp_tp.py.
+"""
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shard_parity.mesh import DATA
+from shard_parity.placement import BATCH, reduced_shardings, state_shardings
+from shard_parity.step import TrainState, apply_gradients, bind
+
+STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'data'
+
+
+def sum_partials(y):  # y: f32[B@data, T, C]{U:model}, the partial sums of a row-parallel matmul
+    mesh = jax.typeof(y).sharding.mesh
+    return jax.reshard(y, NamedSharding(mesh, P(DATA)))  # the all-reduce of activations ("g")
+
+
+def loss_and_grads(graphdef, loss_fn, mesh):
+    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, sum_partials=sum_partials), has_aux=True)
+
+    def fn(params, batch):  # params: f32[in@data, out@model] etc.; batch: x f32[B@data, ...]
+        params = jax.reshard(params, reduced_shardings(params, mesh, 'tp'))  # all-gather 'data'
+        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:data}
+        # unreduced -> split over 'data': the reduce-scatter, each device keeps its shard's sum
+        return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))
+
+    return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
+
+
+def train_step(graphdef, loss_fn, tx, mesh):
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
+
+    def step(state: TrainState, batch):
+        metrics, grads = grads_fn(state.params, batch)
+        state = apply_gradients(state, grads, tx)  # elementwise: each device updates its shards
+        return jax.reshard(state, state_shardings(state, mesh, STRATEGY)), metrics
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def eval_step(graphdef, eval_fn, mesh):
+    fn = bind(graphdef, eval_fn, sum_partials=sum_partials)
+
+    def evaluate(params, batch):  # gather over 'data'; all-reduce activations; outputs split
+        params = jax.reshard(params, state_shardings(params, mesh, 'tp'))
+        return jax.reshard(fn(params, batch), NamedSharding(mesh, BATCH))
+
+    return jax.jit(evaluate)

@@ -1,0 +1,13 @@
+"""Train: `python -m typed.train --model=mlp --strategy=dp --cpu_devices=8`.
+
+The loop, flags and outputs are shared by every twin (shard_parity/runtime/train.py); this twin
+supplies only its strategy files (see typed/__init__.py).
+"""
+
+from absl import app
+
+import typed
+from shard_parity.runtime.train import main
+
+if __name__ == '__main__':
+    app.run(main(typed))
