@@ -13,7 +13,7 @@ import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.placement import BATCH, reduced_shardings, state_shardings
-from shard_parity.step import TrainState, apply_gradients, bind
+from shard_parity.step import bind, make_train_step
 
 STRATEGY = 'dp'  # --strategy=dp: every array whole on every device
 
@@ -32,14 +32,8 @@ def loss_and_grads(graphdef, loss_fn, mesh):
 
 
 def train_step(graphdef, loss_fn, tx, mesh):
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
-
-    def step(state: TrainState, batch):
-        metrics, grads = grads_fn(state.params, batch)
-        state = apply_gradients(state, grads, tx)  # replicated: the same update everywhere
-        return jax.reshard(state, state_shardings(state, mesh, STRATEGY)), metrics
-
-    return jax.jit(step, donate_argnums=0)
+    # the gradients, then the shared update: the same on every device (replicated)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
 
 
 def eval_step(graphdef, eval_fn, mesh):
