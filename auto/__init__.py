@@ -1,7 +1,7 @@
 """The twin in JAX's Auto mode: we place the arrays (NamedSharding on an AxisType.Auto mesh),
 and the compiler inserts the collectives. One whole file per strategy."""
 
-from auto import dp, fsdp, fsdp_tp, tp
+from auto import cp, dp, fsdp, fsdp_tp, tp
 
 NAME = 'auto'
-STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp}
+STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp}

@@ -9,6 +9,7 @@ from shard_parity import UsageError
 
 DATA = 'data'  # examples are split across this mesh axis
 MODEL = 'model'  # tensor parallelism splits heads and hidden features across this one
+SEQ = 'seq'  # context parallelism (--strategy=cp) splits each sequence's positions across this one
 NO_FMA = '--xla_cpu_max_isa=AVX'  # AVX has no fused multiply-add instructions
 
 
@@ -36,10 +37,16 @@ def configure_jax(cpu_devices: int | None, *, cpu_fma: bool = False) -> None:
         os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {NO_FMA}".strip()
 
 
-def make_mesh(num_devices: int | None = None, shape: tuple[int, int] | None = None):
-    """A DATA x MODEL mesh over the first devices: `shape` (from --mesh=4x2), or by default
-    all `num_devices` (all of them) on 'data' and 1 on 'model'. Strategies name the axes they
-    split over; an axis a strategy does not name holds copies (dp on 4x2: 2 copies of each shard).
+def make_mesh(
+    num_devices: int | None = None,
+    shape: tuple[int, int] | None = None,
+    axes: tuple[str, str] = (DATA, MODEL),
+):
+    """A 2-D mesh over the first devices: `shape` (from --mesh=4x2), or by default all
+    `num_devices` (all of them) on the first axis and 1 on the second. `axes` names them:
+    DATA x MODEL, or DATA x SEQ for context parallelism (placement.mesh_axes(strategy) says which).
+    Strategies name the axes they split over; an axis a strategy does not name holds copies
+    (dp on 4x2: 2 copies of each shard).
     """
     devices = jax.devices()
     if shape is None:
@@ -53,7 +60,7 @@ def make_mesh(num_devices: int | None = None, shape: tuple[int, int] | None = No
             + (', or emulate more with --cpu_devices' if devices[0].platform == 'cpu' else '')
         )
     # Auto: the compiler decides how sharded values flow; shard_map makes the axes manual inside.
-    return jax.make_mesh(shape, (DATA, MODEL), axis_types=(AxisType.Auto,) * 2, devices=devices[:n])
+    return jax.make_mesh(shape, axes, axis_types=(AxisType.Auto,) * 2, devices=devices[:n])
 
 
 def start_processes(
