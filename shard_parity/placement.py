@@ -137,7 +137,7 @@ def check_cp(model_config, mesh) -> None:
             'or another --strategy (dp, fsdp, tp, fsdp_tp) for the MLP'
         )
     if model_config.seq_len % n:
-        fits = [k for k in range(n, 0, -1) if model_config.seq_len % k == 0][0]
+        fits = next(k for k in range(n, 0, -1) if model_config.seq_len % k == 0)
         raise UsageError(
             f"--seq_len={model_config.seq_len} is not divisible by the mesh's sequence axis "
             f'({n}): each of its devices holds seq_len/{n} positions; use a multiple of {n}, '

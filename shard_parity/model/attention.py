@@ -206,9 +206,9 @@ def ring(q, k, v, pass_on, me, n):
         kv = pass_on(kv)
         j = (me - s) % n
         stats = jax.lax.cond(  # j <= me iff s <= me: skip the blocks above the diagonal
-            s <= me, lambda st, kv: attend(st, kv, j), lambda st, kv: st, stats, kv
+            s <= me, lambda st, kv, j=j: attend(st, kv, j), lambda st, kv: st, stats, kv
         )
-    top, total, acc = stats
+    _, total, acc = stats
     out = acc / jnp.moveaxis(total, 3, 1)[..., None]
     return out.reshape(b, c, h, d).astype(q.dtype)
 
