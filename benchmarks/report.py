@@ -177,7 +177,35 @@ def markdown(r: dict) -> str:
             'optimizer state held by one device)\n',
             _table(['model', 'strategy', 'twin', 'mesh', 'ms/step', 'state MiB/device'], rows),
         ]
+    if 'context' in r:
+        out += _context(r['context'])
     return '\n'.join(out) + '\n'
+
+
+CONTEXT = ('dp naive', 'dp fused', 'cp explicit', 'cp auto')  # benchmarks/sections.py's order
+
+
+def _context(rows: list) -> list:
+    def ms(x, name):
+        return f"{x[f'{name}_ms']:.0f}" if f'{name}_ms' in x else '—'
+
+    table = [
+        [
+            f"{x['seq_len']:,}",
+            *(f"{x[f'{n}_temp_bytes'] / 2**20:,.1f}" for n in CONTEXT),
+            f"{x['cp explicit_temp_bytes'] / x['dp naive_temp_bytes']:.3f}",
+            *(ms(x, n) for n in CONTEXT),
+        ]
+        for x in rows
+    ]
+    return [
+        '\n**7. Context parallelism** (one block, 4 heads of 32, width 128, 8 devices; XLA '
+        'temporary memory per device of the compiled train step, MiB; ms per step where run. '
+        'dp: 8x1, one whole sequence per device; cp: 1x8, one sequence split 8 ways)\n',
+        _table(
+            ['T', *(f'{n} MiB' for n in CONTEXT), 'cp/dp', *(f'{n} ms' for n in CONTEXT)], table
+        ),
+    ]
 
 
 def plots(r: dict, out: pathlib.Path, suffix: str = '') -> None:
@@ -219,6 +247,22 @@ def plots(r: dict, out: pathlib.Path, suffix: str = '') -> None:
         b.set(xlabel='sequence length', ylabel='MiB', title='XLA temporary memory')
         a.legend(), b.legend()
         atomic_write(out / f'attention{suffix}.png', lambda f: fig.savefig(f, format='png', dpi=90))
+        plt.close(fig)
+    if 'context' in r:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        lengths = [x['seq_len'] for x in r['context']]
+        for name in CONTEXT:
+            mib = [x[f'{name}_temp_bytes'] / 2**20 for x in r['context']]
+            ax.loglog(lengths, mib, 'o-', label=name)
+        ax.set(
+            xlabel='sequence length T',
+            ylabel='MiB per device',
+            title='train step temporary memory, 8 devices',
+            xticks=lengths,
+            xticklabels=[f'{t:,}' for t in lengths],
+        )
+        ax.legend(fontsize=7)
+        atomic_write(out / f'context{suffix}.png', lambda f: fig.savefig(f, format='png', dpi=90))
         plt.close(fig)
     if 'sweep' in r:
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))

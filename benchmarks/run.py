@@ -18,8 +18,23 @@ from absl import app, flags
 from shard_parity.mesh import configure_jax
 
 NANOGPT_DEVICES = 2  # one device per core of the 2-core machines nanoGPT's ~45 ms was timed on
-SECTIONS = ['twins', 'sweep', 'attention', 'generation', 'nanogpt', 'strategies']
-SECTION = flags.DEFINE_list('sections', SECTIONS, f'Which of {SECTIONS} to run.')
+SECTIONS = ['twins', 'sweep', 'attention', 'generation', 'nanogpt', 'strategies', 'context']
+SECTION = flags.DEFINE_list(
+    'sections',
+    SECTIONS[:-1],
+    f'Which of {SECTIONS} to run. Default: all but context (context parallelism at T = 4,096 '
+    'to 16,384: minutes of compiling; python -m benchmarks.run --sections=context).',
+)
+CONTEXT_LENGTHS = flags.DEFINE_list(
+    'context_lengths', ['4096', '8192', '16384'], 'Section context: the sequence lengths.'
+)
+CONTEXT_TIMED = flags.DEFINE_list(
+    'context_timed',
+    ['4096'],
+    'Section context: the lengths whose step is also run and timed (the others are compiled '
+    "only, for their memory: dp's naive T x T scores at 16,384 need more memory than 8 "
+    'emulated devices on a small machine have).',
+)
 ROUNDS = flags.DEFINE_integer(
     'rounds',
     12,
@@ -113,6 +128,9 @@ def run_sections(names, rounds, gpu: bool, model_config) -> dict:
             results[name] = S.generation([64, 256, 1024], max(3, rounds // 2), model_config)
         elif name == 'strategies':
             results[name] = S.strategies(n, rounds, model_config)
+        elif name == 'context':
+            lengths, timed = (list(map(int, f.value)) for f in (CONTEXT_LENGTHS, CONTEXT_TIMED))
+            results[name] = S.context(lengths, timed, rounds)
         elif name == 'nanogpt' and not gpu and jax.device_count() != NANOGPT_DEVICES:
             results[name] = nanogpt_process(rounds)
         elif name == 'nanogpt':

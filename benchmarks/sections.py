@@ -16,7 +16,7 @@ from shard_parity.mesh import make_mesh
 from shard_parity.model import attention
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
-from shard_parity.placement import place_batch, place_state
+from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import generate, tasks
 from shard_parity.step import create_state, make_optimizer, one_device_train_step
@@ -65,7 +65,7 @@ def runner(
         step, placed = one_device_train_step(graphdef, loss, tx), jax.device_put(state)
         batch = jax.device_put(batch)
     else:
-        mesh = make_mesh(n, shape)
+        mesh = make_mesh(n, shape, mesh_axes(strategy))
         step = twin.STRATEGIES[strategy].train_step(graphdef, loss, tx, mesh)
         placed, batch = place_state(state, mesh, strategy), place_batch(batch, mesh)
     box = [placed]
@@ -206,6 +206,47 @@ def attention_sweep(lengths, rounds: int, dtype=jnp.float32) -> list[dict]:
                 **{f'{n}_temp_bytes': temp[n] for n in fns},
             }
         )
+    return rows
+
+
+# 7. Context parallelism: who holds what of a sequence of T positions on 8 devices. dp gives each
+# device whole sequences (8x1, one per device); cp splits one sequence 8 ways (1x8, T/8 each).
+CONTEXT_CANDIDATES = {  # name -> (twin, strategy, mesh, global batch, attention)
+    'dp naive': (explicit, 'dp', (8, 1), 8, 'naive'),
+    'dp fused': (explicit, 'dp', (8, 1), 8, 'fused'),
+    'cp explicit': (explicit, 'cp', (1, 8), 1, 'naive'),
+    'cp auto': (auto, 'cp', (1, 8), 1, 'naive'),
+}
+
+
+def context(lengths, timed_lengths, rounds: int) -> list[dict]:
+    """7. One transformer block (4 heads of 32, width 128) at sequence length T on 8 devices:
+    XLA's temporary memory per device of the compiled train step (memory_analysis: the same
+    program runs on every device), and the step time where T is short enough to run here.
+    Each device holds T positions under dp, T/8 under cp, whose ring keeps one (T/8)^2 block of
+    scores per step where naive dp keeps T^2."""
+    import dataclasses
+
+    rows = []
+    for t in lengths:
+        row, runs = {'seq_len': t}, {}
+        for name, (twin, strategy, shape, b, attn) in CONTEXT_CANDIDATES.items():
+            config = dataclasses.replace(NANOGPT, seq_len=t, num_layers=1, attention=attn)
+            graphdef, tx, state, loss, batch, units = setup('transformer', b, config)
+            mesh = make_mesh(None, shape, mesh_axes(strategy))
+            step = twin.STRATEGIES[strategy].train_step(graphdef, loss, tx, mesh)
+            placed, placed_batch = place_state(state, mesh, strategy), place_batch(batch, mesh)
+            compiled = step.lower(placed, placed_batch).compile()
+            row[f'{name}_temp_bytes'] = compiled.memory_analysis().temp_size_in_bytes
+            row[f'{name}_tokens_per_device'] = b * t // 8
+            if t in timed_lengths:
+                runs[name] = runner(
+                    twin, None, 'transformer', b, 3, config, shape=shape, strategy=strategy
+                )
+        if runs:
+            med = interleaved(runs, rounds, warmup=1)
+            row |= {f'{k}_ms': 1e3 * med[k] / runs[k].steps for k in runs}
+        rows.append(row)
     return rows
 
 

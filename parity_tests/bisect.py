@@ -75,6 +75,7 @@ def from_flags():
 
     from parity_tests import divergence as D
     from shard_parity.mesh import make_mesh
+    from shard_parity.placement import mesh_axes
     from shard_parity.runtime import config as cfg
     from shard_parity.runtime import tasks
     from shard_parity.runtime.train import check_batch
@@ -84,7 +85,7 @@ def from_flags():
     # --steps is how many steps to compare; the schedule stays the model's (not decayed over N)
     changes = {n: f.value for n, f in F.TRAIN.items() if f.value is not None and n != 'steps'}
     config = dataclasses.replace(cfg.TRAIN_DEFAULTS[model], **changes)
-    mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape())
+    mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape(), mesh_axes(F.STRATEGY.value))
     check_batch(config.batch_size, mesh)
     if len(TWINS.value) != 2:
         raise UsageError(f'--twins={",".join(TWINS.value)}: give two, such as auto,explicit')

@@ -27,10 +27,10 @@ import explicit
 import typed
 from parity_tests.hlo import collectives
 from shard_parity import UsageError
-from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh, with_axis_type
+from shard_parity.mesh import DATA, MODEL, SEQ, configure_jax, make_mesh, with_axis_type
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
-from shard_parity.placement import BATCH, state_shardings, state_specs
+from shard_parity.placement import BATCH, mesh_axes, state_shardings, state_specs
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import flags as F
 from shard_parity.runtime import tasks
@@ -92,7 +92,8 @@ def inspect(
         'model': model,
         'strategy': strategy,
         'devices': mesh.size,
-        'mesh': f"{mesh.shape[DATA]}x{mesh.shape[MODEL]}",
+        'mesh': 'x'.join(map(str, mesh.devices.shape)),
+        'axes': list(mesh.axis_names),
         'batch_size': config.batch_size,
         'programs': found,
         'expected': expected,
@@ -103,7 +104,9 @@ def inspect(
 
 def expectation(strategy: str, model: str, params, mesh, batch_size: int, model_config) -> dict:
     """The analytic collectives of one step: the gradient's over 'data', the activations' over
-    'model' (tensor parallelism only)."""
+    'model' (tensor parallelism only), the keys' and values' round the 'seq' ring (cp only)."""
+    if strategy == 'cp':
+        return cp_expectation(params, mesh, batch_size, model_config)
     d, m = mesh.shape[DATA], mesh.shape[MODEL]
     specs = jax.tree.leaves(state_specs(params, strategy, mesh))
     # each device's share of the gradient after tensor parallelism's split (all of it without)
@@ -163,6 +166,41 @@ def activation_all_reduces(model: str, rows: int, m: int, c) -> dict:
     }
 
 
+def cp_expectation(params, mesh, batch_size: int, c) -> dict:
+    """Context parallelism: the gradient all-reduce over both axes (every device's loss is a
+    different term), and explicit's ring: per attention layer, n - 1 passes of this device's
+    K/V block f32[B/d, T/n, K, D] (x2: keys and values) forward, and n - 1 of their gradients
+    back the other way. auto/ has no ring: XLA picks its own collectives for attention."""
+    d, n = mesh.shape[DATA], mesh.shape[SEQ]
+    grad_bytes = sum(int(np.prod(p.shape)) * p.dtype.itemsize for p in jax.tree.leaves(params))
+    block = (batch_size // d, c.seq_len // n, c.num_kv_heads, c.head_dim)
+    each = int(np.prod(block)) * 4  # one key or value block, float32 inside the ring
+    per_layer = 4 * (n - 1)  # (keys + values) x (n - 1 passes) x (forward + backward)
+    return {
+        'kind': 'all-reduce',
+        'group_size': d * n,
+        'gradient_bytes': grad_bytes,
+        'ring_bytes_per_device': 2 * (d * n - 1) / (d * n) * grad_bytes,
+        'note': "one all-reduce of the gradients over 'data' and 'seq' together (plus the "
+        'averaged metric), as dp over all the devices. A ring moves 2(N-1)/N of it.',
+        'activations': None,
+        'ring': {
+            'kind': 'collective-permute',
+            'group_size': d * n,  # d rings of n devices, one permute: a source->target pair each
+            'ring_size': n,
+            'count': per_layer * c.num_layers,
+            'per_layer': per_layer,
+            'shape': block,
+            'bytes_each': each,
+            'bytes': per_layer * c.num_layers * each,
+            'note': f'explicit only: per attention layer, {n - 1} passes of the keys and of the '
+            f'values on round each ring of {n} (forward) and {n - 1} of their gradients back '
+            '(backward), one collective-permute per array and pass; each device sends and '
+            'receives one block per permute.',
+        },
+    }
+
+
 def signature(ops) -> collections.Counter:
     """What a program moves, independent of layout: (kind, group size, elements) per operand."""
     return collections.Counter(
@@ -186,7 +224,8 @@ def differences(auto_ops, explicit_ops, name: str = 'auto') -> list[str]:
 def print_report(r: dict) -> None:
     print(
         f"Collectives in one compiled train step: --model={r['model']} --strategy="
-        f"{r['strategy']}, mesh {r['mesh']} (data x model), global batch {r['batch_size']}\n"
+        f"{r['strategy']}, mesh {r['mesh']} ({' x '.join(r['axes'])}), global batch "
+        f"{r['batch_size']}\n"
     )
     print(f"{'program':<10} {'kind':<12} {'group':>5} {'dtype':<6} {'bytes':>12}  result shapes")
     for name, ops in r['programs'].items():
@@ -203,6 +242,13 @@ def print_report(r: dict) -> None:
         f"{x['group_size']} devices; a ring moves {x['ring_bytes_per_device']:,.0f} bytes per "
         f"device.\n  {x['note']}"
     )
+    if ring := x.get('ring'):
+        print(
+            f"expected (explicit): {ring['count']} collective-permutes ({ring['per_layer']} per "
+            f"attention layer) of f32{list(ring['shape'])} key or value blocks, "
+            f"{ring['bytes_each']:,} bytes each, "
+            f"{ring['bytes']:,} in all.\n  {ring['note']}"
+        )
     if a := x['activations']:
         print(
             f"expected: {a['count']} all-reduce(s) of f32{list(a['shape'])} activations over "
@@ -227,7 +273,7 @@ def main(argv):
         sys.exit(f'error: unexpected arguments {argv[1:]}')
     try:
         configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
-        mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape())
+        mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape(), mesh_axes(F.STRATEGY.value))
         config = F.train_config()
         check_batch(config.batch_size, mesh)  # the train CLI's checks, same messages
         model_config = F.transformer_config() if F.MODEL.value != 'mlp' else cfg.MLPConfig()

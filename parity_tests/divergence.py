@@ -20,6 +20,7 @@ sorted by name; here the order they were computed in names the first layer that 
 import dataclasses
 import functools
 import importlib
+import sys
 import types
 from typing import Any, NamedTuple
 
@@ -28,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from shard_parity import UsageError
-from shard_parity.mesh import DATA, MODEL
+from shard_parity.mesh import DATA, MODEL, with_axis_type
 from shard_parity.model.ops import varying
 from shard_parity.placement import place_batch, place_state
 from shard_parity.step import (
@@ -70,6 +71,10 @@ def load_side(name: str, strategy: str, mesh) -> Side:
             f'--twins: cannot import {name!r} ({e}): give a twin (auto, explicit), one_device, '
             'or the import path of a strategy module on PYTHONPATH, e.g. mypkg.my_dp'
         ) from e
+    # The twin's mesh type (typed/ needs an Explicit mesh): the package's AXIS_TYPE, if any.
+    package = module if hasattr(module, 'STRATEGIES') else sys.modules.get(name.rpartition('.')[0])
+    if getattr(package, 'AXIS_TYPE', None) is not None and mesh is not None:
+        mesh = with_axis_type(mesh, package.AXIS_TYPE)
     if hasattr(module, 'STRATEGIES'):
         if strategy not in module.STRATEGIES:
             raise UsageError(f'--twins: {name} has no --strategy={strategy}')

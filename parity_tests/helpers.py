@@ -180,10 +180,13 @@ def inspect_collectives(model='mlp', strategy='dp', mesh=(8, 1), batch_size=None
     collectives of each compiled train step. `shape`: TransformerConfig fields."""
     from parity_tests.collectives import inspect
     from shard_parity.mesh import make_mesh
+    from shard_parity.placement import mesh_axes
 
     config = cfg.TRAIN_DEFAULTS[model]
     if batch_size is not None:
         config = dataclasses.replace(config, batch_size=batch_size)
     model_config = cfg.TransformerConfig(**shape)
-    report = inspect(model, config, make_mesh(shape=mesh), strategy, model_config)
+    report = inspect(
+        model, config, make_mesh(shape=mesh, axes=mesh_axes(strategy)), strategy, model_config
+    )
     return json.loads(json.dumps(report))  # as the CLI's JSON: tuples become lists

@@ -13,6 +13,7 @@ import pathlib
 from parity_tests import divergence as D
 from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
+from shard_parity.placement import mesh_axes
 from shard_parity.runtime import checkpoint, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.step import make_optimizer
@@ -93,7 +94,7 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
 
 
 def side(saved: dict, run: str) -> D.Side:
-    mesh = make_mesh(shape=(saved['mesh']['data'], saved['mesh']['model']))
+    mesh = make_mesh(shape=tuple(saved['mesh'].values()), axes=mesh_axes(saved['strategy']))
     found = D.load_side(saved['twin'], saved['strategy'], mesh)
     return found._replace(name=f"{run} ({saved['twin']} {saved['strategy']} {saved['devices']})")
 

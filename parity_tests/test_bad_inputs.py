@@ -187,6 +187,26 @@ ROWS = [
         'share no checkpoint before it',
         'test_bisect.test_run_directories_of_other_settings_or_without_checkpoints_are_refused',
     ),
+    (
+        '--seq_len not divisible by the sequence axis (cp)',
+        "--seq_len=30 is not divisible by the mesh's sequence axis (4)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--strategy=cp with the MLP',
+        '--strategy=cp splits sequences, and --model=mlp has none',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'a sequence axis of 1 (cp; a warning, not an error)',
+        'splits no sequence: it runs as dp',
+        'test_cp.test_a_sequence_axis_of_1_warns_and_bad_inputs_are_refused',
+    ),
+    (
+        'generating from a cp checkpoint (not an error)',
+        'restored onto one device, exit 0',
+        'test_cp.test_cli_trains_with_cp_and_its_checkpoint_generates',
+    ),
 ]
 
 TINY = ['--model=transformer', '--batch_size=16', '--cpu_devices=8']
@@ -207,6 +227,14 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     'heads not divisible by the model axis (tp)': (
         'explicit.train',
         [*TINY, '--strategy=tp', '--mesh=1x8'],
+    ),
+    '--seq_len not divisible by the sequence axis (cp)': (
+        'explicit.train',
+        [*TINY, '--strategy=cp', '--mesh=2x4', '--seq_len=30'],
+    ),
+    '--strategy=cp with the MLP': (
+        'auto.train',
+        ['--strategy=cp', '--mesh=2x4', '--cpu_devices=8'],
     ),
 }
 

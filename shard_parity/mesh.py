@@ -9,6 +9,7 @@ from shard_parity import UsageError
 
 DATA = 'data'  # examples are split across this mesh axis
 MODEL = 'model'  # tensor parallelism splits heads and hidden features across this one
+SEQ = 'seq'  # context parallelism (--strategy=cp) splits each sequence's positions across this one
 NO_FMA = '--xla_cpu_max_isa=AVX'  # AVX has no fused multiply-add instructions
 
 
@@ -39,11 +40,14 @@ def configure_jax(cpu_devices: int | None, *, cpu_fma: bool = False) -> None:
 def make_mesh(
     num_devices: int | None = None,
     shape: tuple[int, int] | None = None,
+    axes: tuple[str, str] = (DATA, MODEL),
     axis_type: AxisType = AxisType.Auto,
 ):
-    """A DATA x MODEL mesh over the first devices: `shape` (from --mesh=4x2), or by default
-    all `num_devices` (all of them) on 'data' and 1 on 'model'. Strategies name the axes they
-    split over; an axis a strategy does not name holds copies (dp on 4x2: 2 copies of each shard).
+    """A 2-D mesh over the first devices: `shape` (from --mesh=4x2), or by default all
+    `num_devices` (all of them) on the first axis and 1 on the second. `axes` names them:
+    DATA x MODEL, or DATA x SEQ for context parallelism (placement.mesh_axes(strategy) says which).
+    Strategies name the axes they split over; an axis a strategy does not name holds copies
+    (dp on 4x2: 2 copies of each shard).
     `axis_type`: the twin's AXIS_TYPE (its __init__.py). Auto for auto/ (the compiler decides
     how sharded values flow) and explicit/ (shard_map makes the axes Manual inside); Explicit
     for typed/ (every array's sharding is part of its type).
@@ -59,7 +63,7 @@ def make_mesh(
             f'{devices[0].platform.upper()} devices: use 1..{len(devices)} in all'
             + (', or emulate more with --cpu_devices' if devices[0].platform == 'cpu' else '')
         )
-    return jax.make_mesh(shape, (DATA, MODEL), axis_types=(axis_type,) * 2, devices=devices[:n])
+    return jax.make_mesh(shape, axes, axis_types=(axis_type,) * 2, devices=devices[:n])
 
 
 def with_axis_type(mesh, axis_type: AxisType):

@@ -4,23 +4,35 @@
     fsdp     split on its first dimension over 'data'         P('data')
     tp       Megatron's plan over 'model' (below), or whole   P(None, 'model'), P('model', None)
     fsdp_tp  tp's spec, plus 'data' on the first free dim     P('data', 'model'), P('model', 'data')
+    cp       every array whole, as dp; on a DATA x SEQ mesh   P()   (tokens: P('data', 'seq'))
 
 Tensor parallelism pairs a column-parallel layer (its output features split over 'model': each
 device computes some of them, no communication) with a row-parallel one (its input features
 split the same way: each device computes a partial sum of every output, and one all-reduce adds
 them). In attention the column split falls between heads, so each device runs whole heads.
+
+Context parallelism splits each sequence instead: its mesh's second axis is SEQ, not MODEL
+(`mesh_axes`), and its tokens are placed SEQUENCE, rows over 'data' and positions over 'seq'.
 """
 
 import jax
+from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity import UsageError
-from shard_parity.mesh import DATA, MODEL
+from shard_parity.mesh import DATA, MODEL, SEQ
 from shard_parity.model.mlp import TP_PLAN
 
-STRATEGIES = ('dp', 'fsdp', 'tp', 'fsdp_tp')  # each twin has one file per name: <twin>/<name>.py
+STRATEGIES = (
+    'dp',
+    'fsdp',
+    'tp',
+    'fsdp_tp',
+    'cp',
+)  # each twin has one file per name: <twin>/<name>.py
 BATCH = P(DATA)  # split the leading (example) dimension across the 'data' axis
+SEQUENCE = P(DATA, SEQ)  # cp: rows across 'data', each row's positions across 'seq'
 REPLICATED = P()  # no axis named: every device holds the whole array
 
 COLUMN = ('query', 'key_value', 'up')  # transformer layers whose outputs are split
@@ -71,8 +83,15 @@ def state_specs(state, strategy: str, mesh):
         'fsdp': lambda path, x: fsdp_spec(x.shape, n),
         'tp': tp_spec,
         'fsdp_tp': lambda path, x: fsdp_spec(x.shape, n, tp_spec(path, x)),
+        'cp': lambda path, x: P(),
     }
     return jax.tree_util.tree_map_with_path(rules[strategy], state)
+
+
+def mesh_axes(strategy: str) -> tuple[str, str]:
+    """The mesh's axis names for `strategy`: context parallelism's second axis splits the
+    sequence ('seq'); every other strategy's splits layers ('model'), or holds copies."""
+    return (DATA, SEQ) if strategy == 'cp' else (DATA, MODEL)
 
 
 def state_shardings(state, mesh, strategy: str):
@@ -122,3 +141,26 @@ def check_tp(model_config, mesh) -> None:
                 f'parallelism gives each of the {m} devices of a model group an equal share; '
                 f'use a --mesh whose MODEL divides {size}'
             )
+
+
+def check_cp(model_config, mesh) -> None:
+    """Context parallelism splits a transformer's sequence over 'seq' into equal chunks."""
+    n = mesh.shape[SEQ]
+    if not hasattr(model_config, 'seq_len'):
+        raise UsageError(
+            '--strategy=cp splits sequences, and --model=mlp has none: use --model=transformer, '
+            'or another --strategy (dp, fsdp, tp, fsdp_tp) for the MLP'
+        )
+    if model_config.seq_len % n:
+        fits = next(k for k in range(n, 0, -1) if model_config.seq_len % k == 0)
+        raise UsageError(
+            f"--seq_len={model_config.seq_len} is not divisible by the mesh's sequence axis "
+            f'({n}): each of its devices holds seq_len/{n} positions; use a multiple of {n}, '
+            f'or a --mesh whose second number divides {model_config.seq_len} (e.g. {fits})'
+        )
+    if n == 1:
+        logging.warning(
+            "--strategy=cp on a sequence axis of 1 (--mesh=%dx1) splits no sequence: it runs "
+            'as dp; give the second number of --mesh to split each sequence that many ways',
+            mesh.shape[DATA],
+        )

@@ -108,22 +108,33 @@ def _blockwise_forward(q, k, v, offset=0, valid=None):
     qs, kb, vb, block = _operands(q, k, v)
 
     def step(carry, xs):
-        top, total, acc = carry  # [B, K, G, T], [B, K, G, T], [B, T, K, G, D]
         kj, vj, j = xs
-        scores = _block_scores(qs, kj, j, block, s, offset, valid)
-        new_top = jnp.maximum(top, scores.max(-1))
-        p = jnp.exp(scores - new_top[..., None])
-        rescale = jnp.exp(top - new_top)
-        total = total * rescale + p.sum(-1)
-        acc = acc * jnp.moveaxis(rescale, 3, 1)[..., None] + jnp.einsum('bkgts,bskd->btkgd', p, vj)
-        return (new_top, total, acc), None
+        return _online_softmax(carry, _block_scores(qs, kj, j, block, s, offset, valid), vj), None
 
-    zero = _like(jnp.zeros(qs.shape[:-1], jnp.float32), qs, kb)  # [B, T, K, G]
-    stats = jnp.moveaxis(zero, 1, 3)  # [B, K, G, T]
-    init = (stats + jnp.finfo(jnp.float32).min, stats, _like(jnp.zeros_like(qs), kb))
-    (top, total, acc), _ = jax.lax.scan(step, init, (kb, vb, jnp.arange(kb.shape[0])))
+    (top, total, acc), _ = jax.lax.scan(
+        step, _softmax_start(qs, kb), (kb, vb, jnp.arange(kb.shape[0]))
+    )
     out = acc / jnp.moveaxis(total, 3, 1)[..., None]
     return out.reshape(b, t, h, d).astype(q.dtype), top + jnp.log(total)
+
+
+def _softmax_start(qs, *refs):
+    """The online softmax before any key: running max -inf (float32's lowest), sum 0, values 0."""
+    zero = _like(jnp.zeros(qs.shape[:-1], jnp.float32), qs, *refs)  # [B, T, K, G]
+    stats = jnp.moveaxis(zero, 1, 3)  # [B, K, G, T]
+    return stats + jnp.finfo(jnp.float32).min, stats, _like(jnp.zeros_like(qs), *refs)
+
+
+def _online_softmax(carry, scores, vj):
+    """One block of keys merged into each query's running max, sum and weighted values: the
+    earlier blocks' sum and values are rescaled by exp(old max - new max)."""
+    top, total, acc = carry  # [B, K, G, T], [B, K, G, T], [B, T, K, G, D]
+    new_top = jnp.maximum(top, scores.max(-1))
+    p = jnp.exp(scores - new_top[..., None])
+    rescale = jnp.exp(top - new_top)
+    total = total * rescale + p.sum(-1)
+    acc = acc * jnp.moveaxis(rescale, 3, 1)[..., None] + jnp.einsum('bkgts,bskd->btkgd', p, vj)
+    return new_top, total, acc
 
 
 @jax.custom_vjp
@@ -166,6 +177,41 @@ def _flash_bwd(saved, g):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def ring(q, k, v, pass_on, me, n):
+    """Causal ring attention (Liu et al. 2023) over a sequence split into n chunks of C
+    positions, chunk i on device i of a ring. q, k, v are this device's chunk `me`:
+
+        q: [B, C, H, D]   k, v: [B, C, K, D]   -> [B, C, H, D]
+
+    `pass_on((k, v))` sends the K/V block this device holds to the next device and returns the
+    previous device's, so after s passes this device holds chunk (me - s) % n. It attends to
+    each block as it arrives, merged into the online softmax as `blockwise` merges its key
+    blocks: first its own chunk (the diagonal: masked, and every query sees itself there), then
+    the n - 1 others. Those from later chunks (j > me) lie wholly above the diagonal and are
+    skipped; the earlier ones are wholly visible. The backward is autodiff's: each pass's
+    transpose passes the K/V gradients back the other way round the ring.
+    """
+    b, c, h, d = q.shape
+    qs = _grouped(q, k.shape[2])  # [B, C, K, H/K, D], float32, scaled
+    kv = (k.astype(jnp.float32), v.astype(jnp.float32))
+
+    def attend(stats, kv, j):  # chunk j's keys, masked where they come after a query
+        scores = jnp.einsum('btkgd,bskd->bkgts', qs, kv[0])  # [B, K, G, C, C]
+        mask = causal_mask(c, c, (me - j) * c)  # query me*C + t sees key j*C + s iff s <= ...
+        return _online_softmax(stats, jnp.where(mask, scores, jnp.finfo(jnp.float32).min), kv[1])
+
+    stats = attend(_softmax_start(qs, *kv), kv, me)
+    for s in range(1, n):  # n - 1 passes, unrolled: each a collective-permute in the program
+        kv = pass_on(kv)
+        j = (me - s) % n
+        stats = jax.lax.cond(  # j <= me iff s <= me: skip the blocks above the diagonal
+            s <= me, lambda st, kv, j=j: attend(st, kv, j), lambda st, kv: st, stats, kv
+        )
+    _, total, acc = stats
+    out = acc / jnp.moveaxis(total, 3, 1)[..., None]
+    return out.reshape(b, c, h, d).astype(q.dtype)
 
 
 def _like(x, *refs):

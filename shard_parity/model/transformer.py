@@ -100,7 +100,7 @@ class CausalSelfAttention(nnx.Module):
             cfg.num_heads * hd, cfg.embed_dim, cfg, rngs, 0.02 / math.sqrt(2 * cfg.num_layers)
         )
 
-    def __call__(self, x, cache=None, index=0, sum_partials=None):  # x: [B, T, C]
+    def __call__(self, x, cache=None, index=0, sum_partials=None, attention=None):  # x: [B, T, C]
         b, t, _ = x.shape
         cfg = self.cfg
         # -1: all H heads, or under explicit tensor parallelism this device's H/m
@@ -109,7 +109,7 @@ class CausalSelfAttention(nnx.Module):
         # over devices falls between heads, and each device gets whole keys and values.
         k, v = jnp.split(self.key_value(x).reshape(b, t, -1, 2 * cfg.head_dim), 2, 3)
         if cache is None:  # training, or the padded generation path: the whole window at once
-            y = ATTENTION[cfg.attention](q, k, v)
+            y = (attention or ATTENTION[cfg.attention])(q, k, v)
         else:  # write this chunk's keys and values at `index`, attend over everything written
             k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, index, 0, 0))
             v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, index, 0, 0))
@@ -140,8 +140,8 @@ class Block(nnx.Module):
             FeedForward(cfg, rngs),
         )
 
-    def __call__(self, x, cache=None, index=0, sum_partials=None):
-        y, cache = self.attn(self.norm1(x), cache, index, sum_partials)
+    def __call__(self, x, cache=None, index=0, sum_partials=None, attention=None):
+        y, cache = self.attn(self.norm1(x), cache, index, sum_partials, attention)
         x = x + y
         return x + self.ffn(self.norm2(x), sum_partials), cache
 
@@ -166,17 +166,21 @@ class Transformer(nnx.Module):
         self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
         self.norm = LayerNorm(cfg.embed_dim, dtype=cfg.compute_dtype, rngs=rngs)
 
-    def __call__(self, tokens, caches=None, index=0, sum_partials=None):
+    def __call__(self, tokens, caches=None, index=0, sum_partials=None, attention=None):
         """tokens: i32[B, T] at positions index..index+T-1 -> (logits f32[B, T, 256], caches).
         `sum_partials`: explicit tensor parallelism's psum over 'model' (explicit/tp.py), which
-        adds the partial sums of each row-parallel layer (attention `out`, feed-forward `down`)."""
+        adds the partial sums of each row-parallel layer (attention `out`, feed-forward `down`).
+        `attention`: `(q, k, v) -> y` in place of cfg.attention's, without a cache: explicit
+        context parallelism's ring (explicit/cp.py), where `tokens` are one chunk of each
+        sequence and `index`, the chunk's first position, may be a traced value."""
         positions = index + jnp.arange(tokens.shape[1])  # [T]
         if typed(tokens) is not None:  # Explicit mode: look positions up per row, as tokens
             positions = jax.reshard(jnp.broadcast_to(positions, tokens.shape), typed(tokens))
         x = lookup(self.embed, tokens) + lookup(self.pos, positions)  # [B, T, C]
         new_caches = []
         for i, block in enumerate(self.blocks):
-            x, cache = block(x, None if caches is None else caches[i], index, sum_partials)
+            cache = None if caches is None else caches[i]
+            x, cache = block(x, cache, index, sum_partials, attention)
             new_caches.append(cache)
         x = self.norm(x)
         table = self.embed.embedding[...].astype(x.dtype)

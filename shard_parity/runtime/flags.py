@@ -22,13 +22,15 @@ STRATEGY = flags.DEFINE_enum(
     list(STRATEGIES),
     'dp: replicated state (<twin>/dp.py); fsdp: parameters and optimizer state '
     "sharded over 'data' too (<twin>/fsdp.py); tp: layers split over 'model', Megatron style "
-    '(<twin>/tp.py); fsdp_tp: both (<twin>/fsdp_tp.py). See shard_parity/placement.py.',
+    '(<twin>/tp.py); fsdp_tp: both (<twin>/fsdp_tp.py); cp: each sequence split over the '
+    "mesh's second axis, 'seq' (<twin>/cp.py, transformer only). See shard_parity/placement.py.",
 )
 MESH = flags.DEFINE_string(
     'mesh',
     None,
     "DATAxMODEL devices, e.g. 4x2: the batch is split over 'data', tensor parallelism over "
-    "'model'. Default: all devices (or --num_devices) x 1.",
+    "'model' (with --strategy=cp, DATAxSEQ: each sequence over 'seq'). Default: all devices "
+    '(or --num_devices) x 1.',
 )
 
 

@@ -19,7 +19,7 @@ from flax import nnx
 import datasets
 from shard_parity import UsageError
 from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh, start_processes
-from shard_parity.placement import check_tp, place_state, state_shardings
+from shard_parity.placement import check_cp, check_tp, mesh_axes, place_state, state_shardings
 from shard_parity.runtime import checkpoint, report, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import flags as F
@@ -34,14 +34,17 @@ def check_batch(batch_size: int, mesh) -> None:
         raise UsageError(
             f"--batch_size={batch_size} is not divisible by the {n} devices of the mesh's 'data' "
             f'axis: each takes batch_size/{n} examples; use a multiple of {n}, or '
-            + (f'--num_devices={fits[-1]}' if mesh.shape[MODEL] == 1 else 'another --mesh')
+            + (f'--num_devices={fits[-1]}' if mesh.devices.shape[1] == 1 else 'another --mesh')
         )
 
 
 def check_strategy(strategy: str, model_config, mesh) -> None:
-    """Tensor parallelism needs divisible layers; dp and fsdp leave a 'model' axis as copies."""
+    """Tensor parallelism needs divisible layers, context parallelism a transformer whose
+    sequence divides; dp and fsdp leave a 'model' axis as copies."""
     if strategy in ('tp', 'fsdp_tp'):
         check_tp(model_config, mesh)
+    elif strategy == 'cp':
+        check_cp(model_config, mesh)
     elif mesh.shape[MODEL] > 1:
         logging.warning(
             "--strategy=%s splits nothing over 'model': the %d devices of each model group "
@@ -131,7 +134,9 @@ def main(twin):
                 F.HEARTBEAT_TIMEOUT.value,
             )
             jax.config.update('jax_debug_nans', F.DEBUG_NANS.value)
-            mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape(), twin.AXIS_TYPE)
+            mesh = make_mesh(
+                F.NUM_DEVICES.value, F.mesh_shape(), mesh_axes(F.STRATEGY.value), twin.AXIS_TYPE
+            )
             config = F.train_config()
             check_batch(config.batch_size, mesh)
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{twin.NAME}_{F.MODEL.value}')
