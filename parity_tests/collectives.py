@@ -73,6 +73,8 @@ def inspect(
     graphdef, state = nnx.eval_shape(lambda: create_state(make_model(nnx.Rngs(0)), tx))
     programs = {'one_device': one_device_train_step(graphdef, loss_fn, tx).lower(state, batch)}
     for twin in (auto, explicit, typed):
+        if strategy not in twin.STRATEGIES:  # typed/ has no cp yet
+            continue
         twin_mesh = with_axis_type(mesh, twin.AXIS_TYPE)  # typed/: the same devices, Explicit
         shardings = state_shardings(state, twin_mesh, strategy)
         abstract_state = jax.tree.map(
@@ -98,7 +100,9 @@ def inspect(
         'programs': found,
         'expected': expected,
         'differences': differences(found['auto'], found['explicit']),
-        'typed_differences': differences(found['typed'], found['explicit'], 'typed'),
+        'typed_differences': (
+            differences(found['typed'], found['explicit'], 'typed') if 'typed' in found else None
+        ),
     }
 
 
@@ -254,7 +258,7 @@ def print_report(r: dict) -> None:
             f"expected: {a['count']} all-reduce(s) of f32{list(a['shape'])} activations over "
             f"{a['group_size']} devices, {a['bytes']:,} bytes.\n  {a['note']}"
         )
-    for name in ('auto', 'explicit', 'typed'):
+    for name in [n for n in r['programs'] if n != 'one_device']:
         got = collections.Counter()
         for op in r['programs'][name]:
             got[op['kind']] += op['bytes']
@@ -263,6 +267,8 @@ def print_report(r: dict) -> None:
         ('differences', 'auto and explicit'),
         ('typed_differences', 'typed and explicit'),
     ):
+        if r[key] is None:
+            continue
         print(f'\ndifferences between {pair}: ' + ('none' if not r[key] else ''))
         for d in r[key]:
             print(f'  - {d}')

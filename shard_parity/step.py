@@ -64,18 +64,19 @@ def apply_gradients(state: TrainState, grads, tx) -> TrainState:
     return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
 
 
-def make_train_step(grads_fn: Callable, tx, mesh, strategy: str) -> Callable:
+def make_train_step(
+    grads_fn: Callable, tx, mesh, strategy: str, place: Callable = jax.lax.with_sharding_constraint
+) -> Callable:
     """The train step every strategy file builds from its `loss_and_grads`: the gradients, then
     the update, which is elementwise and so the same code for every strategy (each device
     updates the arrays or shards it holds). The new state is constrained to the placement the
-    old one had, and the old one is donated, so its buffers are reused."""
+    old one had (`place`: typed/ passes `jax.reshard`, the only way to move data on an Explicit
+    mesh), and the old one is donated, so its buffers are reused."""
 
     def step(state: TrainState, batch):
         metrics, grads = grads_fn(state.params, batch)
         state = apply_gradients(state, grads, tx)
-        return jax.lax.with_sharding_constraint(
-            state, state_shardings(state, mesh, strategy)
-        ), metrics
+        return place(state, state_shardings(state, mesh, strategy)), metrics
 
     return jax.jit(step, donate_argnums=0)
 

@@ -31,7 +31,8 @@ def loss_and_grads(graphdef, loss_fn, mesh):
 
 def train_step(graphdef, loss_fn, tx, mesh):
     # the gradients, then the shared update: each device updates its own shards
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
+    return make_train_step(grads_fn, tx, mesh, STRATEGY, place=jax.reshard)  # moves: reshard
 
 
 def eval_step(graphdef, eval_fn, mesh):
