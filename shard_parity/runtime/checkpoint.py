@@ -57,11 +57,21 @@ class Manager(ocp.CheckpointManager):
             raise self._failed(self.saving, e) from e
 
     def _failed(self, step, e) -> SaveError:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).split('\n')[0]
+        text = str(e).split('\n')[0]
+        if isinstance(e, OSError) and e.strerror:
+            reason = e.strerror
+        elif 'RESOURCE_EXHAUSTED' in text or 'No space left' in text:
+            reason = 'No space left on device (RESOURCE_EXHAUSTED)'
+        else:
+            reason = text[:300]
         intact = [s for s in self.all_steps(read=True) if s != step]
         return SaveError(
-            f'could not save the checkpoint of step {step}: {reason[:300]}; the checkpoints of '
-            f'steps {", ".join(map(str, intact)) or "(none)"} are intact'
+            f'could not save the checkpoint of step {step}: {reason}; '
+            + (
+                f'the checkpoints of steps {", ".join(map(str, intact))} are intact'
+                if intact
+                else 'no earlier checkpoint exists'
+            )
         )
 
 

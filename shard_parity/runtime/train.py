@@ -123,10 +123,26 @@ def run(
         return loop.run(state, start, checkpoint_every or config.eval_every, sharding, workdir)
 
 
-def quiet_orbax_errors(record) -> bool:
-    """Drops the traceback Orbax logs from its background save thread: the SaveError it raises
-    in the main thread says the same in one line (--verbose shows both)."""
-    return not (record.levelno >= py_logging.ERROR and '/orbax/' in record.pathname)
+def quiet_save_errors(record) -> bool:
+    """Drops what Orbax's background save thread and its asyncio tasks log when a save fails:
+    the SaveError raised in the main thread says it in one line (--verbose shows all)."""
+    noisy = '/orbax/' in record.pathname or record.name == 'asyncio'
+    return not (record.levelno >= py_logging.ERROR and noisy)
+
+
+def quiet_failed_save() -> None:
+    """After a failed save (a full disk), each of tensorstore's pending writes reports into the
+    closed event loop of Orbax's background thread, printing dozens of tracebacks of
+    `RuntimeError: Event loop is closed` as unraisable exceptions; silence those too."""
+    logging.get_absl_handler().addFilter(quiet_save_errors)
+    default = sys.unraisablehook
+
+    def hook(unraisable):
+        value = unraisable.exc_value
+        if not (isinstance(value, RuntimeError) and str(value) == 'Event loop is closed'):
+            default(unraisable)
+
+    sys.unraisablehook = hook
 
 
 def make_task(config):
@@ -154,7 +170,7 @@ def main(twin):
         if not flags.FLAGS['verbosity'].present:  # Orbax and XLA log a lot at INFO
             logging.set_verbosity(logging.WARNING)
         if not F.VERBOSE.value:  # a failed save is reported once, by us, in one line
-            logging.get_absl_handler().addFilter(quiet_orbax_errors)
+            quiet_failed_save()
         try:
             configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
             start_processes(
