@@ -45,10 +45,10 @@ def files(workdir):
 
 
 def test_a_second_trainer_is_refused_naming_the_holder(tmp_path):
-    with report.hold_workdir(tmp_path):
-        with pytest.raises(UsageError, match=rf'is in use by another trainer \(pid {os.getpid()} '):
-            with report.hold_workdir(tmp_path):
-                pass
+    holder = rf'is in use by another trainer \(pid {os.getpid()} on '
+    with report.hold_workdir(tmp_path), pytest.raises(UsageError, match=holder):
+        with report.hold_workdir(tmp_path):
+            pass
     with report.hold_workdir(tmp_path):  # released on exit, as the kernel does at a kill -9
         pass
 
@@ -150,7 +150,7 @@ def test_six_generates_beside_a_trainer_change_nothing(tmp_path):
     for _ in range(6):
         gen = run_cli('explicit', f'--workdir={busy}', '--max_new_bytes=8', program='generate')
         assert gen.returncode == 0 and 'Traceback' not in gen.stderr, gen.stderr[-2000:]
-    out, err = trainer.communicate(timeout=600)
+    _, err = trainer.communicate(timeout=600)
     assert trainer.returncode == 0, err[-2000:]
     assert run_cli('explicit', *FLAGS, *steps, f'--workdir={calm}').returncode == 0
     assert_same_params(busy, calm)
@@ -173,7 +173,7 @@ def test_an_interrupted_run_saves_and_resumes_to_the_same_parameters(sig, code, 
     while wait_for not in seen:
         seen += proc.stdout.read(1) if sig == signal.SIGTERM else proc.stderr.read(1)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=300)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == code, err[-2000:]
     assert 'Traceback' not in err
     stopped = [line for line in err.replace('\r', '\n').splitlines() if 'interrupted at' in line]
