@@ -4,15 +4,15 @@
     <workdir>/checkpoints/<step>/config  {'model': ..., 'model_config': ..., 'train': ...}
 
 Orbax writes each step into a temporary folder and renames it when complete, so a save killed
-half-way never looks like a checkpoint; `latest` only ever sees complete ones. Only the trainer,
-which holds the workdir's lock (report.hold_workdir), writes: it alone cleans up temporary folders
-and drops old steps. Readers (generate, the tests, any tool) open the folder read-only with
-`reader`, so they can never delete a save in progress. Every save error, synchronous or from
-Orbax's background thread, becomes one SaveError naming the step and the intact ones. `restore` needs
-no flags: it rebuilds the model and optimizer from the saved config and reads the arrays straight
-into the shardings the restoring strategy uses on its own mesh (shard_parity/placement.py), so
-a checkpoint written by any twin, on any number of devices and under any strategy, restores
-into any other twin, mesh and strategy.
+half-way never looks like a checkpoint; `latest` only ever sees complete ones. Only the
+trainer, which holds the workdir's lock (report.hold_workdir), writes: it alone cleans up
+temporary folders and drops old steps. Readers (generate, the tests, any tool) open the folder
+read-only with `reader`, so they can never delete a save in progress. Every save error,
+synchronous or from Orbax's background thread, becomes one SaveError naming the step and the
+intact ones. `restore` needs no flags: it rebuilds the model and optimizer from the saved config
+and reads the arrays straight into the shardings the restoring strategy uses on its own mesh
+(shard_parity/placement.py), so a checkpoint written by any twin, on any number of devices and
+under any strategy, restores into any other twin, mesh and strategy.
 """
 
 import pathlib
