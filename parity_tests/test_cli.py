@@ -44,6 +44,9 @@ def test_long_run_keeps_the_output_contract(twin, long_runs):
     assert (workdir / 'confusion_matrix.txt').read_text().startswith('rows: true digit')
     assert len((workdir / 'wrong_predictions.txt').read_text().splitlines()) > 1
     assert json.loads((workdir / 'config.json').read_text())['devices'] == 8
+    for name in ('config.json', 'metrics.jsonl', 'confusion_matrix.txt', 'wrong_predictions.txt'):
+        path = workdir / name  # readable by the team, and whole lines
+        assert path.stat().st_mode & 0o777 == 0o644 and path.read_text().endswith('\n'), name
 
 
 @pytest.mark.slow

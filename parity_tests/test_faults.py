@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,15 @@ import numpy as np
 import pytest
 
 import auto
-from parity_tests.helpers import CLI_MODELS, REPO, TINY_TRANSFORMER, make_case, run_cli
+from parity_tests.helpers import (
+    CLI_MODELS,
+    REPO,
+    TINY_TRANSFORMER,
+    fresh_state,
+    make_case,
+    run_cli,
+    save_checkpoint,
+)
 from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
 from shard_parity.runtime import checkpoint, report, tasks
@@ -51,6 +60,24 @@ def test_a_second_trainer_is_refused_naming_the_holder(tmp_path):
             pass
     with report.hold_workdir(tmp_path):  # released on exit, as the kernel does at a kill -9
         pass
+
+
+def test_a_reader_falls_back_when_keep_deletes_its_checkpoint(tmp_path, monkeypatch):
+    case = make_case('transformer')
+    _, _, state = fresh_state(case=case)
+    for step in (5, 10):
+        save_checkpoint(tmp_path, state._replace(step=np.int32(step)), case)
+    real = checkpoint.read_config
+
+    def deleted_while_read(mngr, step):  # the trainer's --keep removes step 10 mid-read
+        if step == 10:
+            shutil.rmtree(tmp_path / 'checkpoints' / '10')
+        return real(mngr, step)
+
+    monkeypatch.setattr(checkpoint, 'read_config', deleted_while_read)
+    _, _, restored = checkpoint.restore(tmp_path, make_mesh(1))
+    assert int(restored.step) == 5
+    assert sorted(p.name for p in (tmp_path / 'checkpoints').iterdir()) == ['5']  # no cleanup
 
 
 def test_a_torn_garbled_or_missing_log_never_blocks_a_resume(tmp_path, caplog):
