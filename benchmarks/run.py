@@ -235,4 +235,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
+    from shard_parity.runtime import declare_key_flags
+
+    declare_key_flags([])  # its own flags are key already; --help exits 0
     app.run(main)

@@ -32,8 +32,8 @@ from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import BATCH, mesh_axes, state_shardings, state_specs
 from shard_parity.runtime import config as cfg
+from shard_parity.runtime import declare_key_flags, tasks
 from shard_parity.runtime import flags as F
-from shard_parity.runtime import tasks
 from shard_parity.runtime.train import check_batch, check_strategy
 from shard_parity.step import create_state, make_optimizer, one_device_train_step
 
@@ -294,4 +294,8 @@ def main(argv):
 
 
 if __name__ == '__main__':
+    declare_key_flags(
+        [F.MODEL, F.STRATEGY, F.MESH, F.TRAIN['batch_size'], *F.TRANSFORMER_SHAPE, F.CPU_DEVICES]
+        + [F.CPU_FMA, F.NUM_DEVICES]
+    )
     app.run(main)

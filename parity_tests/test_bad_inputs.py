@@ -18,6 +18,7 @@ import pytest
 
 import auto
 from parity_tests.helpers import REPO, TINY_TRANSFORMER, make_case, run_cli
+from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
 from shard_parity.runtime import checkpoint, tasks
 from shard_parity.runtime.train import run
@@ -207,6 +208,74 @@ ROWS = [
         'restored onto one device, exit 0',
         'test_cp.test_cli_trains_with_cp_and_its_checkpoint_generates',
     ),
+    (
+        '--learning_rate nan or inf',
+        '--learning_rate=nan is not a finite number',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--batch_size beyond the training split',
+        '--batch_size=100000 is larger than the MNIST training split',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--data_dir naming a file',
+        'is a file: give the folder that holds',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'a second trainer in the same workdir',
+        'is in use by another trainer (pid',
+        'test_faults.test_a_second_trainer_is_refused_naming_the_holder',
+    ),
+    (
+        'disk full in the background save',
+        (
+            'could not save the checkpoint of step 10: No space left on device; the checkpoints '
+            'of steps 5 are intact'
+        ),
+        'test_faults.test_a_failed_background_save_is_one_error_and_the_rerun_resumes',
+    ),
+    (
+        'disk full while appending to metrics.jsonl',
+        'its earlier lines are intact',
+        'test_faults.test_a_line_the_disk_cuts_short_is_taken_back',
+    ),
+    (
+        'torn, garbled or missing metrics.jsonl on resume (a warning)',
+        'dropped 3 torn or unparsable line(s)',
+        'test_faults.test_a_torn_garbled_or_missing_log_never_blocks_a_resume',
+    ),
+    (
+        'rerunning a finished run (exit 0)',
+        'already holds step 20',
+        'test_faults.test_finished_and_ahead_runs_touch_nothing',
+    ),
+    (
+        '--steps below the newest checkpoint',
+        '--steps=10 is below the newest checkpoint',
+        'test_faults.test_finished_and_ahead_runs_touch_nothing',
+    ),
+    (
+        'Ctrl-C or SIGTERM (exit 130 or 143)',
+        '; rerun the same command to resume',
+        'test_faults.test_an_interrupted_run_saves_and_resumes_to_the_same_parameters',
+    ),
+    (
+        'tp on a mesh whose model axis is 1 (a warning)',
+        "on a mesh whose 'model' axis is 1 splits nothing over it",
+        'test_cli.test_settings_that_change_nothing_warn_once',
+    ),
+    (
+        'transformer flags with the MLP (a warning)',
+        'only shape the transformer: --model=mlp ignores them',
+        'test_cli.test_settings_that_change_nothing_warn_once',
+    ),
+    (
+        'non-UTF-8 --prompt (not an error)',
+        'its raw bytes are the prompt, exit 0',
+        'test_generate.test_cli_streams_a_non_utf8_prompt_and_its_continuation',
+    ),
 ]
 
 TINY = ['--model=transformer', '--batch_size=16', '--cpu_devices=8']
@@ -216,7 +285,7 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     '--num_kv_heads not dividing --num_heads': ('auto.train', [*TINY, '--num_kv_heads=3']),
     '--embed_dim not divisible by --num_heads': ('auto.train', [*TINY, '--embed_dim=30']),
     '--seq_len beyond the text': ('explicit.train', [*TINY, '--seq_len=200000']),
-    'warm-up as long as the schedule': ('auto.train', [*TINY, '--steps=50']),
+    'warm-up as long as the schedule': ('auto.train', [*TINY, '--steps=50', '--warmup_steps=100']),
     'unwritable workdir': ('auto.train', ['--steps=1', f'--workdir={REPO}/setup.cfg/run']),
     'generating from an MLP checkpoint': ('auto.generate', ['--workdir={mlp}']),
     '--top_k outside 1..256': ('explicit.generate', ['--workdir={mlp}', '--top_k=0']),
@@ -236,6 +305,9 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
         'auto.train',
         ['--strategy=cp', '--mesh=2x4', '--cpu_devices=8'],
     ),
+    '--learning_rate nan or inf': ('explicit.train', ['--learning_rate=nan']),
+    '--batch_size beyond the training split': ('auto.train', ['--batch_size=100000']),
+    '--data_dir naming a file': ('auto.train', [f'--data_dir={REPO}/setup.cfg']),
 }
 
 
@@ -293,7 +365,7 @@ def test_disk_full_while_saving_keeps_the_earlier_checkpoints(mesh8, tmp_path, m
         return real_save(self, step, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'save', save)
-    with pytest.raises(OSError, match=re.escape(message('disk full while saving'))):
+    with pytest.raises(UsageError, match=re.escape(message('disk full while saving'))):
         run(auto, 'dp', task, config, mesh8, tmp_path, checkpoint_every=5)
     monkeypatch.undo()
     _, _, state = checkpoint.restore(tmp_path, make_mesh(1))

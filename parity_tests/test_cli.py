@@ -3,11 +3,13 @@ without the CPU all-reduce deadlock, keep the metrics.jsonl contract, agree line
 answer bad input with one clear line and a non-zero exit."""
 
 import json
+import subprocess
+import sys
 
 import jax
 import pytest
 
-from parity_tests.helpers import read_metrics, run_cli
+from parity_tests.helpers import REPO, read_metrics, run_cli
 from shard_parity import UsageError
 from shard_parity.mesh import configure_jax
 
@@ -42,6 +44,9 @@ def test_long_run_keeps_the_output_contract(twin, long_runs):
     assert (workdir / 'confusion_matrix.txt').read_text().startswith('rows: true digit')
     assert len((workdir / 'wrong_predictions.txt').read_text().splitlines()) > 1
     assert json.loads((workdir / 'config.json').read_text())['devices'] == 8
+    for name in ('config.json', 'metrics.jsonl', 'confusion_matrix.txt', 'wrong_predictions.txt'):
+        path = workdir / name  # readable by the team, and whole lines
+        assert path.stat().st_mode & 0o777 == 0o644 and path.read_text().endswith('\n'), name
 
 
 @pytest.mark.slow
@@ -127,3 +132,41 @@ def test_transformer_cli_trains_and_saves_a_checkpoint(twin, tmp_path):
     assert (tmp_path / 'checkpoints' / '20').is_dir()
     saved = json.loads((tmp_path / 'config.json').read_text())
     assert saved['model_config']['num_kv_heads'] == 1
+
+
+@pytest.mark.slow
+def test_settings_that_change_nothing_warn_once(tmp_path):
+    flags = ['--model=mlp', '--dtype=bfloat16', '--seq_len=8', '--strategy=tp', '--steps=2']
+    result = run_cli('explicit', *flags, '--cpu_devices=8', f'--workdir={tmp_path}', timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    for message in (
+        "--strategy=tp on a mesh whose 'model' axis is 1 splits nothing over it: it runs as dp",
+        '--seq_len, --dtype only shape the transformer: --model=mlp ignores them',
+    ):
+        assert len([line for line in lines if message in line]) == 1, result.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    'module, own',
+    [
+        ('auto.train', 'min(100, steps // 10)'),
+        ('explicit.train', '--checkpoint_every'),
+        ('auto.generate', '--[no]kv_cache'),
+        ('explicit.generate', '--max_new_bytes'),
+        ('parity_tests.collectives', '--strategy'),
+        ('benchmarks.run', '--sections'),
+    ],
+)
+def test_help_lists_each_clis_own_flags(module, own):
+    result = subprocess.run(
+        [sys.executable, '-m', module, '--help'],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert own in result.stdout and 'Try --helpfull' in result.stdout
+    assert '--xla_' not in result.stdout  # only its own flags: --helpfull has the rest

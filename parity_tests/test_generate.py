@@ -3,6 +3,7 @@ whatever mesh the checkpoint is restored onto, each path compiles once whatever 
 odd input is handled."""
 
 import dataclasses
+import signal
 import subprocess
 import sys
 
@@ -144,3 +145,26 @@ def test_cli_without_a_checkpoint_says_so(tmp_path):
     )
     assert result.returncode != 0 and 'no checkpoint in' in result.stderr
     assert 'Traceback' not in result.stderr
+
+
+@pytest.mark.slow
+def test_cli_streams_a_non_utf8_prompt_and_its_continuation(workdir):
+    """A Latin-1 prompt (not UTF-8) is taken as its raw bytes; the output streams byte by byte,
+    and Ctrl-C keeps what was printed (exit 130, no traceback)."""
+    streamed = []
+    gen = generator(workdir)
+    out = gen.generate(b'To', 5, on_byte=streamed.append)
+    assert bytes(streamed) == out
+    proc = subprocess.Popen(
+        [sys.executable, '-m', 'auto.generate', f'--workdir={workdir}', b'--prompt=caf\xe9']
+        + ['--max_new_bytes=1000000', '--temperature=0'],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    first = proc.stdout.read(20)  # arrives long before the millionth byte
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert first.startswith(b'caf\\xe9') and b'Traceback' not in err
+    assert len(first + rest) > 20

@@ -152,7 +152,7 @@ def test_a_diverging_loss_stops_without_saving_nan(tmp_path):
     result = run_cli('explicit', *flags, '--steps=30')
     assert result.returncode != 0 and 'Traceback' not in result.stderr
     assert 'training stopped' in result.stderr and 'at step' in result.stderr
-    for step in checkpoint.manager(tmp_path).all_steps():
+    for step in checkpoint.reader(tmp_path).all_steps():
         _, _, state = checkpoint.restore(tmp_path, make_mesh(1), step=step)
         assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(state.params))
 
@@ -162,5 +162,5 @@ def test_config_json_matches_the_checkpoint(tmp_path):
     flags = [*MODELS['mlp'], *COMMON, '--steps=10', f'--workdir={tmp_path}']
     assert run_cli('auto', *flags).returncode == 0
     saved = json.loads((tmp_path / 'config.json').read_text())
-    with checkpoint.manager(tmp_path) as mngr:
+    with checkpoint.reader(tmp_path) as mngr:
         assert checkpoint.read_config(mngr, 10) == saved

@@ -1,2 +1,29 @@
 """Everything around the step: configs, flags, tasks (data, losses, evaluation), the training
-loop, checkpoints, reports, and the train and generate CLIs that every twin runs."""
+loop, checkpoints, reports, and the train and generate CLIs that every twin runs. Here: what a
+CLI's --help lists (flags.py holds the flags themselves; benchmarks/run.py, which defines its
+own, uses this too)."""
+
+import functools
+import sys
+
+from absl import app
+from absl.flags import FLAGS  # (not `flags`: that name is our flags.py)
+
+
+def declare_key_flags(holders) -> None:
+    """Makes `holders` key flags of the program being run, so that its --help lists them (the
+    CLIs' flags live in flags.py, not in the __main__ module, where absl looks), and lets
+    --help and --helpfull exit 0: asking for help is not an error."""
+    for holder in holders:
+        FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[holder.name])
+    app.define_help_flags()
+    for name in ('help', 'helpshort', 'helpfull'):
+        flag = FLAGS[name]
+        flag.parse = functools.partial(_exit_zero, flag.parse)
+
+
+def _exit_zero(parse, arg):
+    try:
+        parse(arg)
+    except SystemExit:  # absl exits 1 after printing the help
+        sys.exit(0)

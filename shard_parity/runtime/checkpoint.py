@@ -4,17 +4,22 @@
     <workdir>/checkpoints/<step>/config  {'model': ..., 'model_config': ..., 'train': ...}
 
 Orbax writes each step into a temporary folder and renames it when complete, so a save killed
-half-way never looks like a checkpoint; `latest` only ever sees complete ones. `restore` needs
-no flags: it rebuilds the model and optimizer from the saved config and reads the arrays straight
-into the shardings the restoring strategy uses on its own mesh (shard_parity/placement.py), so
-a checkpoint written by any twin, on any number of devices and under any strategy, restores
-into any other twin, mesh and strategy.
+half-way never looks like a checkpoint; `latest` only ever sees complete ones. Only the
+trainer, which holds the workdir's lock (report.hold_workdir), writes: it alone cleans up
+temporary folders and drops old steps. Readers (generate, the tests, any tool) open the folder
+read-only with `reader`, so they can never delete a save in progress. Every save error,
+synchronous or from Orbax's background thread, becomes one SaveError naming the step and the
+intact ones. `restore` needs no flags: it rebuilds the model and optimizer from the saved config
+and reads the arrays straight into the shardings the restoring strategy uses on its own mesh
+(shard_parity/placement.py), so a checkpoint written by any twin, on any number of devices and
+under any strategy, restores into any other twin, mesh and strategy.
 """
 
 import pathlib
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging
 from flax import nnx
 
 from shard_parity import UsageError
@@ -27,33 +32,104 @@ from shard_parity.step import TrainState, make_optimizer
 RESUMABLE = ('steps', 'log_every', 'eval_every')  # train settings a resumed run may change
 
 
-def manager(workdir, keep: int | None = None, create: bool = True) -> ocp.CheckpointManager:
+class SaveError(UsageError):
+    """A checkpoint could not be written: the run stops, the earlier checkpoints stay."""
+
+
+class Manager(ocp.CheckpointManager):
+    """Orbax's manager, with every save error (a full disk, a permission, a missing folder),
+    raised at save() or later from the background thread, turned into one SaveError."""
+
+    saving = None  # the step of the save in flight
+
+    def save(self, step, *args, **kwargs):
+        self.wait_until_finished()  # a failed background save of the previous step surfaces here
+        self.saving = step
+        try:
+            return super().save(step, *args, **kwargs)
+        except Exception as e:
+            raise self._failed(step, e) from e
+
+    def wait_until_finished(self):
+        try:
+            super().wait_until_finished()
+        except Exception as e:
+            raise self._failed(self.saving, e) from e
+
+    def _failed(self, step, e) -> SaveError:
+        text = str(e).split('\n')[0]
+        if isinstance(e, OSError) and e.strerror:
+            reason = e.strerror
+        elif 'RESOURCE_EXHAUSTED' in text or 'No space left' in text:
+            reason = 'No space left on device (RESOURCE_EXHAUSTED)'
+        else:
+            reason = text[:300]
+        intact = [s for s in self.all_steps(read=True) if s != step]
+        return SaveError(
+            f'could not save the checkpoint of step {step}: {reason}; '
+            + (
+                f'the checkpoints of steps {", ".join(map(str, intact))} are intact'
+                if intact
+                else 'no earlier checkpoint exists'
+            )
+        )
+
+
+def manager(workdir, keep: int | None = None) -> Manager:
+    """The trainer's manager: only the process holding the workdir's lock may build one."""
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
-        create=create,
-        cleanup_tmp_directories=True,
+        create=True,
+        cleanup_tmp_directories=True,  # a killed save's leftovers: safe only under the lock
         enable_async_checkpointing=True,  # save() returns once the arrays are copied to host
+    )
+    folder = pathlib.Path(workdir).absolute() / 'checkpoints'
+    return Manager(folder, options=options, item_names=('state', 'config'))
+
+
+def _not_read_only_notice(record) -> bool:  # Orbax warns each time a reader opens a folder
+    return not record.getMessage().startswith('Given directory is read only')
+
+
+logging.get_absl_logger().addFilter(_not_read_only_notice)
+
+
+def reader(workdir) -> ocp.CheckpointManager:
+    """A read-only manager: it creates, cleans up and deletes nothing, whatever a trainer in
+    the same workdir is doing."""
+    options = ocp.CheckpointManagerOptions(
+        read_only=True,
+        create=False,
+        cleanup_tmp_directories=False,
+        save_interval_steps=0,
+        enable_async_checkpointing=False,
     )
     folder = pathlib.Path(workdir).absolute() / 'checkpoints'
     return ocp.CheckpointManager(folder, options=options, item_names=('state', 'config'))
 
 
-def save(mngr: ocp.CheckpointManager, state: TrainState, saved_config: dict) -> None:
-    """Starts an asynchronous save; mngr.wait_until_finished() waits for it."""
+def latest_train_config(workdir) -> dict | None:
+    """The 'train' settings of the newest checkpoint in `workdir`, read-only; None if there is
+    none (or it cannot be read: the trainer reports that itself)."""
+    if not (pathlib.Path(workdir) / 'checkpoints').is_dir():
+        return None
+    with reader(workdir) as mngr:
+        step = mngr.latest_step()
+        try:
+            return None if step is None else read_config(mngr, step)['train']
+        except UsageError:
+            return None
+
+
+def save(mngr: Manager, state: TrainState, saved_config: dict) -> None:
+    """Starts an asynchronous save; mngr.wait_until_finished() waits for it. Raises SaveError."""
     # A private copy: the train step donates its input buffers, which must not be the ones
     # Orbax is still reading.
     state = jax.tree.map(lambda x: x.copy(), state)
     args = ocp.args.Composite(
         state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(saved_config)
     )
-    try:
-        mngr.save(int(state.step), args=args, force=True)
-    except OSError as e:  # a full disk, say: the temporary folder is dropped, older ones stay
-        raise OSError(
-            f'could not save the checkpoint of step {int(state.step)} in '
-            f'{mngr.directory} ({e.strerror or e}); the earlier checkpoints are '
-            'intact'
-        ) from e
+    mngr.save(int(state.step), args=args, force=True)
 
 
 def read_config(mngr: ocp.CheckpointManager, step: int) -> dict:
@@ -118,41 +194,53 @@ def target_for(state_like, shardings) -> TrainState:
 
 
 def restore(workdir, mesh, strategy: str = 'dp', step: int | None = None):
-    """(saved config, graphdef, TrainState placed as `strategy` places it on `mesh`)."""
+    """(saved config, graphdef, TrainState placed as `strategy` places it on `mesh`): step `step`,
+    or the newest complete one; if a trainer's --keep deletes that one while it is read, the
+    next newest."""
     if not (pathlib.Path(workdir) / 'checkpoints').is_dir():
         raise UsageError(
             f'no checkpoint in {pathlib.Path(workdir) / "checkpoints"}: train '
             f'with --workdir={workdir} first'
         )
-    with manager(workdir, create=False) as mngr:
-        step = mngr.latest_step() if step is None else step
-        if step is None:
+    with reader(workdir) as mngr:
+        steps = [step] if step is not None else sorted(mngr.all_steps(), reverse=True)
+        if not steps:
             raise UsageError(f'no complete checkpoint in {mngr.directory}')
-        saved = read_config(mngr, step)
-        tx = make_optimizer(cfg.TrainConfig(**saved['train']))
-        graphdef, params = nnx.split(nnx.eval_shape(lambda: build_model(saved, nnx.Rngs(0))))
-        abstract = TrainState(
-            jax.ShapeDtypeStruct((), 'int32'), params, jax.eval_shape(tx.init, params)
-        )
-        target = target_for(abstract, state_shardings(abstract, mesh, strategy))
-        state = restore_state(mngr, step, target)
-    return saved, graphdef, state
+        for s in steps:
+            try:
+                return _restore_step(mngr, s, mesh, strategy)
+            except UsageError:
+                if (mngr.directory / str(s)).exists() or s == steps[-1]:
+                    raise  # corrupt, not deleted under us
+    raise AssertionError('unreachable')
+
+
+def _abstract_state(saved: dict):
+    """(graphdef, TrainState of ShapeDtypeStructs) of the model and optimizer a config builds."""
+    tx = make_optimizer(cfg.TrainConfig(**saved['train']))
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: build_model(saved, nnx.Rngs(0))))
+    abstract = TrainState(
+        jax.ShapeDtypeStruct((), 'int32'), params, jax.eval_shape(tx.init, params)
+    )
+    return graphdef, abstract
+
+
+def _restore_step(mngr, step: int, mesh, strategy: str):
+    saved = read_config(mngr, step)
+    graphdef, abstract = _abstract_state(saved)
+    target = target_for(abstract, state_shardings(abstract, mesh, strategy))
+    return saved, graphdef, restore_state(mngr, step, target)
 
 
 def read_numpy(workdir, step: int):
     """(saved config, graphdef, TrainState of numpy arrays) of checkpoint `step`: no mesh, no
     twin. Every array is read whole onto the first device, whatever mesh wrote it."""
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    with manager(workdir, create=False) as mngr:
+    with reader(workdir) as mngr:
         saved = read_config(mngr, step)
-        tx = make_optimizer(cfg.TrainConfig(**saved['train']))
-        graphdef, params = nnx.split(nnx.eval_shape(lambda: build_model(saved, nnx.Rngs(0))))
-        abstract = TrainState(
-            jax.ShapeDtypeStruct((), 'int32'), params, jax.eval_shape(tx.init, params)
-        )
-        state = restore_state(
-            mngr, step, target_for(abstract, jax.tree.map(lambda _: device, abstract))
-        )
+        graphdef, abstract = _abstract_state(saved)
+        target = target_for(abstract, jax.tree.map(lambda _: device, abstract))
+        state = restore_state(mngr, step, target)
     return saved, graphdef, jax.device_get(state)
 
 
@@ -160,5 +248,5 @@ def steps(workdir) -> list[int]:
     """The complete checkpoints in `workdir`, oldest first."""
     if not (pathlib.Path(workdir) / 'checkpoints').is_dir():
         return []
-    with manager(workdir, create=False) as mngr:
+    with reader(workdir) as mngr:
         return sorted(mngr.all_steps())

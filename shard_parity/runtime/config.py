@@ -6,6 +6,7 @@ one value in TRAIN_DEFAULTS.
 """
 
 import dataclasses
+import math
 
 from shard_parity import UsageError
 from shard_parity.model.mlp import MLPConfig  # noqa: F401  (the model configs, saved beside
@@ -44,6 +45,10 @@ class TrainConfig:
     eval_every: int = _field(200, 'Evaluate every N steps (and at the end).', lower=1)
 
     def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UsageError(f'--{field.name}={value} is not a finite number')
         decay = self.decay_steps or self.steps
         schedule = self.warmup_steps > 0 or self.min_learning_rate not in (None, self.learning_rate)
         if schedule and self.warmup_steps >= decay:

@@ -3,13 +3,15 @@ two sets coexist in one process.
 
 The training flags are made from shard_parity/runtime/config.py's TrainConfig, one per field
 (its help and bounds come from the field); left unset, they take the model's defaults
-(TRAIN_DEFAULTS: the MLP's MNIST recipe, or nanoGPT's shakespeare_char CPU recipe).
+(TRAIN_DEFAULTS: the MLP's MNIST recipe, or nanoGPT's shakespeare_char CPU recipe). Each CLI
+lists its own flags under --help (TRAIN_CLI, GENERATE_CLI: absl's key flags of the program run);
+--helpfull lists every flag of every module.
 """
 
 import dataclasses
 import typing
 
-from absl import flags
+from absl import flags, logging
 
 from shard_parity import UsageError
 from shard_parity.placement import STRATEGIES
@@ -34,6 +36,11 @@ MESH = flags.DEFINE_string(
 )
 
 
+SHOWN_DEFAULTS = {
+    'warmup_steps': '0 (mlp), min(100, steps // 10) (transformer; a resumed run keeps its own)'
+}
+
+
 def _define_train_flags() -> dict:
     """One flag per TrainConfig field, None by default: the model's value applies."""
     out = {}
@@ -41,7 +48,7 @@ def _define_train_flags() -> dict:
         is_float = field.type is float or float in typing.get_args(field.type)
         define = flags.DEFINE_float if is_float else flags.DEFINE_integer
         values = {model: getattr(c, field.name) for model, c in cfg.TRAIN_DEFAULTS.items()}
-        shown = (
+        shown = SHOWN_DEFAULTS.get(field.name) or (
             f'{next(iter(values.values()))}'
             if len(set(values.values())) == 1
             else ', '.join(f'{v} ({m})' for m, v in values.items())
@@ -176,10 +183,24 @@ def mesh_shape() -> tuple[int, int] | None:
     return shape
 
 
-def train_config() -> cfg.TrainConfig:
-    """The model's defaults, overridden by every training flag given."""
+def train_config(resumed: dict | None = None) -> cfg.TrainConfig:
+    """The model's defaults, overridden by every training flag given. The transformer warms up
+    for min(100, steps // 10) steps unless told: nanoGPT's 100 at its 2000 steps, and a short
+    run such as --steps=30 still has a schedule; a run resuming checkpoint `resumed` (its
+    'train' settings) keeps that run's warm-up whatever --steps is now. The MLP's recipe has
+    no warm-up."""
     changes = {name: f.value for name, f in TRAIN.items() if f.value is not None}
+    if MODEL.value == 'transformer' and 'warmup_steps' not in changes:
+        steps = changes.get('steps', cfg.TRAIN_DEFAULTS['transformer'].steps)
+        changes['warmup_steps'] = (resumed or {}).get('warmup_steps', min(100, steps // 10))
     return dataclasses.replace(cfg.TRAIN_DEFAULTS[MODEL.value], **changes)
+
+
+def warn_ignored_flags() -> None:
+    """One warning for transformer flags given with --model=mlp: they would change nothing."""
+    given = [f'--{h.name}' for h in TRANSFORMER_SHAPE if flags.FLAGS[h.name].present]
+    if MODEL.value == 'mlp' and given:
+        logging.warning('%s only shape the transformer: --model=mlp ignores them', ', '.join(given))
 
 
 def transformer_config() -> cfg.TransformerConfig:
@@ -194,6 +215,9 @@ def transformer_config() -> cfg.TransformerConfig:
     )
 
 
+TRANSFORMER_SHAPE = [SEQ_LEN, NUM_LAYERS, NUM_HEADS, NUM_KV_HEADS, EMBED_DIM, ATTENTION, DTYPE]
+
+
 # Generation (python -m <twin>.generate): it also reads --workdir, --seed (the sampling's),
 # --cpu_devices and --verbose.
 PROMPT = flags.DEFINE_string('prompt', '', 'Text to continue (UTF-8); may be empty.')
@@ -205,3 +229,14 @@ TOP_K = flags.DEFINE_integer(
     'top_k', None, 'Sample among the k likeliest bytes only.', lower_bound=1, upper_bound=256
 )
 KV_CACHE = flags.DEFINE_bool('kv_cache', False, 'Decode with a KV cache (one position per byte).')
+
+# What each CLI's --help lists; --helpfull lists everything.
+TRAIN_CLI = [
+    MODEL, STRATEGY, MESH, *TRAIN.values(), *TRANSFORMER_SHAPE, CPU_DEVICES, CPU_FMA, NUM_DEVICES,
+    DATA_DIR, DOWNLOAD, WORKDIR, CHECKPOINT_EVERY, KEEP, DEBUG_NANS, VERBOSE, COORDINATOR,
+    NUM_PROCESSES, PROCESS_ID, DISTRIBUTED_AUTO, HEARTBEAT_TIMEOUT, SHOW_SHARDING,
+]  # fmt: skip
+GENERATE_CLI = [
+    WORKDIR, PROMPT, MAX_NEW_BYTES, TEMPERATURE, TOP_K, KV_CACHE, TRAIN['seed'], CPU_DEVICES,
+    VERBOSE,
+]  # fmt: skip

@@ -15,8 +15,10 @@ mesh wrote the checkpoint: it is restored replicated onto that one device. Two p
 An empty prompt starts from a newline, as nanoGPT's sample.py does; it is not printed.
 """
 
+import codecs
 import functools
 import sys
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -76,7 +78,10 @@ class Generator:
         padded[0, : len(context)] = context
         return jnp.asarray(padded), len(context)
 
-    def generate(self, prompt: bytes, n: int, seed: int = 0, kv_cache: bool = False) -> bytes:
+    def generate(
+        self, prompt: bytes, n: int, seed: int = 0, kv_cache: bool = False, on_byte=None
+    ) -> bytes:
+        """`n` bytes after `prompt`; on_byte(b) is called with each as soon as it is drawn."""
         if len(prompt) > self.seq_len:
             raise UsageError(
                 f'--prompt is {len(prompt)} bytes, longer than the model\'s context of '
@@ -87,6 +92,8 @@ class Generator:
         step = self._cached if kv_cache else self._padded
         for key, _ in zip(keys, range(n)):
             tokens.append(step(tokens, key))
+            if on_byte:
+                on_byte(tokens[-1])
         return bytes(tokens[len(prompt or b'\n') :])
 
     def _padded(self, tokens, key) -> int:
@@ -113,31 +120,48 @@ def main(twin):
     from absl import flags, logging
 
     from shard_parity.mesh import configure_jax, make_mesh
-    from shard_parity.runtime import checkpoint
+    from shard_parity.runtime import checkpoint, declare_key_flags
     from shard_parity.runtime import flags as F
+    from shard_parity.runtime.loop import SIGNALS, stop_on_signals
+
+    declare_key_flags(F.GENERATE_CLI)
 
     def _main(argv):
+        stop_on_signals()  # Ctrl-C stops after the current byte: what was printed stays
         if len(argv) > 1:
             sys.exit(f'error: unexpected arguments {argv[1:]}: every setting is a --flag')
         if not flags.FLAGS['verbosity'].present:  # Orbax logs a lot at INFO
             logging.set_verbosity(logging.WARNING)
+        show = Printer()
         try:
             configure_jax(F.CPU_DEVICES.value)
             workdir = F.WORKDIR.value or f'runs/{twin.NAME}_transformer'
-            saved, graphdef, state = checkpoint.restore(workdir, make_mesh(1))
+            saved, graphdef, state = checkpoint.restore(workdir, make_mesh(1))  # read-only
             if saved['model'] != 'transformer':
                 raise UsageError(
                     f"{workdir} holds a {saved['model']} checkpoint: "
                     'generation needs --model=transformer'
                 )
             gen = Generator(graphdef, state.params, F.TEMPERATURE.value, F.TOP_K.value)
-            prompt = F.PROMPT.value.encode('utf-8')
+            # A prompt that is not UTF-8 reaches Python as surrogates: take back its raw bytes.
+            prompt = F.PROMPT.value.encode('utf-8', errors='surrogateescape')
             seed = F.TRAIN['seed'].value or 0
-            out = gen.generate(prompt, F.MAX_NEW_BYTES.value, seed, F.KV_CACHE.value)
+            show(prompt)
+
+            def on_byte(byte):
+                show(bytes([byte]))
+                if SIGNALS:
+                    raise KeyboardInterrupt
+
+            gen.generate(prompt, F.MAX_NEW_BYTES.value, seed, F.KV_CACHE.value, on_byte)
         except UsageError as e:
+            if F.VERBOSE.value:
+                traceback.print_exc()
             sys.exit(f'error: {e}')
-        # Bytes that are not valid UTF-8 (a sampled byte may cut a character) print as \xNN.
-        print((prompt + out).decode('utf-8', errors='backslashreplace'))
+        except KeyboardInterrupt:
+            show.end()
+            sys.exit(130)
+        show.end()
         if F.KV_CACHE.value:
             per_token = kv_cache_bytes_per_token(gen.model.cfg)
             print(
@@ -146,3 +170,20 @@ def main(twin):
             )
 
     return _main
+
+
+class Printer:
+    """Prints bytes as they come. A byte that is not valid UTF-8 (a sampled byte may cut a
+    character) prints as \\xNN; a character's first bytes wait for its last."""
+
+    def __init__(self):
+        self.decoder = codecs.getincrementaldecoder('utf-8')(errors='backslashreplace')
+        sys.stdout.reconfigure(errors='backslashreplace')  # a non-UTF-8 terminal too
+
+    def __call__(self, chunk: bytes, final: bool = False):
+        sys.stdout.write(self.decoder.decode(chunk, final))
+        sys.stdout.flush()
+
+    def end(self):
+        self(b'', final=True)
+        print()

@@ -5,8 +5,13 @@ The loop waits on the device only every `--log_every` steps, at evaluations and 
 to keep at most two steps in flight: on a 2-core host with 8 emulated devices, queueing many
 steps deadlocks XLA's in-process CPU all-reduce, so after dispatching step i we wait for step
 i-1. Evaluation and checkpoint time is left out of the measured throughput.
+
+Ctrl-C and SIGTERM (a preemption) only set a flag (`stop_on_signals`, installed before anything
+compiles: a KeyboardInterrupt raised inside XLA's compiler crashed the process); the loop stops
+at the next step boundary, saves that step and raises Interrupted. A second signal stops at once.
 """
 
+import signal
 import time
 
 import jax
@@ -22,6 +27,37 @@ from shard_parity.runtime import checkpoint, tasks
 
 class Diverged(UsageError):
     """The loss became NaN or inf: training stops before anything non-finite is saved."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM stopped the run at a step boundary, after saving that step."""
+
+    def __init__(self, step: int, signum: int):
+        super().__init__(
+            f'interrupted at step {step}; saved checkpoint {step}; rerun the same command to resume'
+        )
+        self.exit_code = 128 + signum  # 130 for Ctrl-C, 143 for SIGTERM, as the shell reports
+
+
+SIGNALS = []  # the signals received so far; the loop polls it between steps
+
+
+def stop_on_signals() -> None:
+    def handler(signum, frame):
+        if SIGNALS:  # the second: the user insists
+            raise KeyboardInterrupt
+        SIGNALS.append(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+
+
+def stop_requested(step: int, every: int) -> bool:
+    """With one process, after any step; with several, all must stop at the same step (Orbax's
+    save is collective), so they agree every `every` steps on whether any was signalled."""
+    if jax.process_count() == 1:
+        return bool(SIGNALS)
+    return step % every == 0 and bool(process_allgather(np.array(len(SIGNALS))).max())
 
 
 def evaluate(eval_step, params, task: tasks.Task, mesh) -> tuple[dict, dict]:
@@ -95,6 +131,8 @@ class Loop:
 
     def run(self, state, start, checkpoint_every, sharding, workdir) -> dict:
         c, mesh = self.config, self.mesh
+        if SIGNALS:  # before the first step: there is nothing new to save
+            raise KeyboardInterrupt
         window, pending, previous = [], [], None
         main, rows = jax.process_index() == 0, local_rows(mesh, c.batch_size)
         bar = tqdm(
@@ -106,7 +144,7 @@ class Loop:
             unit='step',
             mininterval=1,
         )
-        evals, out = None, None
+        evals, out, saved_step = None, None, None
         for i in bar:
             batch = place_batch(self.task.train_batches.batch(i, rows), mesh)
             if sharding and i == start and main:
@@ -141,10 +179,12 @@ class Loop:
                 self.clock.stop()
                 check_finite(pending, step - len(pending) + 1, self.mngr)
                 checkpoint.save(self.mngr, state, self.saved)
+                saved_step = step
                 self.clock.start()
+            if step < c.steps and stop_requested(step, c.log_every):
+                bar.close()
+                self.stop(state, step, saved_step, pending)
         bar.close()
-        if evals is None:  # nothing left to train: this workdir already reached --steps
-            evals, out = evaluate(self.eval_step, state.params, self.task, mesh)
         self.clock.stop()
         final = dict(
             step=c.steps,
@@ -157,6 +197,14 @@ class Loop:
             self.task.write_report(workdir, out)
         self.mngr.wait_until_finished()
         return final
+
+    def stop(self, state, step, saved_step, pending):
+        """Saves `step` (unless just saved) once any save in flight is done; raises Interrupted."""
+        check_finite(pending, step - len(pending) + 1, self.mngr)
+        if saved_step != step:
+            checkpoint.save(self.mngr, state, self.saved)
+        self.mngr.wait_until_finished()
+        raise Interrupted(step, SIGNALS[0] if SIGNALS else signal.SIGTERM)
 
     @property
     def unit(self):

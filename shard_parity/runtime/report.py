@@ -1,22 +1,32 @@
-"""What a run writes to its workdir: metrics.jsonl, the confusion matrix and some wrong predictions.
+"""What a run writes to its workdir: the lock, metrics.jsonl, the confusion matrix and some wrong
+predictions.
 
-Each file is written to a temporary name and renamed into place, so an interrupted run never
-leaves a half-written report where a good one stood. metrics.jsonl is appended line by line
-(a reader sees whole lines only).
+Each file is written to a temporary name and renamed into place (mode 0644), so an interrupted
+run never leaves a half-written report where a good one stood. metrics.jsonl is appended one
+whole line at a time; a line a full disk cut short is taken back, and on resume any torn or
+unparsable line is dropped with one warning.
 """
 
+import contextlib
+import fcntl
 import json
 import os
 import pathlib
+import socket
 import tempfile
+import time
 
 import numpy as np
+from absl import logging
+
+from shard_parity import UsageError
 
 
 def atomic_write(path: pathlib.Path, write) -> None:
     """Calls write(f) on a temp file beside `path`, then renames it over `path`."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.')
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide reports from the rest of the team
         with os.fdopen(fd, 'wb') as f:
             write(f)
         os.replace(tmp, path)
@@ -34,28 +44,91 @@ def ensure_writable(workdir: pathlib.Path) -> None:
         raise OSError(f'--workdir={workdir} is not writable ({e.strerror})') from e
 
 
+@contextlib.contextmanager
+def hold_workdir(workdir: pathlib.Path, enabled: bool = True):
+    """One trainer per workdir: an OS lock (flock) on <workdir>/.lock for the run's lifetime.
+    The kernel releases it when the process ends, however it ends, so a kill -9 leaves nothing
+    stale; the file only names the holder for whoever is refused."""
+    if not enabled:  # with several processes, process 0 holds it for all
+        yield
+        return
+    fd = os.open(workdir / '.lock', os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 300, 0).decode(errors='replace').strip() or 'another process'
+            raise UsageError(
+                f'--workdir={workdir} is in use by another trainer ({holder}): wait for it to '
+                'end, or use another --workdir'
+            ) from None
+        since = time.strftime('%Y-%m-%d %H:%M:%S')
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f'pid {os.getpid()} on {socket.gethostname()} since {since}\n'.encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
 class MetricsLog:
     """<workdir>/metrics.jsonl: one JSON object per line, each with 'step'."""
 
     def __init__(self, path: pathlib.Path, resume_from: int = 0, enabled: bool = True):
-        """A new run starts a new log; a run resumed at step s keeps the lines up to s (not the
-        final one) and drops what a killed run logged after its last checkpoint."""
+        """A new run starts a new log; a run resumed at step s keeps the good lines up to s (not
+        the final one) and drops what a killed run logged after its last checkpoint. A missing,
+        torn or garbled log never blocks the resume: one warning says what was lost."""
         self.path, self.enabled = path, enabled
         if not enabled:  # another process than 0: it writes nothing
             return
-        keep = []
-        if resume_from and path.exists():
-            for line in path.read_text().splitlines():
-                record = json.loads(line)
-                if record['step'] <= resume_from and not record.get('final'):
-                    keep.append(line + '\n')
+        keep = read_history(path, resume_from) if resume_from else []
         atomic_write(path, lambda f: f.write(''.join(keep).encode()))
 
     def write(self, **record) -> None:
+        """Appends one whole line; if the disk cannot take all of it, none of it stays."""
         if not self.enabled:
             return
-        with self.path.open('a') as f:
-            f.write(json.dumps(record) + '\n')
+        line = (json.dumps(record) + '\n').encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
+        try:
+            while line:
+                line = line[os.write(fd, line) :]
+        except OSError as e:
+            os.ftruncate(fd, size)
+            raise UsageError(
+                f'could not write {self.path} ({e.strerror}); its earlier lines are intact'
+            ) from e
+        finally:
+            os.close(fd)
+
+
+def read_history(path: pathlib.Path, resume_from: int) -> list[str]:
+    """The lines of `path` a run resumed at step `resume_from` keeps, warning once if some
+    could not be read or the file is gone."""
+    if not path.exists():
+        logging.warning(
+            '%s is missing: resuming at step %d without the history before it', path, resume_from
+        )
+        return []
+    keep, bad = [], 0
+    for line in path.read_bytes().splitlines():
+        try:
+            record = json.loads(line)
+            step = int(record['step'])
+        except (ValueError, KeyError, TypeError):
+            bad += 1
+            continue
+        if step <= resume_from and not record.get('final'):
+            keep.append(line.decode() + '\n')
+    if bad:
+        logging.warning(
+            '%s: dropped %d torn or unparsable line(s); kept %d good ones up to step %d',
+            path,
+            bad,
+            len(keep),
+            resume_from,
+        )
+    return keep
 
 
 def confusion_matrix(labels, preds, num_classes: int = 10) -> np.ndarray:
@@ -70,7 +143,8 @@ def write_classification_report(workdir: pathlib.Path, images, labels, preds, fe
         f'{c:>6}' for c in range(10)
     )
     lines = [header] + [f'{r:>5}' + ''.join(f'{v:>6}' for v in row) for r, row in enumerate(cm)]
-    atomic_write(workdir / 'confusion_matrix.txt', lambda f: f.write('\n'.join(lines).encode()))
+    table = '\n'.join(lines) + '\n'
+    atomic_write(workdir / 'confusion_matrix.txt', lambda f: f.write(table.encode()))
     wrong = np.flatnonzero(labels != preds)[:few]
     text = 'test_index label predicted\n' + ''.join(
         f'{i:>10} {labels[i]:>5} {preds[i]:>9}\n' for i in wrong

@@ -53,6 +53,11 @@ def classification_eval(model, batch):
 
 def mnist_task(config: cfg.TrainConfig, data_dir: str | None = None, download=True) -> Task:
     data = mnist.load(datasets.data_root(data_dir), download=download)
+    if config.batch_size > len(data['train'][1]):
+        raise UsageError(
+            f'--batch_size={config.batch_size} is larger than the MNIST training split '
+            f"({len(data['train'][1]):,} examples): use at most that"
+        )
     images, labels = data['test']
     eval_batches = batches.eval_batches_classification(images, labels, config.batch_size)
     keep = np.concatenate([b['mask'] for b in eval_batches]) > 0

@@ -8,7 +8,9 @@ its latest complete checkpoint; --steps is the total, so a larger --steps trains
 """
 
 import json
+import logging as py_logging
 import pathlib
+import signal
 import sys
 import traceback
 
@@ -20,10 +22,10 @@ import datasets
 from shard_parity import UsageError
 from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh, start_processes
 from shard_parity.placement import check_cp, check_tp, mesh_axes, place_state, state_shardings
-from shard_parity.runtime import checkpoint, report, tasks
+from shard_parity.runtime import checkpoint, declare_key_flags, report, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import flags as F
-from shard_parity.runtime.loop import Loop
+from shard_parity.runtime.loop import SIGNALS, Interrupted, Loop, stop_on_signals
 from shard_parity.step import create_state, make_optimizer
 
 
@@ -43,6 +45,13 @@ def check_strategy(strategy: str, model_config, mesh) -> None:
     sequence divides; dp and fsdp leave a 'model' axis as copies."""
     if strategy in ('tp', 'fsdp_tp'):
         check_tp(model_config, mesh)
+        if mesh.shape[MODEL] == 1:
+            logging.warning(
+                "--strategy=%s on a mesh whose 'model' axis is 1 splits nothing over it: it runs "
+                'as %s; give --mesh=DATAxMODEL with MODEL > 1 to split the layers',
+                strategy,
+                'fsdp' if strategy == 'fsdp_tp' else 'dp',
+            )
     elif strategy == 'cp':
         check_cp(model_config, mesh)
     elif mesh.shape[MODEL] > 1:
@@ -54,14 +63,23 @@ def check_strategy(strategy: str, model_config, mesh) -> None:
         )
 
 
-def restore_latest(mngr, state, saved: dict, mesh):
-    """(state, step): the latest complete checkpoint if this workdir has one, else (state, 0)."""
+def restore_latest(mngr, state, saved: dict, mesh, steps: int):
+    """(state, step): the latest complete checkpoint if this workdir has one, else (state, 0).
+    Refuses a checkpoint of other settings, or one beyond --steps."""
     step = mngr.latest_step()
     if step is None:
         return state, 0
     checkpoint.check_compatible(checkpoint.read_config(mngr, step), saved)
+    if step > steps:
+        raise UsageError(
+            f'--steps={steps} is below the newest checkpoint in {mngr.directory} (step {step}): '
+            f'--steps is the total, so give --steps={step} or more, or another --workdir'
+        )
+    if step == steps:
+        return None, step  # nothing to do
     target = checkpoint.target_for(state, state_shardings(state, mesh, saved['strategy']))
-    logging.warning('resuming from %s', mngr.directory / str(step))
+    if jax.process_index() == 0:
+        print(f'resuming from {mngr.directory / str(step)}', file=sys.stderr, flush=True)
     return checkpoint.restore_state(mngr, step, target), step
 
 
@@ -76,10 +94,12 @@ def run(
     checkpoint_every=None,
     keep=3,
     save_initial=False,
-) -> dict:
-    """Trains `task` with `twin.STRATEGIES[strategy]` (e.g. auto's dp.py); returns the last line.
-    Saves a checkpoint every `checkpoint_every` steps (default: at each evaluation) and at the
-    end, and resumes from the latest one in `workdir`."""
+) -> dict | None:
+    """Trains `task` with `twin.STRATEGIES[strategy]` (e.g. auto's dp.py); returns the last line,
+    or None when `workdir` already holds step --steps (then nothing is written). Saves a
+    checkpoint every `checkpoint_every` steps (default: at each evaluation) and at the end (and
+    at step 0 with `save_initial`), and resumes from the latest one in `workdir`, which it locks
+    for its lifetime."""
     check_batch(config.batch_size, mesh)
     check_strategy(strategy, task.model_config, mesh)
     tx = make_optimizer(config)
@@ -96,11 +116,13 @@ def run(
     }
     report.ensure_writable(workdir)
     main = jax.process_index() == 0  # with several processes, process 0 writes and prints
-    with checkpoint.manager(workdir, keep) as mngr:
-        state, start = restore_latest(mngr, state, saved, mesh)
+    with report.hold_workdir(workdir, main), checkpoint.manager(workdir, keep) as mngr:
+        state, start = restore_latest(mngr, state, saved, mesh, config.steps)
+        if state is None:
+            return None
         if save_initial and start == 0:  # step 0, for python -m parity_tests.bisect RUN_A RUN_B
             checkpoint.save(mngr, state, saved)
-        text = json.dumps(saved, indent=2)
+        text = json.dumps(saved, indent=2) + '\n'
         if main:
             report.atomic_write(workdir / 'config.json', lambda f: f.write(text.encode()))
         log = report.MetricsLog(workdir / 'metrics.jsonl', resume_from=start, enabled=main)
@@ -108,7 +130,34 @@ def run(
         return loop.run(state, start, checkpoint_every or config.eval_every, sharding, workdir)
 
 
+def quiet_save_errors(record) -> bool:
+    """Drops what Orbax's background save thread and its asyncio tasks log when a save fails:
+    the SaveError raised in the main thread says it in one line (--verbose shows all)."""
+    noisy = '/orbax/' in record.pathname or record.name == 'asyncio'
+    return not (record.levelno >= py_logging.ERROR and noisy)
+
+
+def quiet_failed_save() -> None:
+    """After a failed save (a full disk), each of tensorstore's pending writes reports into the
+    closed event loop of Orbax's background thread, printing dozens of tracebacks of
+    `RuntimeError: Event loop is closed` as unraisable exceptions; silence those too."""
+    logging.get_absl_handler().addFilter(quiet_save_errors)
+    default = sys.unraisablehook
+
+    def hook(unraisable):
+        value = unraisable.exc_value
+        if not (isinstance(value, RuntimeError) and str(value) == 'Event loop is closed'):
+            default(unraisable)
+
+    sys.unraisablehook = hook
+
+
 def make_task(config):
+    if F.DATA_DIR.value and pathlib.Path(F.DATA_DIR.value).is_file():
+        raise UsageError(
+            f'--data_dir={F.DATA_DIR.value} is a file: give the folder that holds (or will hold) '
+            'mnist/ and tinyshakespeare/'
+        )
     if F.MODEL.value == 'mlp':
         return tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value)
     return tasks.shakespeare_task(
@@ -119,11 +168,16 @@ def make_task(config):
 def main(twin):
     """The absl main of `python -m <twin>.train`."""
 
+    declare_key_flags(F.TRAIN_CLI)
+    stop_on_signals()  # before anything compiles: see shard_parity/runtime/loop.py
+
     def _main(argv):
         if len(argv) > 1:
             sys.exit(f'error: unexpected arguments {argv[1:]}: every setting is a --flag')
         if not flags.FLAGS['verbosity'].present:  # Orbax and XLA log a lot at INFO
             logging.set_verbosity(logging.WARNING)
+        if not F.VERBOSE.value:  # a failed save is reported once, by us, in one line
+            quiet_failed_save()
         try:
             configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
             start_processes(
@@ -137,9 +191,10 @@ def main(twin):
             mesh = make_mesh(
                 F.NUM_DEVICES.value, F.mesh_shape(), mesh_axes(F.STRATEGY.value), twin.AXIS_TYPE
             )
-            config = F.train_config()
-            check_batch(config.batch_size, mesh)
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{twin.NAME}_{F.MODEL.value}')
+            config = F.train_config(checkpoint.latest_train_config(workdir))
+            F.warn_ignored_flags()
+            check_batch(config.batch_size, mesh)
             final = run(
                 twin,
                 F.STRATEGY.value,
@@ -160,7 +215,21 @@ def main(twin):
             if F.VERBOSE.value:
                 traceback.print_exc()
             sys.exit(f'error: {e}')
-        if jax.process_index() == 0:
+        except Interrupted as e:
+            print(e, file=sys.stderr)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:  # a second signal, or one before the first step
+            print(
+                'interrupted: nothing saved since the last checkpoint; rerun the same command '
+                'to resume',
+                file=sys.stderr,
+            )
+            sys.exit(128 + (SIGNALS or [signal.SIGINT])[0])
+        if jax.process_index() != 0:
+            return
+        if final is None:
+            print(f'nothing to do: {workdir} already holds step {config.steps}')
+        else:
             print(json.dumps(final))
 
     return _main

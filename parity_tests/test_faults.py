@@ -1,0 +1,214 @@
+"""Claim: nothing is lost when people share a workdir, interrupt a run or fill a disk. One trainer
+per workdir; readers never write and survive --keep deleting under them; every save error, a
+torn log and an interrupt end in one line, and the same command then resumes to the very
+parameters of an undisturbed run."""
+
+import dataclasses
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import auto
+from parity_tests.helpers import (
+    CLI_MODELS,
+    REPO,
+    TINY_TRANSFORMER,
+    fresh_state,
+    make_case,
+    run_cli,
+    save_checkpoint,
+)
+from shard_parity import UsageError
+from shard_parity.mesh import make_mesh
+from shard_parity.runtime import checkpoint, report, tasks
+from shard_parity.runtime.train import run
+
+FLAGS = [*CLI_MODELS['transformer'], '--cpu_devices=8', '--log_every=5', '--eval_every=10']
+FLAGS += ['--checkpoint_every=10', '--decay_steps=400']
+
+
+def params(workdir):
+    _, _, state = checkpoint.restore(workdir, make_mesh(1))
+    return [np.asarray(p) for p in jax.tree.leaves(state.params)]
+
+
+def assert_same_params(a, b):
+    for x, y in zip(params(a), params(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def files(workdir):
+    """Every file under `workdir` with its size and modification time."""
+    return {
+        str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in workdir.rglob('*') if p.is_file()
+    }
+
+
+def test_a_second_trainer_is_refused_naming_the_holder(tmp_path):
+    holder = rf'is in use by another trainer \(pid {os.getpid()} on '
+    with report.hold_workdir(tmp_path), pytest.raises(UsageError, match=holder):
+        with report.hold_workdir(tmp_path):
+            pass
+    with report.hold_workdir(tmp_path):  # released on exit, as the kernel does at a kill -9
+        pass
+
+
+def test_a_reader_falls_back_when_keep_deletes_its_checkpoint(tmp_path, monkeypatch):
+    case = make_case('transformer')
+    _, _, state = fresh_state(case=case)
+    for step in (5, 10):
+        save_checkpoint(tmp_path, state._replace(step=np.int32(step)), case)
+    real = checkpoint.read_config
+
+    def deleted_while_read(mngr, step):  # the trainer's --keep removes step 10 mid-read
+        if step == 10:
+            shutil.rmtree(tmp_path / 'checkpoints' / '10')
+        return real(mngr, step)
+
+    monkeypatch.setattr(checkpoint, 'read_config', deleted_while_read)
+    _, _, restored = checkpoint.restore(tmp_path, make_mesh(1))
+    assert int(restored.step) == 5
+    assert sorted(p.name for p in (tmp_path / 'checkpoints').iterdir()) == ['5']  # no cleanup
+
+
+def test_a_torn_garbled_or_missing_log_never_blocks_a_resume(tmp_path, caplog):
+    path = tmp_path / 'metrics.jsonl'
+    good = [{'step': 5, 'train_loss': 1.0}, {'step': 10, 'eval_loss': 2.0}]
+    lines = [json.dumps(r) for r in good] + ['{"step": 15, "train_lo', 'garbage', '{"no": 1}']
+    path.write_text('\n'.join(lines[:2] + lines[3:] + lines[2:3]))  # torn last line
+    with caplog.at_level('WARNING'):
+        report.MetricsLog(path, resume_from=10)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == good
+    assert [r.getMessage() for r in caplog.records if 'dropped 3' in r.getMessage()]
+    path.unlink()
+    caplog.clear()
+    with caplog.at_level('WARNING'):
+        report.MetricsLog(path, resume_from=10)
+    assert path.read_text() == '' and 'is missing' in caplog.text
+
+
+def test_a_line_the_disk_cuts_short_is_taken_back(tmp_path, monkeypatch):
+    log = report.MetricsLog(tmp_path / 'metrics.jsonl')
+    log.write(step=1, loss=1.0)
+    real_write = os.write
+
+    def half_then_full(fd, data):  # the disk takes half the line, then is full
+        if len(data) > 8:
+            return real_write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, 'No space left on device')
+
+    monkeypatch.setattr(report.os, 'write', half_then_full)
+    with pytest.raises(UsageError, match='No space left on device'):
+        log.write(step=2, loss=0.5)
+    assert (tmp_path / 'metrics.jsonl').read_text() == '{"step": 1, "loss": 1.0}\n'
+
+
+def test_a_failed_background_save_is_one_error_and_the_rerun_resumes(mesh8, tmp_path, monkeypatch):
+    """Orbax writes in a background thread; a full disk there surfaced as a raw error (and
+    dozens of logged tracebacks). Now: one SaveError naming the step and the intact ones."""
+    case = make_case('transformer')
+    config = dataclasses.replace(case.config, steps=10, eval_every=5, batch_size=16)
+    task = tasks.shakespeare_task(config, TINY_TRANSFORMER)
+    module = sys.modules[checkpoint.ocp.checkpointers.AsyncCheckpointer.__module__]
+    real = module._background_wait_for_commit_futures
+
+    def disk_full(directory, *args, **kwargs):
+        if '10' in directory.name:
+            raise OSError(errno.ENOSPC, 'No space left on device')
+        return real(directory, *args, **kwargs)
+
+    monkeypatch.setattr(module, '_background_wait_for_commit_futures', disk_full)
+    with pytest.raises(UsageError) as e:
+        run(auto, 'dp', task, config, mesh8, tmp_path, checkpoint_every=5)
+    assert str(e.value) == (
+        'could not save the checkpoint of step 10: No space left on device; '
+        'the checkpoints of steps 5 are intact'
+    )
+    monkeypatch.undo()  # space freed: the same run resumes from step 5
+    for line in (tmp_path / 'metrics.jsonl').read_text().splitlines():
+        json.loads(line)  # never torn
+    final = run(auto, 'dp', task, config, mesh8, tmp_path, checkpoint_every=5)
+    assert final['step'] == 10 and checkpoint.reader(tmp_path).all_steps() == [5, 10]
+
+
+@pytest.mark.slow
+def test_finished_and_ahead_runs_touch_nothing(tmp_path):
+    flags = [*FLAGS, f'--workdir={tmp_path}']
+    assert run_cli('auto', *flags, '--steps=20').returncode == 0
+    before = files(tmp_path)
+    again = run_cli('auto', *flags, '--steps=20')
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.strip() == f'nothing to do: {tmp_path} already holds step 20'
+    behind = run_cli('auto', *flags, '--steps=10')
+    assert behind.returncode == 1 and 'Traceback' not in behind.stderr
+    assert '--steps=10 is below the newest checkpoint' in behind.stderr
+    after = files(tmp_path)
+    del before[str(tmp_path / '.lock')], after[str(tmp_path / '.lock')]  # names its holder
+    assert after == before
+
+
+@pytest.mark.slow
+def test_six_generates_beside_a_trainer_change_nothing(tmp_path):
+    """Readers used to delete the trainer's save in progress (cleanup_tmp_directories) and died
+    when --keep removed the step they read; the trainer must end where an undisturbed one does."""
+    steps = ['--steps=300', '--keep=2']
+    calm, busy = tmp_path / 'calm', tmp_path / 'busy'
+    trainer = subprocess.Popen(
+        [sys.executable, '-m', 'explicit.train', *FLAGS, *steps, f'--workdir={busy}'],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while not (busy / 'checkpoints' / '10').exists():
+        assert trainer.poll() is None, trainer.stderr.read()[-2000:]
+        time.sleep(0.1)
+    second = run_cli('auto', *FLAGS, *steps, f'--workdir={busy}')
+    assert second.returncode == 1 and 'is in use by another trainer (pid' in second.stderr
+    for _ in range(6):
+        gen = run_cli('explicit', f'--workdir={busy}', '--max_new_bytes=8', program='generate')
+        assert gen.returncode == 0 and 'Traceback' not in gen.stderr, gen.stderr[-2000:]
+    _, err = trainer.communicate(timeout=600)
+    assert trainer.returncode == 0, err[-2000:]
+    assert run_cli('explicit', *FLAGS, *steps, f'--workdir={calm}').returncode == 0
+    assert_same_params(busy, calm)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sig, code', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_run_saves_and_resumes_to_the_same_parameters(sig, code, tmp_path):
+    """SIGINT lands during the first compile (it used to segfault there), SIGTERM mid-run."""
+    flags = [*FLAGS, '--steps=60', f'--workdir={tmp_path / "run"}']
+    proc = subprocess.Popen(
+        [sys.executable, '-u', '-m', 'auto.train', *flags],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for = 'auto:' if sig == signal.SIGINT else 'step 10:'  # the bar, or the first eval
+    seen = ''
+    while wait_for not in seen:
+        seen += proc.stdout.read(1) if sig == signal.SIGTERM else proc.stderr.read(1)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == code, err[-2000:]
+    assert 'Traceback' not in err
+    stopped = [line for line in err.replace('\r', '\n').splitlines() if 'interrupted at' in line]
+    assert len(stopped) == 1 and stopped[0].endswith('rerun the same command to resume'), err
+    step = int(stopped[0].split()[3].rstrip(';'))
+    assert f'saved checkpoint {step};' in stopped[0] and 0 < step < 60
+    assert (tmp_path / 'run' / 'checkpoints' / str(step)).is_dir()
+    assert run_cli('auto', *flags).returncode == 0
+    straight = [*FLAGS, '--steps=60', f'--workdir={tmp_path / "straight"}']
+    assert run_cli('auto', *straight).returncode == 0
+    assert_same_params(tmp_path / 'run', tmp_path / 'straight')
