@@ -2,15 +2,23 @@
 layer that differs and the hint, for each mistake of the bug zoo (parity_tests/zoo/); and it
 finds nothing where the twins agree."""
 
+import dataclasses
 import json
 
+import jax
+import numpy as np
+import optax
 import pytest
 
+import auto
+import explicit
 from parity_tests import divergence as D
 from parity_tests import runs
 from parity_tests.helpers import REPO, fresh_state, make_case
 from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
+from shard_parity.placement import place_batch, place_state
+from shard_parity.step import make_optimizer, one_device_loss_and_grads, one_device_train_step
 
 DATA_HINT = "the 'data' axis size: in B a sum where a mean belongs"
 ZOO = {  # module: (strategy, mesh, reference, phase, layer, ratio, hint fragment)
@@ -112,3 +120,30 @@ def test_run_directories_of_other_settings_or_without_checkpoints_are_refused(tm
     assert runs.bisect_runs(a, fake_run(tmp_path / 'c'), 'f32', None, None).step is None
     with pytest.raises(UsageError, match='share no checkpoint before it'):
         runs.bisect_runs(a, fake_run(tmp_path / 'd', loss=2.1), 'f32', None, None)
+
+
+def with_optimizer(state, tx):
+    """`state`'s params (fresh copies), with `tx`'s initial optimizer state."""
+    params = jax.tree.map(np.array, state.params)
+    return state._replace(params=params, opt_state=tx.init(params))
+
+
+def test_the_logged_gradient_norm_is_the_one_device_norm(mesh8):
+    """--log_grad_norm: every twin's step reports the global norm of its reduced gradient, the
+    one-device run's to round-off, so two runs' logs can be told apart by it; off, it is absent."""
+    case = make_case('mlp')
+    graphdef, _, state = fresh_state(case=case)
+    batch = case.batches.batch(0)
+    _, grads = one_device_loss_and_grads(graphdef, case.loss_fn)(state.params, batch)
+    want = float(optax.tree.norm(grads))
+    tx = make_optimizer(dataclasses.replace(case.config, log_grad_norm=True))
+    _, metrics = one_device_train_step(graphdef, case.loss_fn, tx)(with_optimizer(state, tx), batch)
+    np.testing.assert_allclose(float(metrics['grad_norm']), want, rtol=1e-6)
+    for twin, strategy in ((auto, 'fsdp'), (explicit, 'fsdp'), (explicit, 'dp')):
+        step = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh8)
+        placed = place_state(with_optimizer(state, tx), mesh8, strategy)
+        _, m = step(placed, place_batch(batch, mesh8))
+        np.testing.assert_allclose(float(m['grad_norm']), want, rtol=1e-5)
+    plain = make_optimizer(case.config)
+    _, m = one_device_train_step(graphdef, case.loss_fn, plain)(with_optimizer(state, plain), batch)
+    assert 'grad_norm' not in m and not np.isclose(want, 0)

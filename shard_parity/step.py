@@ -48,9 +48,31 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
         weight_decay=config.weight_decay,
         mask=matrices_only,
     )
-    if not config.grad_clip:
-        return adamw
-    return optax.chain(optax.clip_by_global_norm(config.grad_clip), adamw)
+    chain = [optax.clip_by_global_norm(config.grad_clip)] if config.grad_clip else []
+    if config.log_grad_norm:
+        chain.insert(0, record_grad_norm())
+    return optax.chain(*chain, adamw) if chain else adamw
+
+
+class GradNormState(NamedTuple):
+    norm: jax.Array  # f32[]: the global norm of the last gradient
+
+
+def record_grad_norm() -> optax.GradientTransformation:
+    """Keeps the global norm of the (reduced) gradient in its state, for --log_grad_norm. Under
+    a strategy that shards the gradient this costs XLA a scalar all-reduce per sharded array,
+    which is why it is off by default: it changes the collectives the inspector pins."""
+    return optax.GradientTransformation(
+        lambda params: GradNormState(jnp.zeros((), jnp.float32)),
+        lambda updates, state, params=None: (updates, GradNormState(optax.tree.norm(updates))),
+    )
+
+
+def with_grad_norm(metrics: dict, opt_state) -> dict:
+    """`metrics`, plus 'grad_norm' where the optimizer records one (record_grad_norm)."""
+    if isinstance(opt_state, tuple) and opt_state and isinstance(opt_state[0], GradNormState):
+        return {**metrics, 'grad_norm': opt_state[0].norm}
+    return metrics
 
 
 def create_state(model: nnx.Module, tx: optax.GradientTransformation):
@@ -76,6 +98,7 @@ def make_train_step(
     def step(state: TrainState, batch):
         metrics, grads = grads_fn(state.params, batch)
         state = apply_gradients(state, grads, tx)
+        metrics = with_grad_norm(metrics, state.opt_state)
         return place(state, state_shardings(state, mesh, strategy)), metrics
 
     return jax.jit(step, donate_argnums=0)
@@ -111,7 +134,8 @@ def one_device_train_step(graphdef, loss_fn, tx) -> Callable:
 
     def train_step(state: TrainState, batch: dict[str, Any]):
         metrics, grads = loss_and_grads(state.params, batch)
-        return apply_gradients(state, grads, tx), metrics
+        state = apply_gradients(state, grads, tx)
+        return state, with_grad_norm(metrics, state.opt_state)
 
     # The state is donated, as the twins donate theirs: the new state may reuse its buffers (on
     # a GPU, not donating made this step markedly slower than the twins': docs/benchmarks.md).

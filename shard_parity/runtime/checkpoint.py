@@ -155,6 +155,9 @@ def _guarded(mngr, step, read):
         ) from e
 
 
+DEFAULTS = {'model_config': {}, 'train': cfg.to_dict(cfg.TrainConfig())}
+
+
 def check_compatible(saved: dict, requested: dict) -> None:
     """Refuses a checkpoint of another model, naming every field that differs."""
     diffs = (
@@ -164,7 +167,9 @@ def check_compatible(saved: dict, requested: dict) -> None:
     )
     for group, skip in (('model_config', ()), ('train', RESUMABLE)):
         for key, value in requested[group].items():
-            old = saved[group].get(key)
+            old = saved[group].get(
+                key, DEFAULTS[group].get(key)
+            )  # a field added since: its default
             if key not in skip and _tuples({key: old})[key] != _tuples({key: value})[key]:
                 diffs.append(f'--{key}: checkpoint {old}, requested {value}')
     if diffs:

@@ -43,6 +43,12 @@ class TrainConfig:
     )
     log_every: int = _field(50, 'Log the mean train loss every N steps.', lower=1)
     eval_every: int = _field(200, 'Evaluate every N steps (and at the end).', lower=1)
+    log_grad_norm: bool = _field(
+        False,
+        'Log the global norm of the averaged gradient (train_grad_norm in metrics.jsonl), for '
+        'python -m parity_tests.bisect RUN_A RUN_B. Under fsdp, tp and cp it adds a scalar '
+        'all-reduce per sharded array.',
+    )
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

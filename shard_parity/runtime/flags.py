@@ -47,6 +47,8 @@ def _define_train_flags() -> dict:
     for field in dataclasses.fields(cfg.TrainConfig):
         is_float = field.type is float or float in typing.get_args(field.type)
         define = flags.DEFINE_float if is_float else flags.DEFINE_integer
+        if field.type is bool:
+            define = lambda name, default, help, **bounds: flags.DEFINE_bool(name, default, help)  # noqa: E731
         values = {model: getattr(c, field.name) for model, c in cfg.TRAIN_DEFAULTS.items()}
         shown = SHOWN_DEFAULTS.get(field.name) or (
             f'{next(iter(values.values()))}'
