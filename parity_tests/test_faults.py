@@ -121,10 +121,12 @@ def test_a_failed_background_save_is_one_error_and_the_rerun_resumes(mesh8, tmp_
     module = sys.modules[checkpoint.ocp.checkpointers.AsyncCheckpointer.__module__]
     real = module._background_wait_for_commit_futures
 
-    def disk_full(directory, *args, **kwargs):
-        if '10' in directory.name:
+    def disk_full(directory, commit_futures, *args, **kwargs):
+        if '10' in directory.name:  # the arrays are written, then the disk is full
+            for f in commit_futures:
+                f.result()
             raise OSError(errno.ENOSPC, 'No space left on device')
-        return real(directory, *args, **kwargs)
+        return real(directory, commit_futures, *args, **kwargs)
 
     monkeypatch.setattr(module, '_background_wait_for_commit_futures', disk_full)
     with pytest.raises(UsageError) as e:

@@ -64,7 +64,8 @@ class Manager(ocp.CheckpointManager):
             reason = 'No space left on device (RESOURCE_EXHAUSTED)'
         else:
             reason = text[:300]
-        intact = [s for s in self.all_steps(read=True) if s != step]
+        folders = list(self.directory.iterdir()) if self.directory.is_dir() else []
+        intact = sorted(int(p.name) for p in folders if p.name.isdigit() and int(p.name) != step)
         return SaveError(
             f'could not save the checkpoint of step {step}: {reason}; '
             + (
