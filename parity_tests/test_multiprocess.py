@@ -1,8 +1,7 @@
 """Claim: the twins run unchanged across processes. 2 processes x 4 CPU devices (jax.distributed,
 gloo over loopback, each process loading only its rows) give the losses and parameters of
-1 process x 8 devices, for every twin (typed/'s Explicit mesh too: the MLP keeps it short) and
-both models of auto/ and explicit/; a killed process stops the run, never
-hangs it."""
+1 process x 8 devices, for both models of auto/ and explicit/ and for typed/'s Explicit mesh (the
+MLP keeps it short); a killed process stops the run, never hangs it."""
 
 import os
 import re
