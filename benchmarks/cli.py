@@ -41,18 +41,19 @@ def cli(n: int, batch_sizes, rounds: int, steps: int, model_config, cpu_fma=Fals
     """8. One row per batch size: each candidate's median tokens/s over `rounds` runs of `steps`
     steps, and the ratios of time per token to auto's (as section 1: below 1 is faster), each
     the median of the rounds' ratios with its range. Measured by a child process."""
-    args = dict(
-        n=n,
-        batch_sizes=list(batch_sizes),
-        rounds=rounds,
-        steps=steps,
-        model_config=dataclasses.asdict(model_config),
-        cpu_fma=cpu_fma,
-    )
+    args = {
+        'n': n,
+        'batch_sizes': list(batch_sizes),
+        'rounds': rounds,
+        'steps': steps,
+        'model_config': dataclasses.asdict(model_config),
+        'cpu_fma': cpu_fma,
+    }
     child = subprocess.run(
         [sys.executable, '-m', 'benchmarks.cli', json.dumps(args)],
         capture_output=True,
         text=True,
+        check=False,
     )
     if child.returncode:
         raise RuntimeError(f'section cli failed:\n{child.stderr[-3000:]}')

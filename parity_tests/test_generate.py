@@ -22,8 +22,8 @@ from parity_tests.helpers import (
 )
 from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
-from shard_parity.placement import place_state
 from shard_parity.model.transformer import Transformer
+from shard_parity.placement import place_state
 from shard_parity.runtime import checkpoint, generate
 from shard_parity.runtime import config as cfg
 
