@@ -28,19 +28,24 @@ def _ratio(x: dict, key: str = 'explicit_over_auto') -> str:
 
 def _twins(rows: list) -> list:
     """Section 1: the table, and with several processes every process's ratios under it. Runs
-    from before the auto copy control existed render without its columns."""
+    from before typed/ or the auto copy control existed render without their columns."""
     several = bool(rows) and 'explicit_over_auto_runs' in rows[0]
     control = bool(rows) and 'auto_copy_ms' in rows[0]
+    has_typed = bool(rows) and 'typed_ms' in rows[0]
     header = ['model', 'global batch', 'devices', 'reference', 'auto', 'explicit']
-    header += ['auto copy'] * control + ['explicit/auto'] + ['auto copy/auto'] * control
+    header += ['typed'] * has_typed + ['auto copy'] * control + ['explicit/auto']
+    header += ['typed/auto'] * has_typed + ['auto copy/auto'] * control
     table = []
     for x in rows:
-        ms = [f"{x[f'{k}_ms']:.2f}" for k in ('reference', 'auto', 'explicit')]
-        ms += [f"{x['auto_copy_ms']:.2f}"] if control else []
-        ratios = [_ratio(x)] + ([_ratio(x, 'auto_copy_over_auto')] if control else [])
+        names = ['reference', 'auto', 'explicit'] + ['typed'] * has_typed
+        ms = [f"{x[f'{k}_ms']:.2f}" for k in names + ['auto_copy'] * control]
+        ratios = [_ratio(x)] + [_ratio(x, 'typed_over_auto')] * has_typed
+        ratios += [_ratio(x, 'auto_copy_over_auto')] * control
         table.append([x['model'], x['batch'], x['devices'], *ms, *ratios])
     out = [
-        '\n**1. auto vs explicit vs one-device reference** (median ms per step; target for '
+        '\n**1. auto vs explicit'
+        + ' vs typed' * has_typed
+        + ' vs one-device reference** (median ms per step; target for '
         'explicit/auto: 0.95–1.05'
         + (
             '. Auto copy is the control (auto compiled a second time, timed beside the '
@@ -63,6 +68,7 @@ def _twins(rows: list) -> list:
         for x in rows:
             for key, name in (
                 ('explicit_over_auto', 'explicit/auto'),
+                ('typed_over_auto', 'typed/auto'),
                 ('auto_copy_over_auto', 'auto copy/auto'),
             ):
                 if f'{key}_runs' in x:
@@ -179,6 +185,8 @@ def markdown(r: dict) -> str:
         ]
     if 'context' in r:
         out += _context(r['context'])
+    if 'cli' in r:
+        out += _cli(r['cli'])
     return '\n'.join(out) + '\n'
 
 
@@ -208,6 +216,34 @@ def _context(rows: list) -> list:
     ]
 
 
+CLI = ('auto', 'explicit', 'typed', 'auto_copy')  # benchmarks/cli.py's candidates
+
+
+def _cli(rows: list) -> list:
+    table = [
+        [
+            x['batch'],
+            x['steps'],
+            *(f"{x[f'{n}_tokens_per_sec']:,.0f}" for n in CLI),
+            *(_ratio(x, f'{n}_over_auto') for n in CLI[1:]),
+        ]
+        for x in rows
+    ]
+    return [
+        f"\n**8. The train CLI's own loop** (`shard_parity.runtime.train.run`, the transformer, "
+        f"dp on {rows[0]['devices']} devices; median tokens/s as the loop reports them, first "
+        'step and evaluation left out, over '
+        f"{rows[0]['rounds']} interleaved runs each. Ratios are of time per token, as in "
+        "section 1: the median of the runs' ratios, their range in brackets; auto copy is the "
+        'control)\n',
+        _table(
+            ['global batch', 'steps', *(n.replace('_', ' ') for n in CLI)]
+            + [f"{n.replace('_', ' ')}/auto" for n in CLI[1:]],
+            table,
+        ),
+    ]
+
+
 def plots(r: dict, out: pathlib.Path, suffix: str = '') -> None:
     try:
         import matplotlib
@@ -222,7 +258,12 @@ def plots(r: dict, out: pathlib.Path, suffix: str = '') -> None:
         )
         for ax, x in zip(axes[0], r['twins']):
             steps = x['processes_ms']
-            for name, marker in (('auto', 'o'), ('auto_copy', '.'), ('explicit', 's')):
+            for name, marker in (
+                ('auto', 'o'),
+                ('auto_copy', '.'),
+                ('explicit', 's'),
+                ('typed', '^'),
+            ):
                 if f'{name}_ms' in steps[0]:
                     ys = [p[f'{name}_ms'] for p in steps]
                     ax.plot(range(1, len(ys) + 1), ys, marker, label=name.replace('_', ' '))
@@ -268,7 +309,7 @@ def plots(r: dict, out: pathlib.Path, suffix: str = '') -> None:
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         for ax, model in zip(axes, ('mlp', 'transformer')):
             for mode in ('fixed global batch', 'fixed per-device batch'):
-                for twin in ('auto', 'explicit'):
+                for twin in sorted({x['twin'] for x in r['sweep']}):
                     xs = [
                         x
                         for x in r['sweep']

@@ -18,12 +18,25 @@ from absl import app, flags
 from shard_parity.mesh import configure_jax
 
 NANOGPT_DEVICES = 2  # one device per core of the 2-core machines nanoGPT's ~45 ms was timed on
-SECTIONS = ['twins', 'sweep', 'attention', 'generation', 'nanogpt', 'strategies', 'context']
+SECTIONS = ['twins', 'sweep', 'attention', 'generation', 'nanogpt', 'strategies', 'context', 'cli']
 SECTION = flags.DEFINE_list(
     'sections',
-    SECTIONS[:-1],
+    SECTIONS[:-2],
     f'Which of {SECTIONS} to run. Default: all but context (context parallelism at T = 4,096 '
-    'to 16,384: minutes of compiling; python -m benchmarks.run --sections=context).',
+    'to 16,384: minutes of compiling; python -m benchmarks.run --sections=context) and cli '
+    '(whole train CLI runs: about 20 minutes at the defaults).',
+)
+CLI_BATCH_SIZES = flags.DEFINE_list(
+    'cli_batch_sizes', ['16', '32'], 'Section cli: the global batch sizes.'
+)
+CLI_STEPS = flags.DEFINE_integer(
+    'cli_steps', 300, 'Section cli: steps per train run (the first, compiling, is not timed).', 2
+)
+CLI_ROUNDS = flags.DEFINE_integer(
+    'cli_rounds',
+    4,
+    'Section cli: runs of each candidate per batch size; 4 completes its cycle of orders.',
+    lower_bound=1,
 )
 CONTEXT_LENGTHS = flags.DEFINE_list(
     'context_lengths', ['4096', '8192', '16384'], 'Section context: the sequence lengths.'
@@ -39,8 +52,9 @@ ROUNDS = flags.DEFINE_integer(
     'rounds',
     12,
     'Timed rounds per comparison (after warm-up). A multiple of 12 completes the cycle of '
-    'orders (benchmarks/timing.py) of every section but strategies (10 candidates), so that '
-    'each candidate runs right after each other one equally often.',
+    'orders (benchmarks/timing.py) of the sections with an even number of candidates, so that '
+    'each candidate runs right after each other one equally often; twins (5 candidates) needs '
+    'a multiple of 10, strategies (15) of 30.',
     lower_bound=1,
 )
 PLATFORM = flags.DEFINE_enum(
@@ -131,6 +145,13 @@ def run_sections(names, rounds, gpu: bool, model_config) -> dict:
         elif name == 'context':
             lengths, timed = (list(map(int, f.value)) for f in (CONTEXT_LENGTHS, CONTEXT_TIMED))
             results[name] = S.context(lengths, timed, rounds)
+        elif name == 'cli':
+            from benchmarks.cli import cli
+
+            sizes = list(map(int, CLI_BATCH_SIZES.value))
+            results[name] = cli(
+                n, sizes, CLI_ROUNDS.value, CLI_STEPS.value, model_config, CPU_FMA.value
+            )
         elif name == 'nanogpt' and not gpu and jax.device_count() != NANOGPT_DEVICES:
             results[name] = nanogpt_process(rounds)
         elif name == 'nanogpt':
@@ -192,7 +213,7 @@ def twins_processes(rounds: int, processes: int) -> list[dict]:
     for per_process in zip(*runs):
         ranked = sorted(per_process, key=lambda r: r['explicit_over_auto'])
         row = dict(ranked[(len(ranked) - 1) // 2])  # the median; the lower one of an even count
-        for ratio in ('explicit_over_auto', 'auto_copy_over_auto'):
+        for ratio in ('explicit_over_auto', 'typed_over_auto', 'auto_copy_over_auto'):
             row[f'{ratio}_runs'] = [r[ratio] for r in per_process]
         row['processes_ms'] = [{k: r[k] for k in r if k.endswith('_ms')} for r in per_process]
         rows.append(row)

@@ -11,6 +11,7 @@ from flax import nnx
 
 import auto
 import explicit
+import typed
 from benchmarks.timing import interleaved
 from shard_parity.mesh import make_mesh
 from shard_parity.model import attention
@@ -22,6 +23,7 @@ from shard_parity.runtime import generate, tasks
 from shard_parity.step import create_state, make_optimizer, one_device_train_step
 
 NANOGPT = cfg.TransformerConfig()  # 4 layers, 4 heads, embed 128, seq_len 64
+TWINS = (auto, explicit, typed)
 
 
 def setup(model: str, batch_size: int, model_config=NANOGPT, seed=0):
@@ -65,7 +67,7 @@ def runner(
         step, placed = one_device_train_step(graphdef, loss, tx), jax.device_put(state)
         batch = jax.device_put(batch)
     else:
-        mesh = make_mesh(n, shape, mesh_axes(strategy))
+        mesh = make_mesh(n, shape, mesh_axes(strategy), twin.AXIS_TYPE)  # typed/: Explicit
         step = twin.STRATEGIES[strategy].train_step(graphdef, loss, tx, mesh)
         placed, batch = place_state(state, mesh, strategy), place_batch(batch, mesh)
     box = [placed]
@@ -94,7 +96,7 @@ def per_step(medians, runs):
 
 
 def twins(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
-    """1. Step time of auto vs explicit (n devices) vs the one-device run, both models.
+    """1. Step time of auto vs explicit vs typed (n devices) vs the one-device run, both models.
 
     `auto_copy` is the control: auto again, compiled and placed a second time, timed beside the
     others. Its ratio to auto compares the same program with itself, so it shows how precisely
@@ -105,6 +107,7 @@ def twins(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
             'reference': runner(None, 1, model, b, model_config=model_config),
             'auto': runner(auto, n, model, b, model_config=model_config),
             'explicit': runner(explicit, n, model, b, model_config=model_config),
+            'typed': runner(typed, n, model, b, model_config=model_config),
             'auto_copy': runner(auto, n, model, b, model_config=model_config),
         }
         t = per_step(interleaved(runs, rounds), runs)
@@ -116,6 +119,7 @@ def twins(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
                 'devices': n,
                 **{f'{k}_ms': 1e3 * v for k, v in t.items()},
                 'explicit_over_auto': t['explicit'] / t['auto'],
+                'typed_over_auto': t['typed'] / t['auto'],
                 'auto_copy_over_auto': t['auto_copy'] / t['auto'],
                 **{f'{k}_per_sec': units / v for k, v in t.items()},
             }
@@ -128,7 +132,7 @@ STRATEGY_MODEL_AXES = [('dp', 1), ('fsdp', 1), ('tp', 2), ('tp', 4), ('fsdp_tp',
 
 
 def strategies(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
-    """6. Every strategy in both twins: step time beside the state each device holds."""
+    """6. Every strategy in every twin: step time beside the state each device holds."""
     rows = []
     for model, b in (('mlp', 128), ('transformer', 16)):
         runs = {}
@@ -136,7 +140,7 @@ def strategies(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
             if m > n:
                 continue
             d = n // m
-            for twin in (auto, explicit):
+            for twin in TWINS:
                 runs[strategy, f'{d}x{m}', twin.NAME] = runner(
                     twin, None, model, b, model_config=model_config, shape=(d, m), strategy=strategy
                 )
@@ -163,7 +167,7 @@ def sweep(counts, rounds: int, model_config=NANOGPT) -> list[dict]:
             runs = {}
             for n in counts:
                 b = fixed if mode == 'fixed global batch' else per_device * n
-                for twin in (auto, explicit):
+                for twin in TWINS:
                     runs[(twin.NAME, n, b)] = runner(twin, n, model, b, model_config=model_config)
             t = per_step(interleaved(runs, rounds), runs)
             for (twin, n, b), v in t.items():

@@ -130,9 +130,8 @@ def non_finite(names, runs) -> str | None:
     key = KEYS[k]
     where = 'the final line' if final else f'step {step}'
     more = len(found) - 1
-    return (
-        f'{key} at {where} of {name} is {x[key]}: a NaN or infinity is a mismatch'
-        + (f' ({more} more non-finite figure{"s" * (more > 1)} in the two runs)' if more else '')
+    return f'{key} at {where} of {name} is {x[key]}: a NaN or infinity is a mismatch' + (
+        f' ({more} more non-finite figure{"s" * (more > 1)} in the two runs)' if more else ''
     )
 
 

@@ -139,9 +139,11 @@ def device0_bytes(state):
 
 def logits(graphdef, params, tokens, device=None):
     """The model's logits for `tokens`, as numpy. With `device`, the params are first copied to
-    that one device, so that differently placed params run the very same program."""
+    that one device, so that differently placed params run the very same program. They go
+    through the host: copied device to device, an array of an Explicit mesh (typed/) keeps that
+    mesh's sharding in its type (jax 0.10.2), and one device's program would then refuse it."""
     if device is not None:
-        params = jax.device_put(params, device)
+        params = jax.device_put(jax.device_get(params), device)
     return np.asarray(jax.jit(lambda p, x: nnx.merge(graphdef, p)(x)[0])(params, tokens))
 
 

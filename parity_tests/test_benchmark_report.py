@@ -62,3 +62,30 @@ def test_the_per_process_plot_takes_a_single_model(tmp_path):
     x = row('mlp', 1.0, 1.0) | {'processes_ms': [{'auto_ms': 1.0, 'explicit_ms': 1.1}] * 3}
     report.plots({'twins': [x]}, tmp_path)
     assert (tmp_path / 'twins.png').stat().st_size > 0
+
+
+def test_typed_gets_its_column_and_ratio_beside_explicit():
+    x = row('t', 0.97, 1.01) | {'typed_ms': 9.9, 'typed_over_auto': 0.99}
+    header, _, line = section_1([x])
+    assert header.endswith(
+        '| explicit | typed | auto copy | explicit/auto | typed/auto | auto copy/auto |'
+    )
+    assert line.endswith('| 9.70 | 9.90 | 10.10 | 0.970 | 0.990 | 1.010 |')
+    x['typed_over_auto_runs'] = [1.02, 0.99, 0.95]  # several processes: median and range
+    x['explicit_over_auto_runs'] = [0.97] * 3
+    text = report.markdown({'machine': MACHINE, 'command': 'c', 'twins': [x]})
+    assert '| 0.990 (0.950–1.020) |' in text and '- t, typed/auto: 1.020, 0.990, 0.950' in text
+
+
+def test_the_cli_section_gives_tokens_per_sec_and_time_ratios():
+    x = {'batch': 32, 'steps': 300, 'devices': 8, 'rounds': 2}
+    for name, rate in (('auto', 6000), ('explicit', 5000), ('typed', 6000), ('auto_copy', 6100)):
+        x[f'{name}_tokens_per_sec'] = rate
+    for name, runs in (('explicit', [1.1, 1.3]), ('typed', [1.0, 1.0]), ('auto_copy', [1.0, 0.9])):
+        x[f'{name}_over_auto'], x[f'{name}_over_auto_runs'] = sum(runs) / 2, runs
+    text = report.markdown({'machine': MACHINE, 'command': 'c', 'cli': [x]})
+    (line,) = [t for t in text.splitlines() if t.startswith('| 32 |')]
+    assert line == (
+        '| 32 | 300 | 6,000 | 5,000 | 6,000 | 6,100 | 1.100 (1.100–1.300) | 1.000 (1.000–1.000) '
+        '| 0.900 (0.900–1.000) |'
+    )

@@ -12,10 +12,19 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from parity_tests.helpers import REPO, TINY_TRANSFORMER, fresh_state, make_case, save_checkpoint
+import typed
+from parity_tests.helpers import (
+    REPO,
+    TINY_TRANSFORMER,
+    fresh_state,
+    make_case,
+    run_cli,
+    save_checkpoint,
+)
 from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
 from shard_parity.model.transformer import Transformer
+from shard_parity.placement import place_state
 from shard_parity.runtime import checkpoint, generate
 from shard_parity.runtime import config as cfg
 
@@ -168,3 +177,32 @@ def test_cli_streams_a_non_utf8_prompt_and_its_continuation(workdir):
     assert proc.returncode == 130, err[-2000:]
     assert first.startswith(b'caf\\xe9') and b'Traceback' not in err
     assert len(first + rest) > 20
+
+
+@pytest.mark.slow
+def test_typed_generate_reads_every_twins_checkpoint(workdir, tmp_path):
+    """`python -m typed.generate` restores onto one device whichever twin's mesh wrote the
+    checkpoint: auto/'s and explicit/'s Auto mesh, or typed/'s Explicit one; and the other twins'
+    generate reads typed/'s. All print what the in-process generator gives."""
+    case = make_case('transformer')
+    _, _, state = checkpoint.restore(workdir, make_mesh(1))
+    state = jax.device_get(state)
+    for name, mesh, strategy in [
+        ('auto_mesh', make_mesh(8), 'dp'),
+        ('typed_mesh', make_mesh(shape=(4, 2), axis_type=typed.AXIS_TYPE), 'fsdp_tp'),
+    ]:
+        save_checkpoint(tmp_path / name, place_state(state, mesh, strategy), case)
+    prompt, n = 'ROMEO:', TINY_TRANSFORMER.seq_len - 6
+    want = generator(workdir).generate(prompt.encode(), n)
+    assert len(set(want)) > 1  # not one byte repeated: the comparison can fail
+    for twin, name in [('typed', 'auto_mesh'), ('typed', 'typed_mesh'), ('explicit', 'typed_mesh')]:
+        flags = [
+            f'--workdir={tmp_path / name}',
+            f'--prompt={prompt}',
+            f'--max_new_bytes={n}',
+            '--temperature=0',
+        ]
+        result = run_cli(twin, *flags, program='generate')
+        assert result.returncode == 0, result.stderr[-2000:]
+        printed = (prompt.encode() + want).decode('utf-8', errors='backslashreplace')
+        assert result.stdout.rstrip('\n') == printed, (twin, name)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
+import auto
 import explicit
 import typed
 from parity_tests.helpers import (
@@ -23,6 +24,7 @@ from parity_tests.helpers import (
     twin_loss_and_grads,
 )
 from shard_parity.mesh import DATA, MODEL, make_mesh
+from shard_parity.placement import place_batch, place_state
 from shard_parity.step import one_device_loss_and_grads
 
 
@@ -138,3 +140,24 @@ def test_mlp_trains_bitwise_as_explicit():
     np.testing.assert_array_equal(t_losses, e_losses)
     for t, e in zip(t_params, e_params, strict=True):
         np.testing.assert_array_equal(t, e)
+
+
+@pytest.mark.parametrize(
+    'twin, strategy, shape',
+    [('typed', 'dp', (8, 1)), ('typed', 'fsdp_tp', (4, 2)), ('auto', 'tp', (4, 2))],
+)
+def test_the_train_step_compiles_once(twin, strategy, shape):
+    """The state a step returns is typed as the one it took (placement.as_returned), so the
+    second step reuses the first one's compilation. Before, typed/'s outputs came back
+    P(None, None) for a state placed P() (another type on an Explicit mesh), and auto/'s tp
+    P('model') for P('model', None): each step 2 compiled again, inside the train CLI's timer."""
+    twin = {'typed': typed, 'auto': auto}[twin]
+    case = make_case('mlp')
+    graphdef, tx, state = fresh_state(case=case)
+    mesh = make_mesh(shape=shape, axis_type=twin.AXIS_TYPE)
+    step = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh)
+    state = place_state(state, mesh, strategy)
+    for i in range(3):
+        state, metrics = step(state, place_batch(case.batches.batch(i), mesh))
+        jax.block_until_ready(metrics)
+    assert step._cache_size() == 1

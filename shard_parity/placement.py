@@ -17,7 +17,7 @@ Context parallelism splits each sequence instead: its mesh's second axis is SEQ,
 
 import jax
 from absl import logging
-from jax.sharding import NamedSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity import UsageError
@@ -85,7 +85,21 @@ def state_specs(state, strategy: str, mesh):
         'fsdp_tp': lambda path, x: fsdp_spec(x.shape, n, tp_spec(path, x)),
         'cp': lambda path, x: P(),
     }
-    return jax.tree_util.tree_map_with_path(rules[strategy], state)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: as_returned(rules[strategy](path, x), len(x.shape), mesh), state
+    )
+
+
+def as_returned(spec: P, ndim: int, mesh) -> P:
+    """`spec` spelled as a jitted step spells its outputs' sharding, so that the state the step
+    returns matches the one it took and its second call reuses the first one's compilation: on
+    an Explicit mesh (typed/) every dimension is named (P(None, None): P() is another type
+    there); on an Auto mesh trailing Nones are dropped (P('model'), not P('model', None))."""
+    dims = [*spec, *(None,) * (ndim - len(spec))]
+    if AxisType.Explicit not in mesh.axis_types:
+        while dims and dims[-1] is None:
+            dims.pop()
+    return P(*dims)
 
 
 def mesh_axes(strategy: str) -> tuple[str, str]:
