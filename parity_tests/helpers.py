@@ -37,6 +37,11 @@ CLI_MODELS = {
 TINY_TRANSFORMER = cfg.TransformerConfig(
     seq_len=16, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32
 )
+# 8 heads of 4 dims, width 32: up to 8 'model' devices get whole heads. One block: every layer
+# kind, half the compile time (the tensor-parallel tests of test_mesh_parity.py and test_tp.py).
+TP_TRANSFORMER = cfg.TransformerConfig(
+    seq_len=16, num_layers=1, num_heads=8, num_kv_heads=8, embed_dim=32
+)
 
 # float32 round-off: one gradient or loss against another computed in another order.
 TOL = dict(rtol=1e-5, atol=1e-6)

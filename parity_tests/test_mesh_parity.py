@@ -16,6 +16,7 @@ from parity_tests.helpers import (
     LOSS_TOL,
     PARAM_TOL,
     TOL,
+    TP_TRANSFORMER,
     assert_trees_close,
     fresh_state,
     make_case,
@@ -28,11 +29,8 @@ from shard_parity.model import attention
 from shard_parity.runtime import config as cfg
 from shard_parity.step import one_device_loss_and_grads, one_device_train_step
 
-# 8 query and 8 key/value heads split over up to 8 'model' devices (as test_tp.py's); GQA (2 key/value heads per
-# 8 query heads) runs on the 4x2 mesh below. One block: every layer kind, half the compile time.
-TP_TRANSFORMER = cfg.TransformerConfig(
-    seq_len=16, num_layers=1, num_heads=8, num_kv_heads=8, embed_dim=32
-)
+# TP_TRANSFORMER (helpers.py): 8 query and 8 key/value heads, split over up to 8 'model'
+# devices. GQA (2 key/value heads per 8 query heads) runs on the 4x2 mesh below.
 GQA_TRANSFORMER = cfg.TransformerConfig(
     seq_len=16, num_layers=1, num_heads=8, num_kv_heads=2, embed_dim=32
 )

@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from parity_tests.helpers import (
     CLI_MODELS,
+    TP_TRANSFORMER,
     device0_bytes,
     fresh_state,
     inspect_collectives,
@@ -23,12 +24,6 @@ from parity_tests.helpers import (
 from shard_parity.mesh import DATA, MODEL, make_mesh
 from shard_parity.placement import place_state
 from shard_parity.runtime import checkpoint
-from shard_parity.runtime import config as cfg
-
-# 8 heads of 4 dims, width 32: up to 8 'model' devices get whole heads (test_mesh_parity.py's).
-TP_TRANSFORMER = cfg.TransformerConfig(
-    seq_len=16, num_layers=1, num_heads=8, num_kv_heads=8, embed_dim=32
-)
 
 
 def test_tp_gives_each_model_device_whole_heads():
