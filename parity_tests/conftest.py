@@ -2,17 +2,94 @@
 
 The twins are compared with XLA's fused multiply-adds off (shard_parity/mesh.py explains why);
 tests that run the train CLIs in subprocesses get the same settings from the CLI's defaults.
-Shared helpers live in parity_tests/helpers.py; this file holds only the fixtures.
+Shared helpers live in parity_tests/helpers.py; this file holds the fixtures, the report header
+(the processor and versions a failure report needs) and --margins (python -m parity_tests.margins).
 """
+
+import atexit
+import os
+import platform
+import shutil
+import tempfile
 
 import jax
 import pytest
 
+from parity_tests import helpers
 from parity_tests.helpers import make_case
 from shard_parity.mesh import configure_jax, make_mesh
 
 # Importing JAX does not start its backend; the first computation does. None has run yet.
 configure_jax(8)
+
+# Compilation is most of the suite's time, and many tests compile the very same program again
+# (the one-device step of a case, a twin's step that another test built before, the same
+# initialiser): a compilation cache for this test process turns each repeat into a look-up.
+# Identical programs give identical executables, so no result changes. The cache is this
+# process's alone (subprocesses, which may run several at once, compile for themselves) and is
+# deleted at exit, unless JAX_COMPILATION_CACHE_DIR names one of yours.
+if not jax.config.jax_compilation_cache_dir:
+    _cache = tempfile.mkdtemp(prefix='shard-parity-xla-cache-')
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    jax.config.update('jax_compilation_cache_dir', _cache)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        '--margins',
+        action='store_true',
+        help='after the run, print how much of its tolerance each parity comparison used '
+        '(python -m parity_tests.margins runs the parity tests with it)',
+    )
+
+
+def pytest_report_header(config):
+    """What a failure report needs to be reproduced: the processor, what XLA:CPU compiles for,
+    the versions and the emulated devices."""
+    import jaxlib
+
+    return [
+        f'processor: {cpu_model()} ({platform.machine()}; host has {host_isa()})',
+        f'XLA:CPU: XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r} (AVX: no fused multiply-add)',
+        f'jax {jax.__version__}, jaxlib {jaxlib.__version__}, Python {platform.python_version()}'
+        f', {jax.config.jax_num_cpu_devices} emulated CPU devices',
+    ]
+
+
+def cpu_model() -> str:
+    try:
+        with open('/proc/cpuinfo') as f:
+            names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
+        return names[0] if names else platform.processor() or 'unknown'
+    except OSError:
+        return platform.processor() or 'unknown'
+
+
+def host_isa() -> str:
+    """The widest vector extensions the processor reports (Linux), as XLA:CPU would see them."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            flags = next((line.split(':', 1)[1].split() for line in f if line.startswith('flags')))
+    except (OSError, StopIteration):
+        return 'unknown vector extensions'
+    wanted = ('avx512f', 'avx512_bf16', 'amx_tile', 'avx2', 'fma', 'avx', 'sse4_2', 'neon')
+    return ' '.join(f for f in wanted if f in flags) or 'none of ' + ' '.join(wanted)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not config.getoption('margins'):
+        return
+    write = terminalreporter.write_line
+    worst: dict[tuple[str, str], float] = {}
+    for test, tolerance, used in helpers.MARGINS:
+        worst[test, tolerance] = max(used, worst.get((test, tolerance), 0.0))
+    write('')
+    write('margins: allowed / largest error of each parity test, per tolerance (helpers.py)')
+    for (test, tolerance), used in sorted(worst.items(), key=lambda kv: (-kv[1], kv[0])):
+        margin = 'exact' if used == 0 else f'{1 / used:.3g}x'
+        flag = '  <-- under 10x' if used > 0.1 else ''
+        write(f'{margin:>10}  {tolerance:<9}  {test}{flag}')
 
 
 @pytest.fixture(scope='session')

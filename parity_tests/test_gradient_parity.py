@@ -5,13 +5,18 @@ gradient is the mean over devices, not the sum."""
 from functools import partial
 
 import jax
-import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
 import auto
 import explicit
-from parity_tests.helpers import TOL, assert_trees_close, fresh_state, twin_loss_and_grads
+from parity_tests.helpers import (
+    TOL,
+    assert_close,
+    assert_trees_close,
+    fresh_state,
+    twin_loss_and_grads,
+)
 from shard_parity.mesh import DATA
 from shard_parity.placement import place_batch
 from shard_parity.step import bind, one_device_loss_and_grads
@@ -39,7 +44,7 @@ def test_twin_matches_the_one_device_run(twin, mesh8, case, one_device):
     graphdef, state, batch, want_metrics, want_grads = one_device
     metrics, grads = twin_loss_and_grads(twin, mesh8, graphdef, case.loss_fn, state, batch)
     for key in want_metrics:
-        np.testing.assert_allclose(metrics[key], want_metrics[key], **TOL)
+        assert_close(metrics[key], want_metrics[key], key, **TOL)
     assert_trees_close(grads, want_grads, **TOL)
 
 

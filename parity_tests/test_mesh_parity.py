@@ -1,6 +1,7 @@
 """Claim: on a DATA x MODEL mesh, every strategy (dp, fsdp, tp, fsdp_tp) in every twin gives the
-one-device run's loss and gradients, and 20 AdamW steps track it, at data parallelism's
-tolerances, for the MLP and the transformer (8 heads, so that 8 model devices get one each).
+one-device run's loss and gradients (float32), and 20 AdamW steps track it (the same steps in
+float64, every loss and parameter: helpers.py's error model), for the MLP and the transformer
+(8 heads, so that 8 model devices get one each).
 dp and fsdp on the 1-D 8x1 mesh are in test_gradient_parity, test_training_parity, test_fsdp."""
 
 import dataclasses
@@ -13,21 +14,22 @@ import auto
 import explicit
 import typed
 from parity_tests.helpers import (
-    LOSS_TOL,
-    PARAM_TOL,
     TOL,
     TP_TRANSFORMER,
+    X64_TOL,
+    assert_close,
+    assert_params_close,
     assert_trees_close,
     fresh_state,
     make_case,
-    train,
-    train_twin,
+    one_device_x64,
+    train_twin_x64,
     twin_loss_and_grads,
 )
 from shard_parity.mesh import MODEL, make_mesh
 from shard_parity.model import attention
 from shard_parity.runtime import config as cfg
-from shard_parity.step import one_device_loss_and_grads, one_device_train_step
+from shard_parity.step import one_device_loss_and_grads
 
 # TP_TRANSFORMER (helpers.py): 8 query and 8 key/value heads, split over up to 8 'model'
 # devices. GQA (2 key/value heads per 8 query heads) runs on the 4x2 mesh below.
@@ -73,7 +75,7 @@ PARAMS = [
 
 @pytest.fixture(scope='module')
 def one_device():
-    """model -> (case, one-device metrics, gradients, 20-step run), computed once each."""
+    """model -> (case, one-device metrics, gradients, 20-step float64 run), computed once each."""
     cache = {}
 
     def get(model):
@@ -84,11 +86,10 @@ def one_device():
                 'fused': FUSED_TRANSFORMER,
             }.get(model)
             case = make_case('mlp') if model == 'mlp' else make_case('transformer', config)
-            graphdef, tx, state = fresh_state(case=case)
+            graphdef, _, state = fresh_state(case=case)
             batch = case.batches.batch(0)
             metrics, grads = one_device_loss_and_grads(graphdef, case.loss_fn)(state.params, batch)
-            steps = train(one_device_train_step(graphdef, case.loss_fn, tx), state, case.batches)
-            cache[model] = case, metrics, grads, steps
+            cache[model] = case, metrics, grads, one_device_x64(case)
         return cache[model]
 
     return get
@@ -128,10 +129,9 @@ def test_strategy_matches_the_one_device_run(name, model, strategy, shape, one_d
     graphdef, _, state = fresh_state(case=case)
     batch = case.batches.batch(0)
     metrics, grads = twin_loss_and_grads(twin, mesh, graphdef, case.loss_fn, state, batch, strategy)
-    np.testing.assert_allclose(metrics['loss'], want_metrics['loss'], **TOL)
+    assert_close(metrics['loss'], want_metrics['loss'], 'loss', **TOL)
     assert_trees_close(grads, want_grads, **TOL)
 
-    losses, params = train_twin(twin, mesh, case, strategy=strategy)
-    np.testing.assert_allclose(losses, want_losses, **LOSS_TOL)
-    for p, r in zip(params, want_params, strict=True):
-        np.testing.assert_allclose(p, r, **PARAM_TOL)
+    losses, params = train_twin_x64(twin, mesh, case, strategy=strategy)
+    assert_close(losses, want_losses, 'float64 losses', **X64_TOL)
+    assert_params_close(params, want_params, **X64_TOL)

@@ -1,6 +1,10 @@
 """Claim: 20 AdamW steps of auto and explicit track the one-device run step by step, for the MLP
 and the transformer (with warm-up, cosine decay and global-norm clipping), and on the CPU (XLA's
-FMA contraction off, see shard_parity/mesh.py) the two MLP twins are bitwise identical."""
+FMA contraction off, see shard_parity/mesh.py) the two MLP twins are bitwise identical.
+
+In float32 the runs are compared by their loss at every step; their parameters are compared
+after the same 20 steps in float64, where correct twins agree to ~1e-13 on any processor
+(helpers.py states the error model of each tolerance)."""
 
 import jax
 import numpy as np
@@ -8,7 +12,18 @@ import pytest
 
 import auto
 import explicit
-from parity_tests.helpers import LOSS_TOL, PARAM_TOL, fresh_state, train, train_twin
+from parity_tests.helpers import (
+    LOSS_TOL,
+    PARAM_TOL,
+    X64_TOL,
+    assert_close,
+    assert_params_close,
+    fresh_state,
+    one_device_x64,
+    train,
+    train_twin,
+    train_twin_x64,
+)
 from shard_parity.mesh import make_mesh
 from shard_parity.step import one_device_train_step
 
@@ -17,6 +32,20 @@ from shard_parity.step import one_device_train_step
 def one_device(case):
     graphdef, tx, state = fresh_state(case=case)
     return train(one_device_train_step(graphdef, case.loss_fn, tx), state, case.batches)
+
+
+@pytest.fixture(scope='module')
+def one_device_64(case):
+    return one_device_x64(case)
+
+
+def test_float64_resolves_float32_round_off(one_device, one_device_64):
+    """The float64 comparison can fail, and on the smallest difference that matters: the same
+    one-device run in float32 is outside X64_TOL of itself in float64."""
+    _, params32 = one_device
+    _, params64 = one_device_64
+    with pytest.raises(AssertionError):
+        assert_params_close(params32, params64, **X64_TOL)
 
 
 def test_training_moves_the_parameters(case, one_device):
@@ -40,11 +69,12 @@ def test_another_seed_trains_differently(mesh8, case, one_device):
     'n', [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow), 8]
 )
 @pytest.mark.parametrize('twin', [auto, explicit], ids=['auto', 'explicit'])
-def test_twin_on_n_devices_tracks_the_one_device_run(twin, n, case, one_device):
-    losses, params = train_twin(twin, make_mesh(n), case)
-    np.testing.assert_allclose(losses, one_device[0], **LOSS_TOL)
-    for p, r in zip(params, one_device[1], strict=True):
-        np.testing.assert_allclose(p, r, **PARAM_TOL)
+def test_twin_on_n_devices_tracks_the_one_device_run(twin, n, case, one_device, one_device_64):
+    losses, _ = train_twin(twin, make_mesh(n), case)
+    assert_close(losses, one_device[0], 'float32 losses', **LOSS_TOL)
+    losses, params = train_twin_x64(twin, make_mesh(n), case)
+    assert_close(losses, one_device_64[0], 'float64 losses', **X64_TOL)
+    assert_params_close(params, one_device_64[1], **X64_TOL)
 
 
 def test_twins_agree_with_each_other(mesh8, case):
@@ -54,7 +84,8 @@ def test_twins_agree_with_each_other(mesh8, case):
     1.1e-7 relative, params within 1.2e-7 absolute."""
     a_losses, a_params = train_twin(auto, mesh8, case)
     e_losses, e_params = train_twin(explicit, mesh8, case)
-    tol = dict(rtol=0, atol=0) if case.name == 'mlp' else dict(rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(a_losses, e_losses, **tol)
-    for a, e in zip(a_params, e_params, strict=True):
-        np.testing.assert_allclose(a, e, **tol)
+    if case.name == 'mlp':
+        assert_close(a_losses, e_losses, 'losses', rtol=0, atol=0)
+        assert_params_close(a_params, e_params, rtol=0, atol=0)
+    else:  # float32's round-off, amplified over 20 steps: the losses, as against one device
+        assert_close(a_losses, e_losses, 'losses', **LOSS_TOL)

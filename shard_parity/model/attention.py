@@ -85,20 +85,21 @@ def _block_scores(qs, kj, j, block, s, offset, valid):
     mask = causal_mask(qs.shape[1], block, offset - j * block, None) & (k_pos < s)
     if valid is not None:
         mask = mask & (k_pos < valid)
-    return jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    return jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
 
 
 def _grouped(q, kv_heads):  # [B, T, H, D] -> float32 [B, T, K, H/K, D], scaled by 1/sqrt(D)
-    b, t, h, d = q.shape
-    return q.astype(jnp.float32).reshape(b, t, kv_heads, h // kv_heads, d) / jnp.sqrt(d)
+    b, t, h, d = q.shape  # (float64 for float64 inputs: the bisector's --x64, the x64 tests)
+    return q.astype(wide(q.dtype)).reshape(b, t, kv_heads, h // kv_heads, d) / jnp.sqrt(d)
 
 
 def _operands(q, k, v):
-    """float32 (scaled grouped queries, key blocks, value blocks, block size), as both the
-    forward and the backward loop over them."""
+    """(scaled grouped queries, key blocks, value blocks, block size) in float32 (float64 for
+    float64 inputs), as both the forward and the backward loop over them."""
     block = min(KEY_BLOCK, k.shape[1])
     qs = _grouped(q, k.shape[2])
-    return qs, _blocks(k.astype(jnp.float32), block), _blocks(v.astype(jnp.float32), block), block
+    f = qs.dtype
+    return qs, _blocks(k.astype(f), block), _blocks(v.astype(f), block), block
 
 
 def _blockwise_forward(q, k, v, offset=0, valid=None):
@@ -120,9 +121,9 @@ def _blockwise_forward(q, k, v, offset=0, valid=None):
 
 def _softmax_start(qs, *refs):
     """The online softmax before any key: running max -inf (float32's lowest), sum 0, values 0."""
-    zero = _like(jnp.zeros(qs.shape[:-1], jnp.float32), qs, *refs)  # [B, T, K, G]
+    zero = _like(jnp.zeros(qs.shape[:-1], qs.dtype), qs, *refs)  # [B, T, K, G]
     stats = jnp.moveaxis(zero, 1, 3)  # [B, K, G, T]
-    return stats + jnp.finfo(jnp.float32).min, stats, _like(jnp.zeros_like(qs), *refs)
+    return stats + jnp.finfo(qs.dtype).min, stats, _like(jnp.zeros_like(qs), *refs)
 
 
 def _online_softmax(carry, scores, vj):
@@ -152,9 +153,9 @@ def _flash_bwd(saved, g):
     b, t, h, d = q.shape
     s, kv_heads = k.shape[1], k.shape[2]
     qs, kb, vb, block = _operands(q, k, v)
-    g = g.astype(jnp.float32).reshape(qs.shape)
+    g = g.astype(qs.dtype).reshape(qs.shape)
     # d(softmax) needs each query's sum_j p_j dp_j, which is its row of g . out
-    delta = jnp.moveaxis((g * out.astype(jnp.float32).reshape(qs.shape)).sum(-1), 1, 3)
+    delta = jnp.moveaxis((g * out.astype(qs.dtype).reshape(qs.shape)).sum(-1), 1, 3)
 
     def step(dq, xs):
         kj, vj, j = xs
