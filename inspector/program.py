@@ -1,0 +1,182 @@
+"""One compiled program, read: its collectives with their attribution and predicted cost, its
+compute, its step band, the partitioner's warnings; and `inspect()`, the same for any jitted
+function a user hands in."""
+
+import collections
+import contextlib
+import dataclasses
+import os
+import sys
+import tempfile
+
+import jax
+import numpy as np
+
+from inspector import cost, surprises
+from inspector.attribute import attribute
+from inspector.hlo import Module, _collective_lines
+
+VERSION = 2  # of the JSON: 1 had kind, shapes, dtypes, replica_groups, bytes, group_size
+
+
+@contextlib.contextmanager
+def captured_stderr(into: list):
+    """Everything written to file descriptor 2 meanwhile (XLA logs from C++, below Python's
+    sys.stderr), appended to `into` as one string and written back to stderr afterwards."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode(errors='replace')
+            into.append(text)
+            sys.stderr.write(text)
+
+
+def compile_with_warnings(lowered):
+    """(compiled, the partitioner's warnings printed while compiling)."""
+    logs = []
+    with captured_stderr(logs):
+        compiled = lowered.compile()
+    return compiled, surprises.remat_warnings(logs[0])
+
+
+def dot_dtype(module: Module) -> str:
+    """The dtype most of the program's dots produce: what the chip's peak is looked up by."""
+    dots = [i.type for i in module.instructions.values() if i.opcode == 'dot']
+    kinds = [t.split('[')[0] for t in dots]
+    return max(set(kinds), key=kinds.count) if kinds else 'f32'
+
+
+def flops(compiled, module: Module) -> float:
+    """cost_analysis() FLOPs (per device), with every loop body counted trip-count times: XLA's
+    cost analysis counts a while body once, so the body's dot FLOPs x (trips - 1) are added."""
+    ca = compiled.cost_analysis()
+    ca = ca[0] if isinstance(ca, (list, tuple)) else ca
+    total = float((ca or {}).get('flops', 0.0))
+    for comp, mult in module.multiplier.items():
+        if mult > 1:
+            total += (mult - 1) * module.dot_flops(comp)
+    return total
+
+
+def analyse(compiled, mesh, hardware: str, warnings=()) -> dict:
+    """{'ops': one record per collective, 'predicted': the step on `hardware`, 'warnings'}."""
+    hw = cost.HARDWARE[hardware]
+    text = compiled.as_text()
+    module = Module(text)
+    ops = []
+    for (c, _), where in zip(_collective_lines(text), attribute(text, mesh, module)):
+        each = cost.collective_us(c.kind, c.bytes, c.group_size, hw)
+        ops.append(
+            dataclasses.asdict(c)
+            | {'bytes': c.bytes, 'group_size': c.group_size}
+            | where
+            | {'predicted_us': round(each * where['trip_count'], 3)}
+        )
+    total_flops = flops(compiled, module)
+    compute = cost.compute_us(total_flops, dot_dtype(module), hw)
+    comms = sum(op['predicted_us'] for op in ops)
+    lo, hi = cost.step_band(compute, comms)
+    predicted = {
+        'hardware': hardware,
+        'flops': total_flops,
+        'compute_us': round(compute, 3),
+        'comms_us': round(comms, 3),
+        'step_us': [round(lo, 3), round(hi, 3)],
+        'loops_without_trip_count': sorted(module.unknown_trip),
+    }
+    return {'ops': ops, 'predicted': predicted, 'warnings': list(warnings)}
+
+
+def bytes_by_line(ops, source) -> dict:
+    """{line: bytes moved per step} for the lines of `source` on each collective's stack."""
+    out = collections.Counter()
+    for op in ops:
+        for frame in op['stack']:
+            file, _, line = frame.partition(' ')[0].rpartition(':')
+            if file == source:
+                out[line] += op['bytes'] * op['trip_count']
+                break
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def _mesh_of(args):
+    for leaf in jax.tree.leaves(args):
+        mesh = getattr(getattr(leaf, 'sharding', None), 'mesh', None)
+        if mesh is not None and getattr(mesh, 'devices', None) is not None:
+            return mesh
+    return None
+
+
+def _whole_arrays(args) -> list[tuple[str, int]]:
+    """(path, elements) of every sharded argument: an all-gather of that many elements brings a
+    whole one back."""
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
+        spec = getattr(getattr(leaf, 'sharding', None), 'spec', None)
+        if spec is not None and any(s is not None for s in spec):
+            out.append((jax.tree_util.keystr(path), int(np.prod(leaf.shape))))
+    return out
+
+
+@dataclasses.dataclass
+class Report:
+    """The inspector's answer for one program: `.text()`, `.json()`, `.html(path)`,
+    `.trace(path)`."""
+
+    data: dict
+
+    def text(self) -> str:
+        from inspector.render import program_text
+
+        return program_text(self.data)
+
+    def json(self) -> dict:
+        return self.data
+
+    def html(self, path: str) -> str:
+        from inspector.html import write_html
+
+        return write_html(self.data, path)
+
+    def trace(self, path: str) -> str:
+        from inspector.trace import write_trace
+
+        return write_trace(self.data, path)
+
+
+def inspect(jitted, *args, hardware: str = 'h100x8', mesh=None, name: str = 'program',
+            expect_gathers=()) -> Report:  # fmt: skip
+    """Compiles `jitted` for `args` (arrays or jax.ShapeDtypeStructs with shardings) and reads
+    its collectives. `mesh`: whose axis names to report (default: the first argument's).
+    `expect_gathers`: mesh axes over which whole arguments may be all-gathered (FSDP's 'data')."""
+    if hardware not in cost.HARDWARE:
+        raise ValueError(f'--hardware={hardware}: expected one of {", ".join(cost.HARDWARE)}')
+    compiled, warnings = compile_with_warnings(jitted.lower(*args))
+    mesh = mesh or _mesh_of(args)
+    result = analyse(compiled, mesh, hardware, warnings)
+    found = surprises.program_surprises(result, _whole_arrays(args), expect_gathers)
+    files = collections.Counter(op['file'] for op in result['ops'] if op['file'])
+    source = files.most_common(1)[0][0] if files else ''
+    return Report(
+        {
+            'version': VERSION,
+            'hardware': hardware,
+            'hardware_note': cost.HARDWARE[hardware].sources,
+            'devices': mesh.size if mesh is not None else jax.device_count(),
+            'axes': list(mesh.axis_names) if mesh is not None else [],
+            'programs': {name: result['ops']},
+            'predicted': {name: result['predicted']},
+            'warnings': {name: result['warnings']},
+            'surprises': {name: found},
+            'sources': {
+                name: {'file': source, 'bytes_by_line': bytes_by_line(result['ops'], source)}
+            },
+        }
+    )
