@@ -69,7 +69,7 @@ def device_groups(g: str) -> list[list[int]]:
         return _iota(m.group(3)).reshape(int(m.group(1)), int(m.group(2))).tolist()
     if g.startswith('mesh['):
         sizes = [(a, int(n)) for a, n in re.findall(r"'(\w+)'=(\d+)", g[: g.index(']')])]
-        ids = re.search(r'device_ids=\((.*?)\)', g)
+        ids = re.search(r'device_ids=\((\[[\d,]+\](?:T\([\d,]+\))?)\)', g)
         n = int(np.prod([s for _, s in sizes]))
         grid = (_iota(ids.group(1)) if ids else np.arange(n)).reshape([s for _, s in sizes])
         over = re.findall(r"'(\w+)'", g[g.rindex('{') :])

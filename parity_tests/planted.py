@@ -5,7 +5,8 @@ marked `# planted: NAME`, and the test asks the inspector which line it names.
   Auto mode, a `reshard` in Explicit mode (typed/), an `all_gather` in a shard_map (explicit/);
 - `psum`: a psum written in a shard_map, on an Auto and on an Explicit mesh;
 - `looped`: the psum inside a scan of 3 steps inside a scan of 4: 12 per call;
-- `backward`: a constraint whose transpose gathers the gradient: the all-gather is backward.
+- `backward`: a constraint whose transpose gathers the gradient: the all-gather is backward;
+- `whole_weight`, `reshard`: surprises: a whole weight gathered, an all-to-all nobody wrote.
 """
 
 import jax
@@ -63,3 +64,23 @@ def backward(mesh):
         return jnp.sum(jnp.tanh(x @ w))  # planted: backward
 
     return jax.jit(jax.grad(loss))
+
+
+def whole_weight(mesh):
+    """w: f32[D, H] @ P(None, 'data') against a batch-sharded x: the partitioner gathers all of w
+    (nobody asked: the placement shards it)."""
+
+    def f(x, w):
+        return jnp.tanh(x) @ w  # planted: whole_weight
+
+    return jax.jit(f, out_shardings=NamedSharding(mesh, P(None, 'data')))
+
+
+def reshard(mesh):
+    """A reshape across the sharded rows: the partitioner reshards with an all-to-all."""
+
+    def f(x):
+        y = jnp.tanh(x).reshape(16, 64) * 2  # planted: reshard
+        return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P(None, 'data')))
+
+    return jax.jit(f)

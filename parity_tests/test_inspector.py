@@ -1,0 +1,256 @@
+"""Claim: the inspector names the line that put each collective there (planted cases, in auto,
+explicit and typed), tells forward from backward, counts loops by their trip count, reads the
+mesh axes from every spelling of the replica groups, prices collectives by the ring formulas, and
+flags what nobody asked for; its reports (text, JSON, HTML, trace) work for any jitted program."""
+
+import json
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import inspector
+from inspector import cost, surprises
+from inspector.attribute import mesh_axes
+from inspector.hlo import Module, device_groups
+from inspector.program import captured_stderr
+from parity_tests import planted
+from parity_tests.helpers import REPO, inspect_collectives
+
+PLANTED = 'parity_tests/planted.py'
+
+
+def planted_line(name: str, nth: int = 0) -> int:
+    """The line of planted.py marked `# planted: name` (the nth such line)."""
+    with open(f'{REPO}/{PLANTED}') as f:
+        lines = [i for i, t in enumerate(f, start=1) if t.rstrip().endswith(f'# planted: {name}')]
+    return lines[nth]
+
+
+def mesh_of(mode: str):
+    axis_type = AxisType.Explicit if mode == 'typed' else AxisType.Auto
+    return jax.make_mesh((8,), ('data',), axis_types=(axis_type,))
+
+
+def rows(mesh, shape=(64, 16)):
+    return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, P('data')))
+
+
+@pytest.mark.parametrize('mode', ['auto', 'explicit', 'typed'])
+def test_planted_collectives_are_named_by_their_line(mode):
+    mesh = mesh_of(mode)
+    gather_line = planted_line('gather', {'auto': 0, 'typed': 1, 'explicit': 2}[mode])
+    (op,) = inspector.inspect(planted.gather(mesh, mode), rows(mesh)).json()['programs']['program']
+    assert (op['kind'], op['file'], op['line']) == ('all-gather', PLANTED, gather_line)
+    assert op['axes'] == ['data'] and op['trip_count'] == 1 and op['phase'] == 'forward'
+    assert (
+        op['origin'] == {'auto': 'partitioner', 'typed': 'requested', 'explicit': 'written'}[mode]
+    )
+    (op,) = inspector.inspect(planted.psum(mesh), rows(mesh)).json()['programs']['program']
+    assert (op['kind'], op['line'], op['origin']) == ('all-reduce', planted_line('psum'), 'written')
+    assert op['function'] == 'psum.<locals>.body'
+
+
+def test_loops_count_by_their_trip_count():
+    mesh = mesh_of('auto')
+    r = inspector.inspect(planted.looped(mesh), rows(mesh)).json()
+    (op,) = r['programs']['program']
+    assert op['line'] == planted_line('looped')
+    assert op['trip_count'] == 12  # a scan of 3 inside a scan of 4: the trip counts multiply
+    once = cost.collective_us(op['kind'], op['bytes'], 8, cost.HARDWARE['h100x8'])
+    assert op['predicted_us'] == pytest.approx(12 * once, abs=1e-3)
+    assert r['sources']['program']['bytes_by_line'] == {str(op['line']): 12 * op['bytes']}
+
+
+def test_backward_is_told_from_forward():
+    mesh = mesh_of('auto')
+    w = jax.ShapeDtypeStruct((16, 32), jnp.float32, sharding=NamedSharding(mesh, P('data')))
+    ops = inspector.inspect(planted.backward(mesh), w, rows(mesh)).json()['programs']['program']
+    phases = {(op['line'], op['phase']) for op in ops}
+    line = planted_line('backward')
+    assert (line, 'backward') in phases and (line, 'forward') in phases, phases
+
+
+def test_replica_groups_in_all_three_spellings_name_the_same_axes():
+    mesh = jax.make_mesh((4, 2), ('data', 'model'), axis_types=(AxisType.Auto,) * 2)
+    over_model = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    over_data = [[0, 2, 4, 6], [1, 3, 5, 7]]
+    spellings = {
+        '{{0,1},{2,3},{4,5},{6,7}}': over_model,
+        '[4,2]<=[8]': over_model,
+        "mesh['axis_0'=4,'axis_1'=2] {'axis_1'}": over_model,
+        '{{0,2,4,6},{1,3,5,7}}': over_data,
+        '[2,4]<=[4,2]T(1,0)': over_data,
+        "mesh['axis_0'=4,'axis_1'=2] {'axis_0'}": over_data,
+        "mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) {'axis_1'}": over_data,
+        '[1,8]<=[8]': [list(range(8))],
+    }
+    axes = {id(over_model): ['model'], id(over_data): ['data']}
+    for text, groups in spellings.items():
+        assert device_groups(text) == groups, text
+        assert mesh_axes(text, '', mesh) == axes.get(id(groups), ['data', 'model']), text
+    assert mesh_axes('pairs={{0,2},{2,4},{4,6},{6,0}}', '', mesh) == ['data']
+
+
+OLD_FORMAT = """HloModule m
+ENTRY %main (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %all-reduce = f32[8]{0} all-reduce(%p), replica_groups={{0,1}}, to_apply=%add, \
+metadata={op_name="jit(f)/psum" source_file="/home/me/mine.py" source_line=12}
+}
+"""
+NEW_FORMAT = (
+    OLD_FORMAT.replace('source_file="/home/me/mine.py" source_line=12', 'stack_frame_id=3')
+    + """
+FileNames
+1 "/home/me/mine.py"
+2 "/usr/lib/python3.11/site-packages/jax/_src/lax/parallel.py"
+
+FunctionNames
+1 "main"
+2 "step"
+3 "psum"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=40 end_line=40 column=1 end_column=1}
+2 {file_name_id=1 function_name_id=2 line=12 end_line=12 column=1 end_column=1}
+3 {file_name_id=2 function_name_id=3 line=99 end_line=99 column=1 end_column=1}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+2 {file_location_id=2 parent_frame_id=2}
+3 {file_location_id=3 parent_frame_id=3}
+"""
+)
+
+
+def test_both_metadata_spellings_give_the_users_line():
+    for text in (OLD_FORMAT, NEW_FORMAT):
+        m = Module(text)
+        (op,) = inspector.attribute.attribute(text, None, m)
+        assert (op['file'], op['line']) == ('/home/me/mine.py', 12), text
+    # the new table: innermost first, each frame's parent printed as its id + 1 (1: none)
+    frames = Module(NEW_FORMAT).frames(3)
+    assert [(f.line, f.function) for f in frames] == [(99, 'psum'), (12, 'step'), (40, 'main')]
+
+
+def test_ring_formulas_and_latency_floor():
+    h = cost.HARDWARE['h100x8']
+    bw = h.link_gb_s * 1e9 * h.achievable
+    gb = 1e9
+    assert cost.collective_us('all-gather', gb, 8, h) == pytest.approx(
+        7 * h.hop_us + gb * 7 / 8 / bw * 1e6
+    )
+    assert cost.collective_us('all-reduce', gb, 8, h) == pytest.approx(
+        2 * cost.collective_us('all-gather', gb, 8, h)
+    )
+    # reduce-scatter's result is 1/n of the array: the same wire bytes as gathering it back
+    assert cost.collective_us('reduce-scatter', gb / 8, 8, h) == pytest.approx(
+        cost.collective_us('all-gather', gb, 8, h)
+    )
+    assert cost.collective_us('collective-permute', gb, 8, h) == pytest.approx(
+        h.hop_us + gb / bw * 1e6
+    )
+    assert cost.collective_us('all-reduce', 4, 8, h) == pytest.approx(14 * h.hop_us, rel=1e-3)
+    assert cost.collective_us('all-reduce', gb, 1, h) == 0
+    assert cost.step_band(3.0, 5.0) == (5.0, 8.0)
+    for hw in cost.HARDWARE.values():
+        assert hw.sources and 0 < hw.achievable <= 1
+
+
+def test_compile_warnings_are_captured_and_attached_to_their_op():
+    logs = []
+    with captured_stderr(logs):
+        import os
+
+        os.write(2, b'W xla: [SPMD] Involuntary full rematerialization. The compiler cannot go '
+                    b'from sharding {devices=[8]<=[8]} to {replicated} efficiently for HLO '
+                    b'operation %dot.3 = f32[8,8] dot(%a, %b), metadata={op_name="jit(f)/dot" '
+                    b'source_file="/home/me/mine.py" source_line=7}\n')  # fmt: skip
+    (w,) = surprises.remat_warnings(logs[0])
+    assert (w['op_name'], w['file'], w['line']) == ('jit(f)/dot', '/home/me/mine.py', 7)
+    op = {'name': 'all-gather.1', 'kind': 'all-gather', 'op_name': 'jit(f)/dot', 'file': 'mine.py',
+          'line': 7, 'axes': ['data'], 'shapes': [[8, 8]], 'origin': 'partitioner'}  # fmt: skip
+    found = surprises.program_surprises({'ops': [op], 'warnings': [w]}, [])
+    assert [s['kind'] for s in found] == ['involuntary-remat'] and op['flags'] == [
+        'involuntary-remat'
+    ]
+    assert surprises.program_surprises({'ops': [dict(op, flags=[])], 'warnings': []}, []) == []
+
+
+def test_surprises_name_their_line():
+    mesh = mesh_of('auto')
+    w = jax.ShapeDtypeStruct((16, 64), jnp.float32, sharding=NamedSharding(mesh, P(None, 'data')))
+    for name, args, kind in (
+        ('whole_weight', (rows(mesh), w), 'whole-weight-gather'),
+        ('reshard', (rows(mesh),), 'unrequested-reshard'),
+    ):
+        report = inspector.inspect(getattr(planted, name)(mesh), *args).json()
+        (s,) = report['surprises']['program']
+        assert (s['kind'], s['file'], s['line']) == (kind, PLANTED, planted_line(name)), s
+
+
+@pytest.mark.slow
+def test_fsdp_report_flags_what_nobody_asked_for():
+    r = inspect_collectives('mlp', 'fsdp')
+    assert r['version'] == 2
+    for name in ('auto', 'explicit', 'typed'):
+        for op in r['programs'][name]:
+            assert op['axes'] == ['data'] and op['file'] and op['line'] > 0, op
+            assert op['phase'] in ('forward', 'backward', 'outside-grad')
+            assert op['predicted_us'] > 0
+        lo, hi = r['predicted'][name]['step_us']
+        assert 0 < lo <= hi
+    assert {op['origin'] for op in r['programs']['explicit']} == {'written'}
+    assert {op['file'] for op in r['programs']['explicit'] if op['kind'] == 'reduce-scatter'} == {
+        'explicit/fsdp.py'
+    }
+    kinds = [s['kind'] for s in r['surprises']['auto']]
+    assert 'unrequested-reshard' in kinds and 'twin-difference' in kinds
+    assert 'whole-weight-gather' not in kinds  # FSDP's placement gathers weights over 'data'
+    no_reduce_scatter = [d for d in r['difference_lines'] if d['kind'] == 'reduce-scatter']
+    assert no_reduce_scatter and all(d['file'] == 'explicit/fsdp.py' for d in no_reduce_scatter)
+    # the same gathers under a placement that does not gather weights are flagged
+    weights = [('w', int(np.prod(s))) for op in r['programs']['explicit'] for s in op['shapes']
+               if op['kind'] == 'all-gather']  # fmt: skip
+    ops = [dict(op, flags=[]) for op in r['programs']['explicit']]
+    found = surprises.program_surprises({'ops': ops, 'warnings': []}, weights, expect_gathers=())
+    assert 'whole-weight-gather' in {s['kind'] for s in found}
+
+
+def small_program():
+    """A user's own program: a two-layer MLP's gradient with the first weight sharded by rows."""
+    mesh = jax.make_mesh((8,), ('data',), axis_types=(AxisType.Auto,))
+
+    def loss(w1, w2, x):
+        return jnp.mean(jnp.tanh(x @ w1) @ w2)
+
+    def shard(shape, spec):
+        return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec))
+
+    args = (shard((32, 64), P('data')), shard((64, 8), P()), shard((16, 32), P('data')))
+    return jax.jit(jax.grad(loss, argnums=(0, 1))), args
+
+
+def test_inspect_any_program_text_json_html_trace(tmp_path):
+    jitted, args = small_program()
+    report = inspector.inspect(jitted, *args, hardware='tpu-v5e-8')
+    r = report.json()
+    ops = r['programs']['program']
+    assert ops and all(op['file'] == 'parity_tests/test_inspector.py' for op in ops), ops
+    assert r['predicted']['program']['hardware'] == 'tpu-v5e-8'
+    text = report.text()
+    assert f"parity_tests/test_inspector.py:{ops[0]['line']}" in text
+    with open(report.html(str(tmp_path / 'r.html'))) as f:
+        page = f.read()
+    assert page.count('<tr class="op') == len(ops)
+    assert not re.search(r'<(script|link|img)[^>]+(src|href)=', page)  # nothing fetched
+    with open(report.trace(str(tmp_path / 't.json'))) as f:
+        events = json.load(f)['traceEvents']
+    assert len([e for e in events if e.get('tid') == 2 and e['ph'] == 'X']) == len(ops)
+    with pytest.raises(ValueError, match='--hardware=a100: expected one of'):
+        inspector.inspect(jitted, *args, hardware='a100')
