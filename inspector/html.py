@@ -12,10 +12,10 @@ from inspector.attribute import REPO
 _STYLE = """
 body{font:13px system-ui,sans-serif;margin:16px;color:#222}
 h1{font-size:18px}h2{font-size:15px;margin:12px 0 4px}
-.twins{display:flex;gap:12px;align-items:flex-start;overflow-x:auto}
-.twin{flex:1 1 0;min-width:420px}
-table{border-collapse:collapse;width:100%}
-th,td{border:1px solid #ccc;padding:2px 5px;text-align:left;white-space:nowrap}
+.twins{display:flex;gap:12px;align-items:flex-start}
+.twin{flex:1 1 0;min-width:0;overflow-x:auto}.twin.empty{flex:0 0 auto}
+table{border-collapse:collapse}
+th,td{border:1px solid #ccc;padding:1px 4px;text-align:left;white-space:nowrap;font-size:12px}
 th{background:#eee;cursor:pointer;user-select:none}
 th.asc::after{content:' \\25B2'}th.desc::after{content:' \\25BC'}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -42,14 +42,18 @@ document.querySelectorAll('table.ops th').forEach(function (th) {
     rows.forEach(function (r) { body.appendChild(r); });
   });
 });
+document.querySelectorAll('pre.source').forEach(function (pre) {
+  var first = pre.querySelector('span.moved');  // open each file at its first busy line
+  if (first) { pre.scrollTop = Math.max(0, first.offsetTop - pre.offsetTop - 40); }
+});
 """
 
 COLUMNS = [  # header, sort type, value of an op
     ('kind', 'str', lambda op: op['kind']),
     ('axes', 'str', lambda op: '/'.join(op['axes']) if op['axes'] is not None else '?'),
     ('bytes', 'num', lambda op: op['bytes']),
-    ('count x trip', 'num', lambda op: op['trip_count']),
-    ('predicted us', 'num', lambda op: op['predicted_us']),
+    ('x trip', 'num', lambda op: op['trip_count']),
+    ('pred us', 'num', lambda op: op['predicted_us']),
     ('file:line', 'str', lambda op: f"{op['file']}:{op['line']}"),
     ('phase', 'str', lambda op: op['phase']),
     ('origin', 'str', lambda op: op['origin']),
@@ -75,6 +79,8 @@ def _table(name, ops) -> str:
         stack = 'called from ' + ' <- '.join(op['stack']) + f"; consumed at {op['consumer']}"
         cells = ''.join(_cell(t, f(op), stack if h == 'file:line' else '') for h, t, f in COLUMNS)
         rows.append(f'<tr class="{cls}" title="{html.escape(op["op_name"])}">{cells}</tr>')
+    if not ops:
+        return ''
     return (
         f'<table class="ops" data-program="{name}"><thead><tr>{head}</tr></thead>'
         f'<tbody>{"".join(rows)}</tbody></table>'
@@ -131,7 +137,8 @@ def render(r: dict) -> str:
     parts += [f"<li>{html.escape(d['what'])}</li>" for d in diffs]
     parts.append('</ul><div class="twins">')
     for name, ops in r['programs'].items():
-        parts.append(f'<div class="twin"><h2>{name} ({len(ops)} collectives)</h2>')
+        empty = ' empty' if not ops else ''
+        parts.append(f'<div class="twin{empty}"><h2>{name} ({len(ops)} collectives)</h2>')
         parts.append(_table(name, ops) + _source(r.get('sources', {}).get(name, {})) + '</div>')
     parts.append('</div>')
     data = json.dumps(r).replace('</', '<\\/')

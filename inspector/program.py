@@ -3,6 +3,7 @@ compute, its step band, the partitioner's warnings; and `inspect()`, the same fo
 function a user hands in."""
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
@@ -40,10 +41,26 @@ def captured_stderr(into: list):
 
 def compile_with_warnings(lowered):
     """(compiled, the partitioner's warnings printed while compiling)."""
-    logs = []
-    with captured_stderr(logs):
-        compiled = lowered.compile()
-    return compiled, surprises.remat_warnings(logs[0])
+    return compile_all([('program', lowered)])['program']
+
+
+def compile_all(named_lowered) -> dict:
+    """{name: (compiled, its partitioner warnings)} for an iterable of (name, lowered program).
+    Compiles on two threads (XLA releases the GIL), so that the next program is traced and
+    lowered (Python) while the previous one compiles. A warning goes to the program whose HLO
+    carries its op_name, or to every program when none does."""
+    logs, futures = [], {}
+    with captured_stderr(logs), concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for name, lowered in named_lowered:
+            futures[name] = pool.submit(lowered.compile)
+        compiled = {name: f.result() for name, f in futures.items()}
+    texts = {name: c.as_text() for name, c in compiled.items()}
+    out = {name: (c, []) for name, c in compiled.items()}
+    for w in surprises.remat_warnings(logs[0]):
+        owners = [n for n, t in texts.items() if w['op_name'] and f'"{w["op_name"]}"' in t]
+        for name in owners or list(out):
+            out[name][1].append(w)
+    return out
 
 
 def dot_dtype(module: Module) -> str:

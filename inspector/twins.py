@@ -19,7 +19,7 @@ import typed
 from inspector import cost, surprises
 from inspector.attribute import shorten
 from inspector.expect import expectation
-from inspector.program import VERSION, analyse, bytes_by_line, compile_with_warnings
+from inspector.program import VERSION, analyse, bytes_by_line, compile_all
 from shard_parity.mesh import DATA, with_axis_type
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
@@ -54,26 +54,29 @@ def with_sharding(tree, mesh, spec):
 
 
 def lowered_steps(model, config, mesh, strategy, model_config):
-    """{name: (lowered train step, its mesh, its abstract args, its strategy file)}, and the
-    abstract params."""
+    """The abstract params, and a generator of (name, (lowered train step, its mesh, its
+    abstract args, its strategy file)): lowered one at a time, as the compiler asks for them."""
     make_model, loss_fn, batch = model_and_batch(model, config.batch_size, model_config)
     tx = make_optimizer(config)
     graphdef, state = nnx.eval_shape(lambda: create_state(make_model(nnx.Rngs(0)), tx))
-    step = one_device_train_step(graphdef, loss_fn, tx)
-    out = {'one_device': (step.lower(state, batch), None, (state, batch), None)}
-    for twin in (auto, explicit, typed):
-        if strategy not in twin.STRATEGIES:  # a twin without this strategy is skipped
-            continue
-        twin_mesh = with_axis_type(mesh, twin.AXIS_TYPE)  # typed/: the same devices, Explicit
-        shardings = state_shardings(state, twin_mesh, strategy)
-        abstract = jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
-        )
-        module = twin.STRATEGIES[strategy]
-        step = module.train_step(graphdef, loss_fn, tx, twin_mesh)
-        args = (abstract, with_sharding(batch, twin_mesh, BATCH))
-        out[twin.NAME] = (step.lower(*args), twin_mesh, args, shorten(module.__file__))
-    return out, state.params
+
+    def steps():
+        step = one_device_train_step(graphdef, loss_fn, tx)
+        yield 'one_device', (step.lower(state, batch), None, (state, batch), None)
+        for twin in (auto, explicit, typed):
+            if strategy not in twin.STRATEGIES:  # a twin without this strategy is skipped
+                continue
+            twin_mesh = with_axis_type(mesh, twin.AXIS_TYPE)  # typed/: the same devices, Explicit
+            shardings = state_shardings(state, twin_mesh, strategy)
+            abstract = jax.tree.map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
+            )
+            module = twin.STRATEGIES[strategy]
+            step = module.train_step(graphdef, loss_fn, tx, twin_mesh)
+            args = (abstract, with_sharding(batch, twin_mesh, BATCH))
+            yield twin.NAME, (step.lower(*args), twin_mesh, args, shorten(module.__file__))
+
+    return state.params, steps()
 
 
 def measure_us(compiled, args) -> float:
@@ -100,14 +103,22 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
     surprises and the expectation. `model_config`: the transformer's shape (default:
     TransformerConfig()); unused by the MLP. `measure`: also time each step on this machine."""
     model_config = model_config or cfg.TransformerConfig()
-    steps, params = lowered_steps(model, config, mesh, strategy, model_config)
+    params, steps = lowered_steps(model, config, mesh, strategy, model_config)
+    meta = {}
+
+    def lowered():  # each is lowered while the one before it compiles
+        for name, (lowered, *rest) in steps:
+            meta[name] = rest
+            yield name, lowered
+
     weights = [
         (jax.tree_util.keystr(p), int(np.prod(x.shape)))
         for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
     ]
     programs, predicted, warnings, found, sources = {}, {}, {}, {}, {}
-    for name, (lowered, twin_mesh, args, source) in steps.items():
-        compiled, logs = compile_with_warnings(lowered)
+    compiled_steps = compile_all(lowered())
+    for name, (twin_mesh, args, source) in meta.items():
+        compiled, logs = compiled_steps[name]
         result = analyse(compiled, twin_mesh, hardware, logs)
         expect = GATHERED_OVER.get(strategy, ())
         found[name] = surprises.program_surprises(result, weights, expect) if twin_mesh else []

@@ -4,7 +4,10 @@ mesh axes from every spelling of the replica groups, prices collectives by the r
 flags what nobody asked for; its reports (text, JSON, HTML, trace) work for any jitted program."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -254,3 +257,41 @@ def test_inspect_any_program_text_json_html_trace(tmp_path):
     assert len([e for e in events if e.get('tid') == 2 and e['ph'] == 'X']) == len(ops)
     with pytest.raises(ValueError, match='--hardware=a100: expected one of'):
         inspector.inspect(jitted, *args, hardware='a100')
+
+
+MINE = '''
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+def f(x, w):
+    return jnp.tanh(x) @ w  # w is sharded by columns, x by rows: the whole w is gathered
+
+def build():
+    mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Auto,))
+    def shard(shape, spec):
+        return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec))
+    out = NamedSharding(mesh, P(None, 'data'))
+    return jax.jit(f, out_shardings=out), (shard((64, 16), P('data')), shard((16, 64), P(None, 'data')))
+'''
+
+
+@pytest.mark.slow
+def test_cli_inspects_a_program_of_yours_and_fails_on_its_surprise(tmp_path):
+    (tmp_path / 'mine.py').write_text(MINE)
+    env = dict(os.environ, PYTHONPATH=f'{tmp_path}{os.pathsep}{REPO}')
+    command = [sys.executable, '-m', 'parity_tests.collectives', '--program=mine:build']
+
+    def run(*flags):
+        return subprocess.run(
+            [*command, '--cpu_devices=8', *flags], cwd=REPO, env=env, capture_output=True,
+            text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    result = run('--json')
+    assert result.returncode == 0, result.stderr[-2000:]
+    (op,) = json.loads(result.stdout)['programs']['program']
+    assert op['kind'] == 'all-gather' and op['file'].endswith('mine.py') and op['line'] == 6
+    failed = run('--fail_on_surprise')
+    assert failed.returncode == 1 and 'mine.py:6' in failed.stdout, failed.stderr[-2000:]
+    assert '1 surprise(s) flagged (--fail_on_surprise)' in failed.stderr
+    assert 'Traceback' not in failed.stderr
