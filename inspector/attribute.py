@@ -2,9 +2,9 @@
 axes it runs over, whether the partitioner or the user's code put it there, which line consumes
 it, and how many times a step runs it.
 
-Origin is a stated heuristic (the XLA of jax 0.10.2 and 0.12 prints no `is_spmd_generated` in
-the compiled text; where a newer one does, that flag wins): the last primitive of the op's
-`op_name` path says who asked for the collective.
+Origin: where the XLA marks the op `is_spmd_generated` (jax 0.12 does, as a frontend attribute;
+0.10.2 does not), the mark says whether the partitioner made it. Otherwise a stated heuristic:
+the last primitive of the op's `op_name` path says who asked for the collective.
   - `written`: a collective primitive (psum, all_gather, ppermute, psum_scatter, all_to_all, ...):
     someone wrote it, in a shard_map;
   - `requested`: a sharding annotation (with_sharding_constraint, reshard, device_put): an
@@ -59,15 +59,15 @@ def phase(op_name: str, differentiates: bool = True) -> str:
     return 'forward' if 'jvp(' in op_name or not differentiates else 'outside-grad'
 
 
-def origin(op_name: str, line: str) -> str:
-    if 'is_spmd_generated=true' in line:
-        return 'partitioner'
+def origin(op_name: str, line: str) -> tuple[str, str]:
+    """(origin, what it was read from): the XLA's own `is_spmd_generated` mark where it prints
+    one (jax 0.12 does; 0.10.2 does not), else the op_name heuristic of the module docstring."""
     prims = {p.split('[')[0] for p in re.findall(r'([\w\-]+)(?=[:)]|$)', op_name)}
+    if re.search(r'is_spmd_generated="?true', line):
+        return ('requested' if prims & REQUESTED else 'partitioner'), 'is_spmd_generated'
     if prims & WRITTEN:
-        return 'written'
-    if prims & REQUESTED:
-        return 'requested'
-    return 'partitioner'
+        return 'written', 'heuristic'
+    return ('requested' if prims & REQUESTED else 'partitioner'), 'heuristic'
 
 
 def mesh_axes(groups_text: str, line: str, mesh) -> list[str] | None:
@@ -127,9 +127,12 @@ def attribute(hlo_text: str, mesh=None, module: Module | None = None) -> list[di
         name = re.match(r'\s*(?:ROOT\s+)?%(\S+)', line).group(1)
         op_name = (re.search(r'op_name="([^"]*)"', line) or [None, ''])[1]
         frames = user_frames(module.stack(line))
-        where = frames[0] if frames else Frame('', 0, '')
         comp = module.instructions[name].computation if name in module.instructions else None
         used = consumer(module, name)
+        # newer XLA may label a partitioner's collective with its operand's name only (no
+        # frame): the line of the op that reads it is then the line that asked for it
+        where = (frames or used or [Frame('', 0, '')])[0]
+        how, told = origin(op_name, line)
         out.append(
             {
                 'name': name,
@@ -139,7 +142,9 @@ def attribute(hlo_text: str, mesh=None, module: Module | None = None) -> list[di
                 'stack': [f'{f.file}:{f.line} {f.function}' for f in frames],
                 'op_name': op_name,
                 'phase': phase(op_name, differentiates),
-                'origin': origin(op_name, line),
+                'origin': how,
+                'origin_from': told,
+                'located_by': 'own' if frames else ('consumer' if used else 'none'),
                 'axes': mesh_axes(c.replica_groups, line, mesh),
                 'trip_count': module.multiplier.get(comp, 1),
                 'consumer': f'{used[0].file}:{used[0].line} {used[0].function}' if used else '',
