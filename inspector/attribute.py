@@ -73,7 +73,8 @@ def origin(op_name: str, line: str) -> tuple[str, str]:
 def mesh_axes(groups_text: str, line: str, mesh) -> list[str] | None:
     """The mesh axes a collective runs over, by name: the set of axes whose groups of devices
     are exactly the collective's replica groups (device ids are positions in the mesh's device
-    list, as SPMD numbers them). None when no set of axes matches."""
+    list, as SPMD numbers them). Groups that are only part of an axis's groups (2 of the 8
+    devices of 'data') read `data~2`. None when no set of axes matches."""
     if mesh is None:
         return None
     shape = tuple(mesh.devices.shape)
@@ -95,8 +96,11 @@ def mesh_axes(groups_text: str, line: str, mesh) -> list[str] | None:
         for subset in itertools.combinations(useful, r):
             moved = np.moveaxis(grid, subset, range(-len(subset), 0)) if subset else grid
             size = int(np.prod([shape[k] for k in subset])) if subset else 1
-            if {frozenset(g) for g in moved.reshape(-1, size).tolist()} == want:
+            groups = {frozenset(g) for g in moved.reshape(-1, size).tolist()}
+            if groups == want:
                 return [names[k] for k in subset]
+            if all(any(g <= h for h in groups) for g in want):  # part of these axes' groups
+                return [f"{'/'.join(names[k] for k in subset)}~{len(next(iter(want)))}"]
     return None
 
 

@@ -67,7 +67,8 @@ def report_of_flags():
         from inspector.program import inspect
 
         jitted, args = load_program(PROGRAM.value)
-        return inspect(jitted, *args, hardware=HARDWARE.value).json(), True
+        measure = cost.HARDWARE[HARDWARE.value].emulation  # on the CPU: beside the measured time
+        return inspect(jitted, *args, hardware=HARDWARE.value, measure=measure).json(), True
     from inspector.twins import inspect
 
     mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape(), mesh_axes(F.STRATEGY.value))

@@ -57,6 +57,7 @@ COLUMNS = [  # header, sort type, value of an op
     ('file:line', 'str', lambda op: f"{op['file']}:{op['line']}"),
     ('phase', 'str', lambda op: op['phase']),
     ('origin', 'str', lambda op: op['origin']),
+    ('consumed at', 'str', lambda op: op['consumer'].partition(' ')[0]),
 ]
 
 

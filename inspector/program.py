@@ -9,6 +9,7 @@ import dataclasses
 import os
 import sys
 import tempfile
+import time
 
 import jax
 import numpy as np
@@ -123,6 +124,24 @@ def bytes_by_line(ops, source) -> dict:
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
+def measure_us(compiled, args) -> float:
+    """The median wall time of 3 runs of `compiled` on zeros (after one warm-up run)."""
+
+    def zeros():
+        return jax.tree.map(
+            lambda s: jax.device_put(np.zeros(s.shape, s.dtype), getattr(s, 'sharding', None)),
+            args,
+        )
+
+    times = []
+    for i in range(4):
+        fresh = zeros()  # a train step donates its state
+        t = time.perf_counter()
+        jax.block_until_ready(compiled(*fresh))
+        times.append(time.perf_counter() - t)
+    return round(float(np.median(times[1:])) * 1e6, 1)
+
+
 def _mesh_of(args):
     for leaf in jax.tree.leaves(args):
         mesh = getattr(getattr(leaf, 'sharding', None), 'mesh', None)
@@ -169,15 +188,18 @@ class Report:
 
 
 def inspect(jitted, *args, hardware: str = 'h100x8', mesh=None, name: str = 'program',
-            expect_gathers=()) -> Report:  # fmt: skip
+            expect_gathers=(), measure: bool = False) -> Report:  # fmt: skip
     """Compiles `jitted` for `args` (arrays or jax.ShapeDtypeStructs with shardings) and reads
     its collectives. `mesh`: whose axis names to report (default: the first argument's).
-    `expect_gathers`: mesh axes over which whole arguments may be all-gathered (FSDP's 'data')."""
+    `expect_gathers`: mesh axes over which whole arguments may be all-gathered (FSDP's 'data').
+    `measure`: also time the program here, on zeros (beside the prediction for --hardware=cpu)."""
     if hardware not in cost.HARDWARE:
         raise ValueError(f'--hardware={hardware}: expected one of {", ".join(cost.HARDWARE)}')
     compiled, warnings = compile_with_warnings(jitted.lower(*args))
     mesh = mesh or _mesh_of(args)
     result = analyse(compiled, mesh, hardware, warnings)
+    if measure:
+        result['predicted']['measured_us'] = measure_us(compiled, args)
     found = surprises.program_surprises(result, _whole_arrays(args), expect_gathers)
     files = collections.Counter(op['file'] for op in result['ops'] if op['file'])
     source = files.most_common(1)[0][0] if files else ''

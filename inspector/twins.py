@@ -5,7 +5,6 @@ with each other: whatever auto/ moves that explicit/ does not (`differences`), a
 against explicit/ (`typed_differences`), now with the lines on both sides (`difference_lines`)."""
 
 import collections
-import time
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +18,7 @@ import typed
 from inspector import cost, surprises
 from inspector.attribute import shorten
 from inspector.expect import expectation
-from inspector.program import VERSION, analyse, bytes_by_line, compile_all
+from inspector.program import VERSION, analyse, bytes_by_line, compile_all, measure_us
 from shard_parity.mesh import DATA, with_axis_type
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
@@ -77,24 +76,6 @@ def lowered_steps(model, config, mesh, strategy, model_config):
             yield twin.NAME, (step.lower(*args), twin_mesh, args, shorten(module.__file__))
 
     return state.params, steps()
-
-
-def measure_us(compiled, args) -> float:
-    """The median wall time of 3 runs of `compiled` on zeros (after one warm-up run)."""
-
-    def zeros():
-        return jax.tree.map(
-            lambda s: jax.device_put(np.zeros(s.shape, s.dtype), getattr(s, 'sharding', None)),
-            args,
-        )
-
-    times = []
-    for i in range(4):
-        fresh = zeros()  # a train step donates its state
-        t = time.perf_counter()
-        jax.block_until_ready(compiled(*fresh))
-        times.append(time.perf_counter() - t)
-    return round(float(np.median(times[1:])) * 1e6, 1)
 
 
 def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', model_config=None,

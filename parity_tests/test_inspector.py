@@ -3,6 +3,7 @@ explicit and typed), tells forward from backward, counts loops by their trip cou
 mesh axes from every spelling of the replica groups, prices collectives by the ring formulas, and
 flags what nobody asked for; its reports (text, JSON, HTML, trace) work for any jitted program."""
 
+import importlib.util
 import json
 import os
 import re
@@ -97,6 +98,7 @@ def test_replica_groups_in_all_three_spellings_name_the_same_axes():
         assert device_groups(text) == groups, text
         assert mesh_axes(text, '', mesh) == axes.get(id(groups), ['data', 'model']), text
     assert mesh_axes('pairs={{0,2},{2,4},{4,6},{6,0}}', '', mesh) == ['data']
+    assert mesh_axes('{{0,2},{4,6},{1,3},{5,7}}', '', mesh) == ['data~2']  # half of 'data'
 
 
 OLD_FORMAT = """HloModule m
@@ -295,3 +297,26 @@ def test_cli_inspects_a_program_of_yours_and_fails_on_its_surprise(tmp_path):
     assert failed.returncode == 1 and 'mine.py:6' in failed.stdout, failed.stderr[-2000:]
     assert '1 surprise(s) flagged (--fail_on_surprise)' in failed.stderr
     assert 'Traceback' not in failed.stderr
+
+
+def test_the_worked_example_of_the_docs():
+    """docs/inspector.md: the accumulation's all-reduce runs per microbatch (x4) until a shard_map
+    sums locally and the pcast stops grad's own psum; then once (x1)."""
+    spec = importlib.util.spec_from_file_location(
+        'accumulate', f'{REPO}/docs/examples/accumulate.py'
+    )
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    counts = {}
+    for build in ('build', 'build_without_pcast', 'build_fixed'):
+        jitted, args = getattr(example, build)()
+        ops = inspector.inspect(jitted, *args).json()['programs']['program']
+        assert {op['kind'] for op in ops} == {'all-reduce'} and all(
+            op['bytes'] == 512 * 512 * 4 for op in ops
+        )
+        counts[build] = sorted((op['trip_count'], op['line']) for op in ops)
+    assert counts == {
+        'build': [(4, 21)],
+        'build_without_pcast': [(1, 44), (4, 21)],
+        'build_fixed': [(1, 44)],
+    }
