@@ -28,6 +28,7 @@ WRITTEN = {
 REQUESTED = {'sharding_constraint', 'reshard', 'device_put', 'mesh_cast', 'shard_alike'}
 _LIBRARY = ('/site-packages/', '/dist-packages/', '/lib/python3', '<frozen', '/jax/_src/')
 _PASS_THROUGH = {'get-tuple-element', 'bitcast', 'copy', 'tuple', 'copy-start', 'copy-done'}
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the inspector package
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -41,12 +42,15 @@ def shorten(path: str) -> str:
 
 def user_frames(stack: list[Frame]) -> list[Frame]:
     """The frames in the user's own code (no jax, flax, optax or standard library), innermost
-    first, with paths shortened."""
-    return [
-        Frame(shorten(f.file), f.line, f.function)
-        for f in stack
-        if not any(part in f.file for part in _LIBRARY)
-    ]
+    first, with paths shortened; up to the inspector's own frame that lowered the program (what
+    called the inspector is no part of the program)."""
+    out = []
+    for f in stack:
+        if f.file.startswith(_HERE):
+            break
+        if not any(part in f.file for part in _LIBRARY):
+            out.append(Frame(shorten(f.file), f.line, f.function))
+    return out
 
 
 def phase(op_name: str, differentiates: bool = True) -> str:
