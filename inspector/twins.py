@@ -78,6 +78,36 @@ def lowered_steps(model, config, mesh, strategy, model_config):
     return state.params, steps()
 
 
+def read_steps(steps, weights, strategy, hardware, measure) -> dict:
+    """{name: analyse()'s result, with surprises, sources and strategy lines} for the lowered
+    train steps `steps` yields; each is lowered while the one before it compiles."""
+    meta = {}
+
+    def lowered():
+        for name, (lowered, *rest) in steps:
+            meta[name] = rest
+            yield name, lowered
+
+    compiled_steps = compile_all(lowered())
+    out = {}
+    for name, (twin_mesh, args, source) in meta.items():
+        compiled, logs = compiled_steps[name]
+        result = out[name] = analyse(compiled, twin_mesh, hardware, logs)
+        expect = GATHERED_OVER.get(strategy, ())
+        result['surprises'] = (
+            surprises.program_surprises(result, weights, expect) if twin_mesh else []
+        )
+        if measure:
+            result['predicted']['measured_us'] = measure_us(compiled, args)
+        result['source'] = {'file': source, 'bytes_by_line': bytes_by_line(result['ops'], source)}
+        for op in result['ops']:  # the line of the strategy file on the collective's stack
+            op['strategy_line'] = next(
+                (f.partition(' ')[0] for f in op['stack'] if source and f.startswith(source + ':')),
+                '',
+            )
+    return out
+
+
 def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', model_config=None,
             hardware: str = 'h100x8', measure: bool = False) -> dict:  # fmt: skip
     """Compiles the train steps and returns their collectives, attribution, predicted cost,
@@ -85,42 +115,13 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
     TransformerConfig()); unused by the MLP. `measure`: also time each step on this machine."""
     model_config = model_config or cfg.TransformerConfig()
     params, steps = lowered_steps(model, config, mesh, strategy, model_config)
-    meta = {}
-
-    def lowered():  # each is lowered while the one before it compiles
-        for name, (lowered, *rest) in steps:
-            meta[name] = rest
-            yield name, lowered
-
     weights = [
         (jax.tree_util.keystr(p), int(np.prod(x.shape)))
         for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
     ]
-    programs, predicted, warnings, found, sources = {}, {}, {}, {}, {}
-    compiled_steps = compile_all(lowered())
-    for name, (twin_mesh, args, source) in meta.items():
-        compiled, logs = compiled_steps[name]
-        result = analyse(compiled, twin_mesh, hardware, logs)
-        expect = GATHERED_OVER.get(strategy, ())
-        found[name] = surprises.program_surprises(result, weights, expect) if twin_mesh else []
-        programs[name], predicted[name], warnings[name] = (
-            result['ops'],
-            result['predicted'],
-            result['warnings'],
-        )
-        if measure:
-            predicted[name]['measured_us'] = measure_us(compiled, args)
-        sources[name] = {'file': source, 'bytes_by_line': bytes_by_line(result['ops'], source)}
-        for op in result['ops']:  # the line of the strategy file on the collective's stack
-            op['strategy_line'] = next(
-                (f.partition(' ')[0] for f in op['stack'] if source and f.startswith(source + ':')),
-                '',
-            )
-    differ = differences(programs['auto'], programs['explicit'])
-    typed_differ = (
-        differences(programs['typed'], programs['explicit'], 'typed') if 'typed' in programs
-        else None
-    )  # fmt: skip
+    read = read_steps(steps, weights, strategy, hardware, measure)
+    programs = {name: r['ops'] for name, r in read.items()}
+    found = {name: r['surprises'] for name, r in read.items()}
     lines = difference_lines(programs, 'auto') + difference_lines(programs, 'typed')
     mark_differences(programs, lines)
     for d in lines:  # explicit/ is the reference: the difference is the other twin's surprise
@@ -139,13 +140,17 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
         'hardware': hardware,
         'hardware_note': cost.HARDWARE[hardware].sources,
         'programs': programs,
-        'predicted': predicted,
-        'warnings': warnings,
+        'predicted': {name: r['predicted'] for name, r in read.items()},
+        'warnings': {name: r['warnings'] for name, r in read.items()},
         'surprises': found,
-        'sources': sources,
+        'sources': {name: r['source'] for name, r in read.items()},
         'expected': expectation(strategy, model, params, mesh, config.batch_size, model_config),
-        'differences': differ,
-        'typed_differences': typed_differ,
+        'differences': differences(programs['auto'], programs['explicit']),
+        'typed_differences': (
+            differences(programs['typed'], programs['explicit'], 'typed')
+            if 'typed' in programs
+            else None
+        ),
         'difference_lines': lines,
     }
 
