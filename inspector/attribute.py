@@ -126,6 +126,48 @@ def consumer(module: Module, name: str) -> list[Frame]:
     return []
 
 
+def _adds(module: Module, i) -> bool:
+    if i.opcode == 'add':
+        return True
+    called = re.search(r'calls=%([\w.\-]+)', i.line) if i.opcode == 'fusion' else None
+    return bool(called) and any(
+        j.opcode == 'add' for j in module.computations.get(called.group(1), [])
+    )
+
+
+def accumulates_in_loop(module: Module, name: str) -> bool:
+    """Whether a collective inside a loop body has its result added to a value the loop carries
+    (an operand read from the body's parameter, which the collective itself does not read) and
+    handed on to the next iteration: the sum over iterations could be taken locally and reduced
+    once, after the loop."""
+    i = module.instructions.get(name)
+    if i is None or module.multiplier.get(i.computation, 1) <= 1:
+        return False
+    body = module.computations[i.computation]
+    params = {j.name for j in body if j.opcode == 'parameter'}
+    carried = {j.name for j in body if j.opcode == 'get-tuple-element' and set(j.operands) & params}
+    root = next((j for j in body if j.line.lstrip().startswith('ROOT')), None)
+    feeds, todo = set(), [name]  # what the collective itself reads: that carry is no sum
+    while todo:
+        j = module.instructions.get(todo.pop())
+        for o in j.operands if j else []:
+            if o not in feeds:
+                feeds.add(o)
+                todo.append(o)
+    carried -= feeds
+    todo, seen = [name], set()
+    while todo:
+        for u in module.users.get(todo.pop(), []):
+            if u.name in seen or u.computation != i.computation:
+                continue
+            seen.add(u.name)
+            if u.opcode in _PASS_THROUGH:
+                todo.append(u.name)
+            elif _adds(module, u) and set(u.operands) & carried and root is not None:
+                return u.name in root.operands
+    return False
+
+
 def attribute(hlo_text: str, mesh=None, module: Module | None = None) -> list[dict]:
     """One record per collective of the program, in order of appearance."""
     module = module or Module(hlo_text)
@@ -155,6 +197,7 @@ def attribute(hlo_text: str, mesh=None, module: Module | None = None) -> list[di
                 'located_by': 'own' if frames else ('consumer' if used else 'none'),
                 'axes': mesh_axes(c.replica_groups, line, mesh),
                 'trip_count': module.multiplier.get(comp, 1),
+                'accumulates_in_loop': accumulates_in_loop(module, name),
                 'consumer': f'{used[0].file}:{used[0].line} {used[0].function}' if used else '',
             }
         )

@@ -77,6 +77,12 @@ def program_surprises(result: dict, whole: list[tuple[str, int]], expect_gathers
                     )
                     found.append(_flag(op, 'whole-weight-gather', what))
                     break
+        if op.get('accumulates_in_loop') and op['kind'] in ('all-reduce', 'reduce-scatter'):
+            what = (
+                f"{op['kind']} x{op['trip_count']} whose result is added to a loop carry: sum "
+                'locally in the loop and reduce once after it'
+            )
+            found.append(_flag(op, 'reduction-per-iteration', what))
         if op['kind'] in ('all-to-all', 'collective-permute') and op['origin'] == 'partitioner':
             what = f"{op['kind']} that no line wrote: the partitioner reshards here"
             found.append(_flag(op, 'unrequested-reshard', what))

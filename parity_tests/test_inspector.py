@@ -62,6 +62,7 @@ def test_loops_count_by_their_trip_count():
     (op,) = r['programs']['program']
     assert op['line'] == planted_line('looped')
     assert op['trip_count'] == 12  # a scan of 3 inside a scan of 4: the trip counts multiply
+    assert not op['accumulates_in_loop']  # it sums the carry itself: no reduce-once-after
     once = cost.collective_us(op['kind'], op['bytes'], 8, cost.HARDWARE['h100x8'])
     assert op['predicted_us'] == pytest.approx(12 * once, abs=1e-3)
     assert r['sources']['program']['bytes_by_line'] == {str(op['line']): 12 * op['bytes']}
@@ -204,6 +205,8 @@ def test_the_worked_example_of_the_docs():
             op['bytes'] == 512 * 512 * 4 for op in ops
         )
         counts[build] = sorted((op['trip_count'], op['line']) for op in ops)
+        kinds = [x['kind'] for x in inspector.inspect(jitted, *args).json()['surprises']['program']]
+        assert kinds == ([] if build == 'build_fixed' else ['reduction-per-iteration']), build
     assert counts == {
         'build': [(4, 21)],
         'build_without_pcast': [(1, 44), (4, 21)],
