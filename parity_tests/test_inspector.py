@@ -200,12 +200,13 @@ def test_the_worked_example_of_the_docs():
     counts = {}
     for build in ('build', 'build_without_pcast', 'build_fixed'):
         jitted, args = getattr(example, build)()
-        ops = inspector.inspect(jitted, *args).json()['programs']['program']
+        r = inspector.inspect(jitted, *args).json()
+        ops = r['programs']['program']
         assert {op['kind'] for op in ops} == {'all-reduce'} and all(
             op['bytes'] == 512 * 512 * 4 for op in ops
         )
         counts[build] = sorted((op['trip_count'], op['line']) for op in ops)
-        kinds = [x['kind'] for x in inspector.inspect(jitted, *args).json()['surprises']['program']]
+        kinds = [x['kind'] for x in r['surprises']['program']]
         assert kinds == ([] if build == 'build_fixed' else ['reduction-per-iteration']), build
     assert counts == {
         'build': [(4, 21)],
