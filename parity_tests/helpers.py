@@ -279,7 +279,7 @@ def read_metrics(workdir):
 def inspect_collectives(model='mlp', strategy='dp', mesh=(8, 1), batch_size=None, **shape):
     """What `python -m parity_tests.collectives --json` prints, computed in this process: the
     collectives of each compiled train step. `shape`: TransformerConfig fields."""
-    from parity_tests.collectives import inspect
+    from inspector.twins import inspect
     from shard_parity.mesh import make_mesh
     from shard_parity.placement import mesh_axes
 

@@ -224,6 +224,21 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
+        'inspector: --program not MODULE:FUNCTION',
+        '--program=mymod: expected MODULE:FUNCTION, e.g. mypkg.mymod:build',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: --program module not importable',
+        "--program: cannot import 'nosuchmodule'",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: unknown --hardware',
+        'flag --hardware=a100: value should be one of',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
         'a second trainer in the same workdir',
         'is in use by another trainer (pid',
         'test_faults.test_a_second_trainer_is_refused_naming_the_holder',
@@ -308,6 +323,12 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     '--learning_rate nan or inf': ('explicit.train', ['--learning_rate=nan']),
     '--batch_size beyond the training split': ('auto.train', ['--batch_size=100000']),
     '--data_dir naming a file': ('auto.train', [f'--data_dir={REPO}/setup.cfg']),
+    'inspector: --program not MODULE:FUNCTION': ('parity_tests.collectives', ['--program=mymod']),
+    'inspector: --program module not importable': (
+        'parity_tests.collectives',
+        ['--program=nosuchmodule:build'],
+    ),
+    'inspector: unknown --hardware': ('parity_tests.collectives', ['--hardware=a100']),
 }
 
 

@@ -1,0 +1,204 @@
+"""Where each collective came from: the user's line and function, forward or backward, which mesh
+axes it runs over, whether the partitioner or the user's code put it there, which line consumes
+it, and how many times a step runs it.
+
+Origin: where the XLA marks the op `is_spmd_generated` (jax 0.12 does, as a frontend attribute;
+0.10.2 does not), the mark says whether the partitioner made it. Otherwise a stated heuristic:
+the last primitive of the op's `op_name` path says who asked for the collective.
+  - `written`: a collective primitive (psum, all_gather, ppermute, psum_scatter, all_to_all, ...):
+    someone wrote it, in a shard_map;
+  - `requested`: a sharding annotation (with_sharding_constraint, reshard, device_put): an
+    annotation asked for a layout, and the partitioner moved the data to make it so;
+  - `partitioner`: anything else (a dot_general, reduce_sum, add_any ...): the SPMD partitioner
+    inserted it to make the shardings of a computation agree.
+"""
+
+import itertools
+import os
+import re
+
+import numpy as np
+
+from inspector.hlo import Frame, Module, _collective_lines, device_groups
+
+WRITTEN = {
+    'psum', 'pmean', 'pmax', 'pmin', 'all_gather', 'ppermute', 'psum_scatter', 'reduce_scatter',
+    'all_to_all', 'psum_invariant', 'pbroadcast', 'all_gather_invariant', 'pshuffle',
+}  # fmt: skip
+REQUESTED = {'sharding_constraint', 'reshard', 'device_put', 'mesh_cast', 'shard_alike'}
+_LIBRARY = ('/site-packages/', '/dist-packages/', '/lib/python3', '<frozen', '/jax/_src/')
+_PASS_THROUGH = {'get-tuple-element', 'bitcast', 'copy', 'tuple', 'copy-start', 'copy-done'}
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the inspector package
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def shorten(path: str) -> str:
+    """A path relative to the repository (or the working directory) when under it."""
+    for root in (REPO, os.getcwd()):
+        if path.startswith(root + os.sep):
+            return os.path.relpath(path, root)
+    return path
+
+
+def user_frames(stack: list[Frame]) -> list[Frame]:
+    """The frames in the user's own code (no jax, flax, optax or standard library), innermost
+    first, with paths shortened; up to the inspector's own frame that lowered the program (what
+    called the inspector is no part of the program)."""
+    out = []
+    for f in stack:
+        if f.file.startswith(_HERE):
+            break
+        if not any(part in f.file for part in _LIBRARY):
+            out.append(Frame(shorten(f.file), f.line, f.function))
+    return out
+
+
+def phase(op_name: str, differentiates: bool = True) -> str:
+    """backward when any part of the op runs in a transpose (jax's name for the backward pass of
+    grad: `transpose(jvp(...))`), forward in a jvp; in a program that differentiates, an op in
+    neither ran outside the differentiated function (a gradient sync written after grad, the
+    optimizer): `outside-grad`. A program with no grad is all forward."""
+    if 'transpose(' in op_name:
+        return 'backward'
+    return 'forward' if 'jvp(' in op_name or not differentiates else 'outside-grad'
+
+
+def origin(op_name: str, line: str) -> tuple[str, str]:
+    """(origin, what it was read from): the XLA's own `is_spmd_generated` mark where it prints
+    one (jax 0.12 does; 0.10.2 does not), else the op_name heuristic of the module docstring."""
+    prims = {p.split('[')[0] for p in re.findall(r'([\w\-]+)(?=[:)]|$)', op_name)}
+    if re.search(r'is_spmd_generated="?true', line):
+        return ('requested' if prims & REQUESTED else 'partitioner'), 'is_spmd_generated'
+    if prims & WRITTEN:
+        return 'written', 'heuristic'
+    return ('requested' if prims & REQUESTED else 'partitioner'), 'heuristic'
+
+
+def mesh_axes(groups_text: str, line: str, mesh) -> list[str] | None:
+    """The mesh axes a collective runs over, by name: the set of axes whose groups of devices
+    are exactly the collective's replica groups (device ids are positions in the mesh's device
+    list, as SPMD numbers them). Groups that are only part of an axis's groups (2 of the 8
+    devices of 'data') read `data~2`. None when no set of axes matches."""
+    if mesh is None:
+        return None
+    shape = tuple(mesh.devices.shape)
+    names = list(mesh.axis_names)
+    grid = np.arange(int(np.prod(shape))).reshape(shape)
+    if groups_text.startswith('pairs='):  # collective-permute: the axes its pairs step along
+        pairs = [tuple(map(int, p)) for p in re.findall(r'\{(\d+),(\d+)\}', groups_text)]
+        coords = [np.unravel_index(a, shape) for p in pairs for a in p]
+        moved = {
+            names[k]
+            for s, t in pairs
+            for k, (a, b) in enumerate(zip(np.unravel_index(s, shape), np.unravel_index(t, shape)))
+            if a != b
+        }
+        return [n for n in names if n in moved] if coords else []
+    want = {frozenset(g) for g in device_groups(groups_text)}
+    useful = [k for k, s in enumerate(shape) if s > 1]
+    for r in range(len(useful) + 1):
+        for subset in itertools.combinations(useful, r):
+            moved = np.moveaxis(grid, subset, range(-len(subset), 0)) if subset else grid
+            size = int(np.prod([shape[k] for k in subset])) if subset else 1
+            groups = {frozenset(g) for g in moved.reshape(-1, size).tolist()}
+            if groups == want:
+                return [names[k] for k in subset]
+            if all(any(g <= h for h in groups) for g in want):  # part of these axes' groups
+                return [f"{'/'.join(names[k] for k in subset)}~{len(next(iter(want)))}"]
+    return None
+
+
+def consumer(module: Module, name: str) -> list[Frame]:
+    """The user frames of the first op that reads the collective's result (through tuple
+    elements, bitcasts, copies and the -done of an async pair): the partitioner may label a
+    collective with its producer's line, and the consumer's line is then the telling one."""
+    todo, seen = [name], set()
+    while todo:
+        n = todo.pop(0)
+        for u in module.users.get(n, []):
+            if u.name in seen:
+                continue
+            seen.add(u.name)
+            if u.opcode in _PASS_THROUGH or u.opcode.endswith('-done'):
+                todo.append(u.name)
+            elif frames := user_frames(module.stack(u.line)):
+                return frames
+    return []
+
+
+def _adds(module: Module, i) -> bool:
+    if i.opcode == 'add':
+        return True
+    called = re.search(r'calls=%([\w.\-]+)', i.line) if i.opcode == 'fusion' else None
+    return bool(called) and any(
+        j.opcode == 'add' for j in module.computations.get(called.group(1), [])
+    )
+
+
+def accumulates_in_loop(module: Module, name: str) -> bool:
+    """Whether a collective inside a loop body has its result added to a value the loop carries
+    (an operand read from the body's parameter, which the collective itself does not read) and
+    handed on to the next iteration: the sum over iterations could be taken locally and reduced
+    once, after the loop."""
+    i = module.instructions.get(name)
+    if i is None or module.multiplier.get(i.computation, 1) <= 1:
+        return False
+    body = module.computations[i.computation]
+    params = {j.name for j in body if j.opcode == 'parameter'}
+    carried = {j.name for j in body if j.opcode == 'get-tuple-element' and set(j.operands) & params}
+    root = next((j for j in body if j.line.lstrip().startswith('ROOT')), None)
+    feeds, todo = set(), [name]  # what the collective itself reads: that carry is no sum
+    while todo:
+        j = module.instructions.get(todo.pop())
+        for o in j.operands if j else []:
+            if o not in feeds:
+                feeds.add(o)
+                todo.append(o)
+    carried -= feeds
+    todo, seen = [name], set()
+    while todo:
+        for u in module.users.get(todo.pop(), []):
+            if u.name in seen or u.computation != i.computation:
+                continue
+            seen.add(u.name)
+            if u.opcode in _PASS_THROUGH:
+                todo.append(u.name)
+            elif _adds(module, u) and set(u.operands) & carried and root is not None:
+                return u.name in root.operands
+    return False
+
+
+def attribute(hlo_text: str, mesh=None, module: Module | None = None) -> list[dict]:
+    """One record per collective of the program, in order of appearance."""
+    module = module or Module(hlo_text)
+    differentiates = 'jvp(' in hlo_text
+    out = []
+    for c, line in _collective_lines(hlo_text):
+        name = re.match(r'\s*(?:ROOT\s+)?%(\S+)', line).group(1)
+        op_name = (re.search(r'op_name="([^"]*)"', line) or [None, ''])[1]
+        frames = user_frames(module.stack(line))
+        comp = module.instructions[name].computation if name in module.instructions else None
+        used = consumer(module, name)
+        # newer XLA may label a partitioner's collective with its operand's name only (no
+        # frame): the line of the op that reads it is then the line that asked for it
+        where = (frames or used or [Frame('', 0, '')])[0]
+        how, told = origin(op_name, line)
+        out.append(
+            {
+                'name': name,
+                'file': where.file,
+                'line': where.line,
+                'function': where.function,
+                'stack': [f'{f.file}:{f.line} {f.function}' for f in frames],
+                'op_name': op_name,
+                'phase': phase(op_name, differentiates),
+                'origin': how,
+                'origin_from': told,
+                'located_by': 'own' if frames else ('consumer' if used else 'none'),
+                'axes': mesh_axes(c.replica_groups, line, mesh),
+                'trip_count': module.multiplier.get(comp, 1),
+                'accumulates_in_loop': accumulates_in_loop(module, name),
+                'consumer': f'{used[0].file}:{used[0].line} {used[0].function}' if used else '',
+            }
+        )
+    return out

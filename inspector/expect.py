@@ -1,0 +1,108 @@
+"""The analytic collectives of one train step of this repository's strategies: what the twins'
+compiled programs are compared against (the gradient all-reduce, tensor parallelism's activation
+all-reduces, context parallelism's ring)."""
+
+import jax
+import numpy as np
+
+from shard_parity.mesh import DATA, MODEL, SEQ
+from shard_parity.placement import state_specs
+
+
+def expectation(strategy: str, model: str, params, mesh, batch_size: int, model_config) -> dict:
+    """The analytic collectives of one step: the gradient's over 'data', the activations' over
+    'model' (tensor parallelism only), the keys' and values' round the 'seq' ring (cp only)."""
+    if strategy == 'cp':
+        return cp_expectation(params, mesh, batch_size, model_config)
+    d, m = mesh.shape[DATA], mesh.shape[MODEL]
+    specs = jax.tree.leaves(state_specs(params, strategy, mesh))
+    # each device's share of the gradient after tensor parallelism's split (all of it without)
+    grad_bytes = sum(
+        int(np.prod(p.shape)) * p.dtype.itemsize // (m if MODEL in spec else 1)
+        for p, spec in zip(jax.tree.leaves(params), specs, strict=True)
+    )
+    expected = {
+        'kind': 'all-reduce',
+        'group_size': d,
+        'gradient_bytes': grad_bytes,
+        'ring_bytes_per_device': 2 * (d - 1) / d * grad_bytes,
+        'note': "one all-reduce of the gradients over 'data' (plus the averaged metric scalars) "
+        'per step; XLA may combine it into one tuple-shaped op. A ring moves 2(N-1)/N of it.',
+        'activations': None,
+    }
+    if strategy in ('fsdp', 'fsdp_tp'):
+        expected |= {
+            'kind': 'all-gather + reduce-scatter',
+            'note': 'each sharded weight all-gathered over \'data\' where it is used (the whole '
+            'weight comes back, (N-1)/N of it over the wire) and its gradient reduce-scattered '
+            '((N-1)/N again): the same bytes as one all-reduce, in two halves. Small unsharded '
+            'arrays (biases whose size N does not divide) are all-reduced as in dp.',
+        }
+    if strategy in ('tp', 'fsdp_tp') and m > 1:
+        expected['activations'] = activation_all_reduces(model, batch_size // d, m, model_config)
+    return expected
+
+
+def activation_all_reduces(model: str, rows: int, m: int, c) -> dict:
+    """Tensor parallelism's all-reduces over 'model', each of a [rows, ..., width] activation:
+    forward, one after every row-parallel layer; backward, one for the gradient of every
+    column-parallel layer's input (none for the MLP's first layer: its input is the data)."""
+    if model == 'mlp':
+        count, shape = 1, (rows, 512)
+        note = (
+            'forward: the partial sums of the row-parallel second layer; no backward one: the '
+            "first (column-parallel) layer's input is the data, which needs no gradient."
+        )
+    else:
+        # forward: attention out, ffn down; backward: query, key_value and ffn up inputs
+        count, shape = 5 * c.num_layers, (rows, c.seq_len, c.embed_dim)
+        note = (
+            'forward: the partial sums of each row-parallel layer (attention out, ffn down); '
+            'backward: the input gradient of each column-parallel layer. query and key_value '
+            'read the same input but are two layers, so its gradient is all-reduced twice.'
+        )
+    each = int(np.prod(shape)) * 4
+    return {
+        'kind': 'all-reduce',
+        'group_size': m,
+        'count': count,
+        'shape': shape,
+        'bytes': count * each,
+        'ring_bytes_per_device': 2 * (m - 1) / m * count * each,
+        'note': note,
+    }
+
+
+def cp_expectation(params, mesh, batch_size: int, c) -> dict:
+    """Context parallelism: the gradient all-reduce over both axes (every device's loss is a
+    different term), and explicit's ring: per attention layer, n - 1 passes of this device's
+    K/V block f32[B/d, T/n, K, D] (x2: keys and values) forward, and n - 1 of their gradients
+    back the other way. auto/ has no ring: XLA picks its own collectives for attention."""
+    d, n = mesh.shape[DATA], mesh.shape[SEQ]
+    grad_bytes = sum(int(np.prod(p.shape)) * p.dtype.itemsize for p in jax.tree.leaves(params))
+    block = (batch_size // d, c.seq_len // n, c.num_kv_heads, c.head_dim)
+    each = int(np.prod(block)) * 4  # one key or value block, float32 inside the ring
+    per_layer = 4 * (n - 1)  # (keys + values) x (n - 1 passes) x (forward + backward)
+    return {
+        'kind': 'all-reduce',
+        'group_size': d * n,
+        'gradient_bytes': grad_bytes,
+        'ring_bytes_per_device': 2 * (d * n - 1) / (d * n) * grad_bytes,
+        'note': "one all-reduce of the gradients over 'data' and 'seq' together (plus the "
+        'averaged metric), as dp over all the devices. A ring moves 2(N-1)/N of it.',
+        'activations': None,
+        'ring': {
+            'kind': 'collective-permute',
+            'group_size': d * n,  # d rings of n devices, one permute: a source->target pair each
+            'ring_size': n,
+            'count': per_layer * c.num_layers,
+            'per_layer': per_layer,
+            'shape': block,
+            'bytes_each': each,
+            'bytes': per_layer * c.num_layers * each,
+            'note': f'explicit only: per attention layer, {n - 1} passes of the keys and of the '
+            f'values on round each ring of {n} (forward) and {n - 1} of their gradients back '
+            '(backward), one collective-permute per array and pass; each device sends and '
+            'receives one block per permute.',
+        },
+    }

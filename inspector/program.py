@@ -1,0 +1,221 @@
+"""One compiled program, read: its collectives with their attribution and predicted cost, its
+compute, its step band, the partitioner's warnings; and `inspect()`, the same for any jitted
+function a user hands in."""
+
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+from inspector import cost, surprises
+from inspector.attribute import attribute
+from inspector.hlo import Module, _collective_lines
+
+VERSION = 2  # of the JSON: 1 had kind, shapes, dtypes, replica_groups, bytes, group_size
+
+
+@contextlib.contextmanager
+def captured_stderr(into: list):
+    """Everything written to file descriptor 2 meanwhile (XLA logs from C++, below Python's
+    sys.stderr), appended to `into` as one string and written back to stderr afterwards."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode(errors='replace')
+            into.append(text)
+            sys.stderr.write(text)
+
+
+def compile_with_warnings(lowered):
+    """(compiled, the partitioner's warnings printed while compiling)."""
+    return compile_all([('program', lowered)])['program']
+
+
+def compile_all(named_lowered) -> dict:
+    """{name: (compiled, its partitioner warnings)} for an iterable of (name, lowered program).
+    Compiles on two threads (XLA releases the GIL), so that the next program is traced and
+    lowered (Python) while the previous one compiles. A warning goes to the program whose HLO
+    carries its op_name, or to every program when none does."""
+    logs, futures = [], {}
+    with captured_stderr(logs), concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for name, lowered in named_lowered:
+            futures[name] = pool.submit(lowered.compile)
+        compiled = {name: f.result() for name, f in futures.items()}
+    texts = {name: c.as_text() for name, c in compiled.items()}
+    out = {name: (c, []) for name, c in compiled.items()}
+    for w in surprises.remat_warnings(logs[0]):
+        owners = [n for n, t in texts.items() if w['op_name'] and f'"{w["op_name"]}"' in t]
+        for name in owners or list(out):
+            out[name][1].append(w)
+    return out
+
+
+def dot_dtype(module: Module) -> str:
+    """The dtype most of the program's dots produce: what the chip's peak is looked up by."""
+    dots = [i.type for i in module.instructions.values() if i.opcode == 'dot']
+    kinds = [t.split('[')[0] for t in dots]
+    return max(set(kinds), key=kinds.count) if kinds else 'f32'
+
+
+def flops(compiled, module: Module) -> float:
+    """cost_analysis() FLOPs (per device), with every loop body counted trip-count times: XLA's
+    cost analysis counts a while body once, so the body's dot FLOPs x (trips - 1) are added."""
+    ca = compiled.cost_analysis()
+    ca = ca[0] if isinstance(ca, (list, tuple)) else ca
+    total = float((ca or {}).get('flops', 0.0))
+    for comp, mult in module.multiplier.items():
+        if mult > 1:
+            total += (mult - 1) * module.dot_flops(comp)
+    return total
+
+
+def analyse(compiled, mesh, hardware: str, warnings=()) -> dict:
+    """{'ops': one record per collective, 'predicted': the step on `hardware`, 'warnings'}."""
+    hw = cost.HARDWARE[hardware]
+    text = compiled.as_text()
+    module = Module(text)
+    ops = []
+    for (c, _), where in zip(_collective_lines(text), attribute(text, mesh, module)):
+        each = cost.collective_us(c.kind, c.bytes, c.group_size, hw)
+        ops.append(
+            dataclasses.asdict(c)
+            | {'bytes': c.bytes, 'group_size': c.group_size}
+            | where
+            | {'predicted_us': round(each * where['trip_count'], 3)}
+        )
+    total_flops = flops(compiled, module)
+    compute = cost.compute_us(total_flops, dot_dtype(module), hw)
+    comms = sum(op['predicted_us'] for op in ops)
+    lo, hi = cost.step_band(compute, comms)
+    predicted = {
+        'hardware': hardware,
+        'flops': total_flops,
+        'compute_us': round(compute, 3),
+        'comms_us': round(comms, 3),
+        'step_us': [round(lo, 3), round(hi, 3)],
+        'loops_without_trip_count': sorted(module.unknown_trip),
+    }
+    return {'ops': ops, 'predicted': predicted, 'warnings': list(warnings)}
+
+
+def bytes_by_line(ops, source) -> dict:
+    """{line: bytes moved per step} for the lines of `source` on each collective's stack."""
+    out = collections.Counter()
+    for op in ops:
+        for frame in op['stack']:
+            file, _, line = frame.partition(' ')[0].rpartition(':')
+            if file == source:
+                out[line] += op['bytes'] * op['trip_count']
+                break
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def measure_us(compiled, args) -> float:
+    """The median wall time of 3 runs of `compiled` on zeros (after one warm-up run)."""
+
+    def zeros():
+        return jax.tree.map(
+            lambda s: jax.device_put(np.zeros(s.shape, s.dtype), getattr(s, 'sharding', None)),
+            args,
+        )
+
+    times = []
+    for i in range(4):
+        fresh = zeros()  # a train step donates its state
+        t = time.perf_counter()
+        jax.block_until_ready(compiled(*fresh))
+        times.append(time.perf_counter() - t)
+    return round(float(np.median(times[1:])) * 1e6, 1)
+
+
+def _mesh_of(args):
+    for leaf in jax.tree.leaves(args):
+        mesh = getattr(getattr(leaf, 'sharding', None), 'mesh', None)
+        if mesh is not None and getattr(mesh, 'devices', None) is not None:
+            return mesh
+    return None
+
+
+def _whole_arrays(args) -> list[tuple[str, int]]:
+    """(path, elements) of every sharded argument: an all-gather of that many elements brings a
+    whole one back."""
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
+        spec = getattr(getattr(leaf, 'sharding', None), 'spec', None)
+        if spec is not None and any(s is not None for s in spec):
+            out.append((jax.tree_util.keystr(path), int(np.prod(leaf.shape))))
+    return out
+
+
+@dataclasses.dataclass
+class Report:
+    """The inspector's answer for one program: `.text()`, `.json()`, `.html(path)`,
+    `.trace(path)`."""
+
+    data: dict
+
+    def text(self) -> str:
+        from inspector.render import program_text
+
+        return program_text(self.data)
+
+    def json(self) -> dict:
+        return self.data
+
+    def html(self, path: str) -> str:
+        from inspector.html import write_html
+
+        return write_html(self.data, path)
+
+    def trace(self, path: str) -> str:
+        from inspector.trace import write_trace
+
+        return write_trace(self.data, path)
+
+
+def inspect(jitted, *args, hardware: str = 'h100x8', mesh=None, name: str = 'program',
+            expect_gathers=(), measure: bool = False) -> Report:  # fmt: skip
+    """Compiles `jitted` for `args` (arrays or jax.ShapeDtypeStructs with shardings) and reads
+    its collectives. `mesh`: whose axis names to report (default: the first argument's).
+    `expect_gathers`: mesh axes over which whole arguments may be all-gathered (FSDP's 'data').
+    `measure`: also time the program here, on zeros (beside the prediction for --hardware=cpu)."""
+    if hardware not in cost.HARDWARE:
+        raise ValueError(f'--hardware={hardware}: expected one of {", ".join(cost.HARDWARE)}')
+    compiled, warnings = compile_with_warnings(jitted.lower(*args))
+    mesh = mesh or _mesh_of(args)
+    result = analyse(compiled, mesh, hardware, warnings)
+    if measure:
+        result['predicted']['measured_us'] = measure_us(compiled, args)
+    found = surprises.program_surprises(result, _whole_arrays(args), expect_gathers)
+    files = collections.Counter(op['file'] for op in result['ops'] if op['file'])
+    source = files.most_common(1)[0][0] if files else ''
+    return Report(
+        {
+            'version': VERSION,
+            'hardware': hardware,
+            'hardware_note': cost.HARDWARE[hardware].sources,
+            'devices': mesh.size if mesh is not None else jax.device_count(),
+            'axes': list(mesh.axis_names) if mesh is not None else [],
+            'programs': {name: result['ops']},
+            'predicted': {name: result['predicted']},
+            'warnings': {name: result['warnings']},
+            'surprises': {name: found},
+            'sources': {
+                name: {'file': source, 'bytes_by_line': bytes_by_line(result['ops'], source)}
+            },
+        }
+    )

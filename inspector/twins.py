@@ -1,0 +1,224 @@
+"""The inspector over this repository's own programs: the train step of the one-device run,
+auto/, explicit/ and typed/ for one strategy, compiled from shapes alone (no data is read), each
+read by inspector.program.analyse, compared with the analytic expectation (inspector.expect) and
+with each other: whatever auto/ moves that explicit/ does not (`differences`), and typed/ likewise
+against explicit/ (`typed_differences`), now with the lines on both sides (`difference_lines`)."""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+import auto
+import explicit
+import typed
+from inspector import cost, surprises
+from inspector.attribute import shorten
+from inspector.expect import expectation
+from inspector.program import VERSION, analyse, bytes_by_line, compile_all, measure_us
+from shard_parity.mesh import DATA, with_axis_type
+from shard_parity.model.mlp import MLP
+from shard_parity.model.transformer import Transformer
+from shard_parity.placement import BATCH, state_shardings
+from shard_parity.runtime import config as cfg
+from shard_parity.runtime import tasks
+from shard_parity.step import create_state, make_optimizer, one_device_train_step
+
+GATHERED_OVER = {'fsdp': (DATA,), 'fsdp_tp': (DATA,)}  # the placements that gather weights
+
+
+def model_and_batch(model: str, batch_size: int, model_config=None):
+    """(model factory, loss, abstract host batch) for `model`, without touching any data."""
+    if model == 'mlp':
+        batch = {
+            'image': jax.ShapeDtypeStruct((batch_size, 784), jnp.float32),
+            'label': jax.ShapeDtypeStruct((batch_size,), jnp.int32),
+        }
+        return (lambda rngs: MLP(cfg.MLPConfig(), rngs=rngs)), tasks.classification_loss, batch
+    model_config = model_config or cfg.TransformerConfig()
+    tokens = jax.ShapeDtypeStruct((batch_size, model_config.seq_len), jnp.int32)
+    return (
+        (lambda rngs: Transformer(model_config, rngs=rngs)),
+        tasks.lm_loss,
+        {'x': tokens, 'y': tokens},
+    )
+
+
+def with_sharding(tree, mesh, spec):
+    s = NamedSharding(mesh, spec)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree)
+
+
+def lowered_steps(model, config, mesh, strategy, model_config):
+    """The abstract params, and a generator of (name, (lowered train step, its mesh, its
+    abstract args, its strategy file)): lowered one at a time, as the compiler asks for them."""
+    make_model, loss_fn, batch = model_and_batch(model, config.batch_size, model_config)
+    tx = make_optimizer(config)
+    graphdef, state = nnx.eval_shape(lambda: create_state(make_model(nnx.Rngs(0)), tx))
+
+    def steps():
+        step = one_device_train_step(graphdef, loss_fn, tx)
+        yield 'one_device', (step.lower(state, batch), None, (state, batch), None)
+        for twin in (auto, explicit, typed):
+            if strategy not in twin.STRATEGIES:  # a twin without this strategy is skipped
+                continue
+            twin_mesh = with_axis_type(mesh, twin.AXIS_TYPE)  # typed/: the same devices, Explicit
+            shardings = state_shardings(state, twin_mesh, strategy)
+            abstract = jax.tree.map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
+            )
+            module = twin.STRATEGIES[strategy]
+            step = module.train_step(graphdef, loss_fn, tx, twin_mesh)
+            args = (abstract, with_sharding(batch, twin_mesh, BATCH))
+            yield twin.NAME, (step.lower(*args), twin_mesh, args, shorten(module.__file__))
+
+    return state.params, steps()
+
+
+def read_steps(steps, weights, strategy, hardware, measure) -> dict:
+    """{name: analyse()'s result, with surprises, sources and strategy lines} for the lowered
+    train steps `steps` yields; each is lowered while the one before it compiles."""
+    meta = {}
+
+    def lowered():
+        for name, (lowered, *rest) in steps:
+            meta[name] = rest
+            yield name, lowered
+
+    compiled_steps = compile_all(lowered())
+    out = {}
+    for name, (twin_mesh, args, source) in meta.items():
+        compiled, logs = compiled_steps[name]
+        result = out[name] = analyse(compiled, twin_mesh, hardware, logs)
+        expect = GATHERED_OVER.get(strategy, ())
+        result['surprises'] = (
+            surprises.program_surprises(result, weights, expect) if twin_mesh else []
+        )
+        if measure:
+            result['predicted']['measured_us'] = measure_us(compiled, args)
+        result['source'] = {'file': source, 'bytes_by_line': bytes_by_line(result['ops'], source)}
+        for op in result['ops']:  # the line of the strategy file on the collective's stack
+            op['strategy_line'] = next(
+                (f.partition(' ')[0] for f in op['stack'] if source and f.startswith(source + ':')),
+                '',
+            )
+    return out
+
+
+def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', model_config=None,
+            hardware: str = 'h100x8', measure: bool = False) -> dict:  # fmt: skip
+    """Compiles the train steps and returns their collectives, attribution, predicted cost,
+    surprises and the expectation. `model_config`: the transformer's shape (default:
+    TransformerConfig()); unused by the MLP. `measure`: also time each step on this machine."""
+    model_config = model_config or cfg.TransformerConfig()
+    params, steps = lowered_steps(model, config, mesh, strategy, model_config)
+    weights = [
+        (jax.tree_util.keystr(p), int(np.prod(x.shape)))
+        for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
+    ]
+    read = read_steps(steps, weights, strategy, hardware, measure)
+    programs = {name: r['ops'] for name, r in read.items()}
+    found = {name: r['surprises'] for name, r in read.items()}
+    lines = difference_lines(programs, 'auto') + difference_lines(programs, 'typed')
+    mark_differences(programs, lines)
+    for d in lines:  # explicit/ is the reference: the difference is the other twin's surprise
+        found[d['twin'] if d['twin'] != 'explicit' else d['sibling']].append(
+            {'kind': 'twin-difference', 'what': d['what'], 'op': '', 'file': d['file'],
+             'line': d['line']}
+        )  # fmt: skip
+    return {
+        'version': VERSION,
+        'model': model,
+        'strategy': strategy,
+        'devices': mesh.size,
+        'mesh': 'x'.join(map(str, mesh.devices.shape)),
+        'axes': list(mesh.axis_names),
+        'batch_size': config.batch_size,
+        'hardware': hardware,
+        'hardware_note': cost.HARDWARE[hardware].sources,
+        'programs': programs,
+        'predicted': {name: r['predicted'] for name, r in read.items()},
+        'warnings': {name: r['warnings'] for name, r in read.items()},
+        'surprises': found,
+        'sources': {name: r['source'] for name, r in read.items()},
+        'expected': expectation(strategy, model, params, mesh, config.batch_size, model_config),
+        'differences': differences(programs['auto'], programs['explicit']),
+        'typed_differences': (
+            differences(programs['typed'], programs['explicit'], 'typed')
+            if 'typed' in programs
+            else None
+        ),
+        'difference_lines': lines,
+    }
+
+
+def mark_differences(programs: dict, lines: list[dict]) -> None:
+    """Flags `twin-difference` on every op that moves an operand its sibling does not."""
+    for d in lines:
+        for op in programs[d['twin']]:
+            if (
+                (op['kind'], op['group_size']) == (d['kind'], d['group_size'])
+                and any(int(np.prod(s)) in d['elements'] for s in op['shapes'])
+                and 'twin-difference' not in op['flags']
+            ):
+                op['flags'].append('twin-difference')
+
+
+def signature(ops) -> collections.Counter:
+    """What a program moves, independent of layout: (kind, group size, elements) per operand."""
+    return collections.Counter(
+        (op['kind'], op['group_size'], int(np.prod(s))) for op in ops for s in op['shapes']
+    )
+
+
+def differences(auto_ops, explicit_ops, name: str = 'auto') -> list[str]:
+    a, e = signature(auto_ops), signature(explicit_ops)
+    out = [
+        f'{name} has {k[0]} of {k[2]:,} elements over {k[1]} devices that explicit lacks (x{v})'
+        for k, v in (a - e).items()
+    ]
+    out += [
+        f'explicit has {k[0]} of {k[2]:,} elements over {k[1]} devices that {name} lacks (x{v})'
+        for k, v in (e - a).items()
+    ]
+    return out
+
+
+def difference_lines(programs: dict, name: str) -> list[dict]:
+    """`differences` with lines on both sides: per line of the twin that has collectives its
+    sibling (explicit/) lacks, what they are, and the lines of the sibling's collectives of the
+    same kind over the same devices (what it does instead; none when it has no such kind)."""
+    if name not in programs:
+        return []
+    grouped = {}
+    pair = {name: programs[name], 'explicit': programs['explicit']}
+    for has, lacks in ((name, 'explicit'), ('explicit', name)):
+        extra = signature(pair[has]) - signature(pair[lacks])
+        for (kind, group, elements), count in extra.items():
+            op = next(
+                op for op in pair[has] if op['kind'] == kind and op['group_size'] == group
+                and any(int(np.prod(s)) == elements for s in op['shapes'])
+            )  # fmt: skip
+            others = [o for o in pair[lacks] if o['kind'] == kind and o['group_size'] == group]
+            where = f"{op['file']}:{op['line']}"
+            d = grouped.setdefault(
+                (has, lacks, kind, group, where),
+                {
+                    'twin': has, 'sibling': lacks, 'kind': kind, 'group_size': group,
+                    'elements': [], 'count': 0, 'file': op['file'], 'line': op['line'],
+                    'sibling_lines': sorted({f"{o['file']}:{o['line']}" for o in others}),
+                },
+            )  # fmt: skip
+            d['elements'].append(elements)
+            d['count'] += count
+    out = list(grouped.values())
+    for d in out:
+        d['what'] = (
+            f"{d['twin']} has {d['count']} {d['kind']} operand(s) over {d['group_size']} devices "
+            f"at {d['file']}:{d['line']} that {d['sibling']} lacks (there: "
+            f"{', '.join(d['sibling_lines']) or 'no ' + d['kind']})"
+        )
+    return out

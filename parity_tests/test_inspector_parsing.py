@@ -1,0 +1,122 @@
+"""Claim: the inspector reads what XLA prints, in every spelling the supported JAX versions use
+(replica groups as lists, iota and mesh; source lines inline and as a stack-frame table), prices
+collectives by the ring formulas with a latency floor, and catches the partitioner's warnings
+that XLA writes below Python. No program is compiled here: the inputs are XLA's own text."""
+
+import os
+
+import jax
+import pytest
+from jax.sharding import AxisType
+
+import inspector
+from inspector import cost, surprises
+from inspector.attribute import mesh_axes
+from inspector.hlo import Module, device_groups
+from inspector.program import captured_stderr
+
+
+def test_replica_groups_in_all_three_spellings_name_the_same_axes():
+    mesh = jax.make_mesh((4, 2), ('data', 'model'), axis_types=(AxisType.Auto,) * 2)
+    over_model = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    over_data = [[0, 2, 4, 6], [1, 3, 5, 7]]
+    spellings = {
+        '{{0,1},{2,3},{4,5},{6,7}}': over_model,
+        '[4,2]<=[8]': over_model,
+        "mesh['axis_0'=4,'axis_1'=2] {'axis_1'}": over_model,
+        '{{0,2,4,6},{1,3,5,7}}': over_data,
+        '[2,4]<=[4,2]T(1,0)': over_data,
+        "mesh['axis_0'=4,'axis_1'=2] {'axis_0'}": over_data,
+        "mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) {'axis_1'}": over_data,
+        '[1,8]<=[8]': [list(range(8))],
+    }
+    axes = {id(over_model): ['model'], id(over_data): ['data']}
+    for text, groups in spellings.items():
+        assert device_groups(text) == groups, text
+        assert mesh_axes(text, '', mesh) == axes.get(id(groups), ['data', 'model']), text
+    assert mesh_axes('pairs={{0,2},{2,4},{4,6},{6,0}}', '', mesh) == ['data']
+    assert mesh_axes('{{0,2},{4,6},{1,3},{5,7}}', '', mesh) == ['data~2']  # half of 'data'
+
+
+OLD_FORMAT = """HloModule m
+ENTRY %main (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %all-reduce = f32[8]{0} all-reduce(%p), replica_groups={{0,1}}, to_apply=%add, \
+metadata={op_name="jit(f)/psum" source_file="/home/me/mine.py" source_line=12}
+}
+"""
+NEW_FORMAT = (
+    OLD_FORMAT.replace('source_file="/home/me/mine.py" source_line=12', 'stack_frame_id=3')
+    + """
+FileNames
+1 "/home/me/mine.py"
+2 "/usr/lib/python3.11/site-packages/jax/_src/lax/parallel.py"
+
+FunctionNames
+1 "main"
+2 "step"
+3 "psum"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=40 end_line=40 column=1 end_column=1}
+2 {file_name_id=1 function_name_id=2 line=12 end_line=12 column=1 end_column=1}
+3 {file_name_id=2 function_name_id=3 line=99 end_line=99 column=1 end_column=1}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+2 {file_location_id=2 parent_frame_id=2}
+3 {file_location_id=3 parent_frame_id=3}
+"""
+)
+
+
+def test_both_metadata_spellings_give_the_users_line():
+    for text in (OLD_FORMAT, NEW_FORMAT):
+        m = Module(text)
+        (op,) = inspector.attribute.attribute(text, None, m)
+        assert (op['file'], op['line']) == ('/home/me/mine.py', 12), text
+    # the new table: innermost first, each frame's parent printed as its id + 1 (1: none)
+    frames = Module(NEW_FORMAT).frames(3)
+    assert [(f.line, f.function) for f in frames] == [(99, 'psum'), (12, 'step'), (40, 'main')]
+
+
+def test_ring_formulas_and_latency_floor():
+    h = cost.HARDWARE['h100x8']
+    bw = h.link_gb_s * 1e9 * h.achievable
+    gb = 1e9
+    assert cost.collective_us('all-gather', gb, 8, h) == pytest.approx(
+        7 * h.hop_us + gb * 7 / 8 / bw * 1e6
+    )
+    assert cost.collective_us('all-reduce', gb, 8, h) == pytest.approx(
+        2 * cost.collective_us('all-gather', gb, 8, h)
+    )
+    # reduce-scatter's result is 1/n of the array: the same wire bytes as gathering it back
+    assert cost.collective_us('reduce-scatter', gb / 8, 8, h) == pytest.approx(
+        cost.collective_us('all-gather', gb, 8, h)
+    )
+    assert cost.collective_us('collective-permute', gb, 8, h) == pytest.approx(
+        h.hop_us + gb / bw * 1e6
+    )
+    assert cost.collective_us('all-reduce', 4, 8, h) == pytest.approx(14 * h.hop_us, rel=1e-3)
+    assert cost.collective_us('all-reduce', gb, 1, h) == 0
+    assert cost.step_band(3.0, 5.0) == (5.0, 8.0)
+    for hw in cost.HARDWARE.values():
+        assert hw.sources and 0 < hw.achievable <= 1
+
+
+def test_compile_warnings_are_captured_and_attached_to_their_op():
+    logs = []
+    with captured_stderr(logs):
+        os.write(2, b'W xla: [SPMD] Involuntary full rematerialization. The compiler cannot go '
+                    b'from sharding {devices=[8]<=[8]} to {replicated} efficiently for HLO '
+                    b'operation %dot.3 = f32[8,8] dot(%a, %b), metadata={op_name="jit(f)/dot" '
+                    b'source_file="/home/me/mine.py" source_line=7}\n')  # fmt: skip
+    (w,) = surprises.remat_warnings(logs[0])
+    assert (w['op_name'], w['file'], w['line']) == ('jit(f)/dot', '/home/me/mine.py', 7)
+    op = {'name': 'all-gather.1', 'kind': 'all-gather', 'op_name': 'jit(f)/dot', 'file': 'mine.py',
+          'line': 7, 'axes': ['data'], 'shapes': [[8, 8]], 'origin': 'partitioner'}  # fmt: skip
+    found = surprises.program_surprises({'ops': [op], 'warnings': [w]}, [])
+    assert [s['kind'] for s in found] == ['involuntary-remat'] and op['flags'] == [
+        'involuntary-remat'
+    ]
+    assert surprises.program_surprises({'ops': [dict(op, flags=[])], 'warnings': []}, []) == []
