@@ -41,9 +41,10 @@ DEVICES = flags.DEFINE_integer(
 )
 GRACE = flags.DEFINE_integer(
     'grace_seconds',
-    45,
+    120,
     'Once a process has exited (or the launcher got a signal), how long the others get to exit '
-    'by themselves before they are killed.',
+    'by themselves before they are killed: after SIGTERM, enough to finish a compile, reach the '
+    'step all processes stop at and save it.',
     lower_bound=0,
 )
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -276,6 +276,11 @@ ROWS = [
         'its raw bytes are the prompt, exit 0',
         'test_generate.test_cli_streams_a_non_utf8_prompt_and_its_continuation',
     ),
+    (
+        'SIGTERM to several processes (each, or the launcher; exit 143)',
+        'interrupted at step',
+        'test_multiprocess.test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise',
+    ),
 ]
 
 TINY = ['--model=transformer', '--batch_size=16', '--cpu_devices=8']
