@@ -277,6 +277,11 @@ ROWS = [
         'test_generate.test_cli_streams_a_non_utf8_prompt_and_its_continuation',
     ),
     (
+        'a checkpoint whose bytes changed on disk (bit rot)',
+        'does not match the checksum written when it was saved',
+        'test_faults.test_flipped_bits_in_a_checkpoint_are_refused_naming_the_intact_ones',
+    ),
+    (
         'SIGTERM to several processes (each, or the launcher; exit 143)',
         'interrupted at step',
         'test_multiprocess.test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise',

@@ -214,3 +214,38 @@ def test_an_interrupted_run_saves_and_resumes_to_the_same_parameters(sig, code, 
     straight = [*FLAGS, '--steps=60', f'--workdir={tmp_path / "straight"}']
     assert run_cli('auto', *straight).returncode == 0
     assert_same_params(tmp_path / 'run', tmp_path / 'straight')
+
+
+def test_flipped_bits_in_a_checkpoint_are_refused_naming_the_intact_ones(tmp_path, monkeypatch):
+    """Two bytes XOR-ed in the middle of the largest array file used to load silently (Orbax
+    reads it without complaint: shown first); the SHA-256 written at save now refuses it."""
+    case = make_case('transformer')
+    _, _, state = fresh_state(case=case)
+    for step in (5, 10):
+        save_checkpoint(tmp_path, state._replace(step=np.int32(step)), case)
+    folder = tmp_path / 'checkpoints' / '10'
+    assert (folder / checkpoint.CHECKSUMS).is_file()
+    biggest = max((f for f in (folder / 'state').rglob('*') if f.is_file()), key=os.path.getsize)
+    data = bytearray(biggest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    data[len(data) // 2 + 1] ^= 0xFF
+    biggest.write_bytes(bytes(data))
+    with monkeypatch.context() as m:  # without the check: a silent wrong load
+        m.setattr(checkpoint, 'verify', lambda folder: None)
+        _, _, rotten = checkpoint.restore(tmp_path, make_mesh(1))
+    pairs = zip(jax.tree.leaves(rotten.params), jax.tree.leaves(state.params), strict=True)
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs)
+    name = biggest.relative_to(folder).as_posix()
+    expected = (
+        f'checkpoint {folder} is corrupt or truncated ({name} does not match the checksum '
+        'written when it was saved); intact older checkpoints: [5].'
+    )
+    for read in (
+        lambda: checkpoint.restore(tmp_path, make_mesh(1)),  # generate, the tools
+        lambda: checkpoint.read_numpy(tmp_path, 10),  # the bisector's run-directory mode
+    ):
+        with pytest.raises(UsageError) as e:
+            read()
+        assert str(e.value).startswith(expected)
+    _, _, older = checkpoint.restore(tmp_path, make_mesh(1), step=5)
+    assert int(older.step) == 5

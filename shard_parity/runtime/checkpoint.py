@@ -15,6 +15,7 @@ and reads the arrays straight into the shardings the restoring strategy uses on 
 under any strategy, restores into any other twin, mesh and strategy.
 """
 
+import hashlib
 import pathlib
 
 import jax
@@ -55,6 +56,15 @@ class Manager(ocp.CheckpointManager):
             super().wait_until_finished()
         except Exception as e:
             raise self._failed(self.saving, e) from e
+        folder = pathlib.Path(self.directory) / str(self.saving)
+        if self.saving is not None and jax.process_index() == 0 and folder.is_dir():
+            write_checksums(folder)  # once the save is complete (Orbax renamed it into place)
+
+    def reached_preemption(self, step) -> bool:
+        """False: the loop asks JAX's preemption sync point itself, after every step. Orbax asked
+        it too, from its finalize thread with the step of an older save, which could move JAX's
+        record of this process's step back and leave the processes no common step to stop at."""
+        return False
 
     def _failed(self, step, e) -> SaveError:
         text = str(e).split('\n')[0]
@@ -145,15 +155,74 @@ def restore_state(mngr: ocp.CheckpointManager, step: int, target: TrainState) ->
 
 
 def _guarded(mngr, step, read):
+    folder = pathlib.Path(mngr.directory) / str(step)
     try:
+        damaged = verify(folder)
+        if damaged:
+            raise Damaged(damaged)
         return read()
     except Exception as e:  # tensorstore, JSON and file errors all mean the same to the user
-        older = [s for s in mngr.all_steps() if s < step]
+        older = [s for s in mngr.all_steps() if s < step and not verify(folder.parent / str(s))]
+        why = str(e) if isinstance(e, Damaged) else f'{type(e).__name__}: {str(e)[:200]}'
         raise UsageError(
-            f'checkpoint {mngr.directory / str(step)} is corrupt or truncated '
-            f'({type(e).__name__}: {str(e)[:200]}); older checkpoints: {older or "none"}. '
-            f'Move it aside to use the newest older one.'
+            f'checkpoint {folder} is corrupt or truncated ({why}); intact older checkpoints: '
+            f'{older or "none"}. Move it aside to use the newest intact one.'
         ) from e
+
+
+class Damaged(Exception):
+    """A file of a checkpoint differs from the checksum written when it was saved."""
+
+
+CHECKSUMS = 'checksums.sha256'  # in each step's folder, in `sha256sum` format
+
+
+def _digests(folder: pathlib.Path) -> dict[str, str]:
+    """relative path -> SHA-256 of every file under `folder` but the checksums themselves."""
+    out = {}
+    for f in sorted(folder.rglob('*')):
+        if f.is_file() and f.name != CHECKSUMS:
+            with open(f, 'rb') as fh:
+                out[f.relative_to(folder).as_posix()] = hashlib.file_digest(fh, 'sha256').hexdigest()
+    return out
+
+
+def write_checksums(folder: pathlib.Path) -> None:
+    """Writes the SHA-256 of each file of a complete checkpoint (once), so that bit rot is
+    refused at restore; `cd <step> && sha256sum -c checksums.sha256` checks it by hand."""
+    path = folder / CHECKSUMS
+    if path.exists():
+        return
+    text = ''.join(f'{digest}  {name}\n' for name, digest in _digests(folder).items())
+    tmp = path.with_suffix('.tmp')
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+_VERIFIED = {}  # folder -> the checksum file's mtime when it was last found intact
+
+
+def verify(folder: pathlib.Path) -> str | None:
+    """None if every file of checkpoint `folder` has the checksum written at save, else what
+    differs. A folder without checksums (saved before they existed, or killed before they were
+    written) is read unverified, with a warning."""
+    path = folder / CHECKSUMS
+    if not path.is_file():
+        if folder.is_dir() and folder not in _VERIFIED:
+            logging.warning('%s has no %s: it is read unverified', folder, CHECKSUMS)
+            _VERIFIED[folder] = None
+        return None
+    if _VERIFIED.get(folder) == path.stat().st_mtime_ns:
+        return None
+    expected = dict(line.split('  ', 1)[::-1] for line in path.read_text().splitlines())
+    found = _digests(folder)
+    for name, digest in expected.items():
+        if name not in found:
+            return f'{name} is missing'
+        if found[name] != digest:
+            return f'{name} does not match the checksum written when it was saved'
+    _VERIFIED[folder] = path.stat().st_mtime_ns
+    return None
 
 
 DEFAULTS = {'model_config': {}, 'train': cfg.to_dict(cfg.TrainConfig())}
