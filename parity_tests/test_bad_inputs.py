@@ -282,6 +282,31 @@ ROWS = [
         'test_faults.test_flipped_bits_in_a_checkpoint_are_refused_naming_the_intact_ones',
     ),
     (
+        'compare: runs of other settings (another --steps, --seed, ...)',
+        'were trained with other settings: --learning_rate: A 0.001, B 0.01',
+        'test_compare.test_other_settings_are_named_and_refused_unless_allowed',
+    ),
+    (
+        'compare: steps only one run reached (a note)',
+        'logged steps in',
+        'test_compare.test_steps_one_run_only_reached_are_reported',
+    ),
+    (
+        'compare or bisect: a torn config.json',
+        'is not a readable config.json',
+        'test_compare.test_other_settings_are_named_and_refused_unless_allowed',
+    ),
+    (
+        'bisect: one run directory given twice',
+        'are the same directory: give two different runs',
+        'test_bisect.test_run_directories_given_twice_or_garbled_are_one_line',
+    ),
+    (
+        'bisect: torn or garbled metrics.jsonl lines (a warning)',
+        'skipped 3 torn or garbled line(s) of',
+        'test_bisect.test_run_directories_given_twice_or_garbled_are_one_line',
+    ),
+    (
         'SIGTERM to several processes (each, or the launcher; exit 143)',
         'interrupted at step',
         'test_multiprocess.test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise',

@@ -122,6 +122,23 @@ def test_run_directories_of_other_settings_or_without_checkpoints_are_refused(tm
         runs.bisect_runs(a, fake_run(tmp_path / 'd', loss=2.1), 'f32', None, None)
 
 
+def test_run_directories_given_twice_or_garbled_are_one_line(tmp_path, capsys):
+    """One run given twice used to be compared with itself; a garbled metrics or config line
+    was a JSONDecodeError traceback."""
+    a = fake_run(tmp_path / 'a')
+    for twice in (a, f'{a}/', f'{tmp_path}/a/../a'):
+        with pytest.raises(UsageError, match='are the same directory: give two different runs'):
+            runs.bisect_runs(a, twice, 'f32', None, None)
+    b = fake_run(tmp_path / 'b')
+    log = tmp_path / 'b' / 'metrics.jsonl'
+    log.write_text(log.read_text() + '{"step": 3, "train_lo\n\x00garbage\n{"step": 1e400}\n')
+    assert runs.bisect_runs(a, b, 'f32', None, None).step is None  # the good lines agree
+    assert capsys.readouterr().err == f'warning: skipped 3 torn or garbled line(s) of {log}\n'
+    (tmp_path / 'b' / 'config.json').write_text('{"model": "transformer", "mod')
+    with pytest.raises(UsageError, match='config.json is not a readable config.json'):
+        runs.bisect_runs(a, b, 'f32', None, None)
+
+
 def with_optimizer(state, tx):
     """`state`'s params (fresh copies), with `tx`'s initial optimizer state."""
     params = jax.tree.map(np.array, state.params)
