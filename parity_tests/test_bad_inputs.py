@@ -307,6 +307,16 @@ ROWS = [
         'test_bisect.test_run_directories_given_twice_or_garbled_are_one_line',
     ),
     (
+        'bisect: a strategy, model or mesh the train CLI refuses (exit 2)',
+        '--strategy=cp splits sequences, and --model=mlp has none',
+        'test_bisect.test_cli_checks_its_input_as_the_train_cli_does_and_exits_2_or_3',
+    ),
+    (
+        'bisect: a strategy module that fails to trace (exit 3)',
+        'B (my_broken_dp) fails to trace at',
+        'test_bisect.test_a_side_that_fails_to_trace_is_named_with_its_line',
+    ),
+    (
         'SIGTERM to several processes (each, or the launcher; exit 143)',
         'interrupted at step',
         'test_multiprocess.test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise',

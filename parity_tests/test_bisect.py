@@ -68,6 +68,52 @@ def test_tp_pmean_names_the_attention_and_the_model_axis():
     assert "B is the other / 2, the 'model' axis size" in report.hints[0]
 
 
+BROKEN = """from explicit.dp import loss_and_grads, train_step  # noqa: F401
+import jax
+
+
+def eval_step(graphdef, eval_fn, mesh):
+    return jax.jit(lambda params, batch: jax.lax.psum(params, 'no_such_axis'))
+"""
+
+
+def test_a_side_that_fails_to_trace_is_named_with_its_line(tmp_path, monkeypatch):
+    """A user module that fails to trace used to be a traceback and exit 1, the code of "they
+    diverge"; it is now SideFailed (exit 3), naming the side, the file and the line."""
+    (tmp_path / 'my_broken_dp.py').write_text(BROKEN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(D.SideFailed) as e:
+        run('explicit', 'my_broken_dp', 'dp', (8, 1))
+    assert str(e.value).startswith('B (my_broken_dp) fails to trace at '), e.value
+    assert 'my_broken_dp.py:6: NameError: ' in str(e.value), e.value
+
+
+@pytest.mark.slow
+def test_cli_checks_its_input_as_the_train_cli_does_and_exits_2_or_3(tmp_path):
+    """What the train CLI refuses was a JAX traceback and exit 1 ("they diverge")."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / 'my_broken_dp.py').write_text(BROKEN)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, str(tmp_path)]))
+    tiny = ['--model=transformer', '--seq_len=16', '--embed_dim=24', '--batch_size=8']
+    cases = {
+        ('--strategy=cp', '--mesh=2x4'): (2, '--strategy=cp splits sequences'),
+        (*tiny, '--num_heads=3', '--strategy=tp', '--mesh=4x2'): (2, '--num_heads=3 is not'),
+        (*tiny, '--seq_len=30', '--strategy=cp', '--mesh=2x4'): (2, '--seq_len=30 is not'),
+        ('--twins=explicit,my_broken_dp',): (3, 'B (my_broken_dp) fails to trace at '),
+    }
+    for flags, (code, message) in cases.items():
+        result = subprocess.run(
+            [sys.executable, '-m', 'parity_tests.bisect', '--cpu_devices=8', *flags],
+            cwd=REPO, capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == code and lines[-1].startswith('error: '), result.stderr[-2000:]
+        assert message in lines[-1] and 'Traceback' not in result.stderr
+
+
 def test_bad_twins_get_one_line(mesh8):
     with pytest.raises(UsageError, match="cannot import 'nosuch.module'"):
         D.load_side('nosuch.module', 'dp', mesh8)
