@@ -317,6 +317,11 @@ ROWS = [
         'test_bisect.test_a_side_that_fails_to_trace_is_named_with_its_line',
     ),
     (
+        'the default batch not splitting over every device (a warning)',
+        'does not split over 8 devices: training on 6',
+        'test_cli.test_the_transformer_defaults_run_on_8_emulated_devices',
+    ),
+    (
         'SIGTERM to several processes (each, or the launcher; exit 143)',
         'interrupted at step',
         'test_multiprocess.test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise',

@@ -135,6 +135,20 @@ def test_transformer_cli_trains_and_saves_a_checkpoint(twin, tmp_path):
 
 
 @pytest.mark.slow
+def test_the_transformer_defaults_run_on_8_emulated_devices(tmp_path):
+    """`explicit.train --model=transformer` alone failed without an accelerator: nanoGPT's batch
+    of 12 does not split over the 8 emulated CPU devices. It now trains on 6, saying so."""
+    result = run_cli('explicit', '--model=transformer', '--steps=1', f'--workdir={tmp_path}')
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (
+        'warning: the default --batch_size=12 does not split over 8 devices: training on 6'
+        in result.stderr
+    )
+    saved = json.loads((tmp_path / 'config.json').read_text())
+    assert (saved['devices'], saved['train']['batch_size']) == (6, 12)
+
+
+@pytest.mark.slow
 def test_settings_that_change_nothing_warn_once(tmp_path):
     flags = ['--model=mlp', '--dtype=bfloat16', '--seq_len=8', '--strategy=tp', '--steps=2']
     result = run_cli('explicit', *flags, '--cpu_devices=8', f'--workdir={tmp_path}', timeout=120)
@@ -153,6 +167,7 @@ def test_settings_that_change_nothing_warn_once(tmp_path):
     [
         ('auto.train', 'min(100, steps // 10)'),
         ('explicit.train', '--checkpoint_every'),
+        ('typed.train', '--[no]save_initial'),
         ('auto.generate', '--[no]kv_cache'),
         ('explicit.generate', '--max_new_bytes'),
         ('parity_tests.collectives', '--strategy'),

@@ -110,7 +110,11 @@ CPU_FMA = flags.DEFINE_bool(
     'auto and explicit twins round identically and stay bitwise equal (shard_parity/mesh.py).',
 )
 NUM_DEVICES = flags.DEFINE_integer(
-    'num_devices', None, 'Use only the first N devices for the mesh (default: all).', lower_bound=1
+    'num_devices',
+    None,
+    'Use only the first N devices for the mesh. Default: all, or, when the default batch does not '
+    'split over all (the transformer\'s 12 on 8 emulated CPU devices), the most it splits over.',
+    lower_bound=1,
 )
 DATA_DIR = flags.DEFINE_string(
     'data_dir',
@@ -235,8 +239,8 @@ KV_CACHE = flags.DEFINE_bool('kv_cache', False, 'Decode with a KV cache (one pos
 # What each CLI's --help lists; --helpfull lists everything.
 TRAIN_CLI = [
     MODEL, STRATEGY, MESH, *TRAIN.values(), *TRANSFORMER_SHAPE, CPU_DEVICES, CPU_FMA, NUM_DEVICES,
-    DATA_DIR, DOWNLOAD, WORKDIR, CHECKPOINT_EVERY, KEEP, DEBUG_NANS, VERBOSE, COORDINATOR,
-    NUM_PROCESSES, PROCESS_ID, DISTRIBUTED_AUTO, HEARTBEAT_TIMEOUT, SHOW_SHARDING,
+    DATA_DIR, DOWNLOAD, WORKDIR, CHECKPOINT_EVERY, SAVE_INITIAL, KEEP, DEBUG_NANS, VERBOSE,
+    COORDINATOR, NUM_PROCESSES, PROCESS_ID, DISTRIBUTED_AUTO, HEARTBEAT_TIMEOUT, SHOW_SHARDING,
 ]  # fmt: skip
 GENERATE_CLI = [
     WORKDIR, PROMPT, MAX_NEW_BYTES, TEMPERATURE, TOP_K, KV_CACHE, TRAIN['seed'], CPU_DEVICES,

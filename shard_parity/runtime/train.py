@@ -152,6 +152,23 @@ def quiet_failed_save() -> None:
     sys.unraisablehook = hook
 
 
+def default_devices(batch_size: int) -> int | None:
+    """--num_devices, or when neither it, --mesh nor --batch_size is given and the default batch
+    does not split over every device (the transformer's 12 on 8 emulated CPU devices), the most
+    devices it splits over, said in one warning; else None (all devices)."""
+    given = F.NUM_DEVICES.value is not None or F.MESH.value or F.TRAIN['batch_size'].value
+    n = jax.device_count()
+    if given or jax.process_count() > 1 or batch_size % n == 0:
+        return F.NUM_DEVICES.value
+    fits = max(k for k in range(1, n + 1) if batch_size % k == 0)
+    print(
+        f'warning: the default --batch_size={batch_size} does not split over {n} devices: '
+        f'training on {fits} (give --num_devices, --mesh or --batch_size to choose)',
+        file=sys.stderr,
+    )
+    return fits
+
+
 def make_task(config):
     if F.DATA_DIR.value and pathlib.Path(F.DATA_DIR.value).is_file():
         raise UsageError(
@@ -188,11 +205,14 @@ def main(twin):
                 F.HEARTBEAT_TIMEOUT.value,
             )
             jax.config.update('jax_debug_nans', F.DEBUG_NANS.value)
-            mesh = make_mesh(
-                F.NUM_DEVICES.value, F.mesh_shape(), mesh_axes(F.STRATEGY.value), twin.AXIS_TYPE
-            )
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{twin.NAME}_{F.MODEL.value}')
             config = F.train_config(checkpoint.latest_train_config(workdir))
+            mesh = make_mesh(
+                default_devices(config.batch_size),
+                F.mesh_shape(),
+                mesh_axes(F.STRATEGY.value),
+                twin.AXIS_TYPE,
+            )
             F.warn_ignored_flags()
             check_batch(config.batch_size, mesh)
             final = run(
