@@ -322,6 +322,11 @@ ROWS = [
         'test_cli.test_the_transformer_defaults_run_on_8_emulated_devices',
     ),
     (
+        'a strategy the twin does not have (typed/ without cp)',
+        'value should be one of <dp|fsdp|tp|fsdp_tp',
+        'test_cli.test_each_train_cli_offers_exactly_its_twins_strategies',
+    ),
+    (
         'SIGTERM to several processes (each, or the launcher; exit 143)',
         'interrupted at step',
         'test_multiprocess.test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise',

@@ -149,6 +149,31 @@ def test_the_transformer_defaults_run_on_8_emulated_devices(tmp_path):
 
 
 @pytest.mark.slow
+def test_each_train_cli_offers_exactly_its_twins_strategies(tmp_path):
+    """typed.train --help offered --strategy=cp, which crashed with KeyError: 'cp' after writing
+    config.json and an empty log. Each CLI now offers its twin's STRATEGIES and refuses the
+    others at flag parsing, in one line, before anything is written."""
+    import importlib
+
+    from shard_parity.placement import STRATEGIES
+
+    for name in ('auto', 'explicit', 'typed'):
+        offered = list(importlib.import_module(name).STRATEGIES)
+        help_text = subprocess.run(
+            [sys.executable, '-m', f'{name}.train', '--help'], cwd=REPO, capture_output=True,
+            text=True, check=False,
+        ).stdout  # fmt: skip
+        assert f'--strategy: <{"|".join(offered)}>:' in help_text, name
+        for strategy in [s for s in STRATEGIES if s not in offered] + ['nosuch']:
+            workdir = tmp_path / f'{name}_{strategy}'
+            result = run_cli(name, f'--strategy={strategy}', f'--workdir={workdir}')
+            assert result.returncode == 1 and not workdir.exists(), result.stderr[-2000:]
+            assert result.stderr.strip().splitlines()[0].endswith(
+                f'flag --strategy={strategy}: value should be one of <{"|".join(offered)}>'
+            ), result.stderr
+
+
+@pytest.mark.slow
 def test_settings_that_change_nothing_warn_once(tmp_path):
     flags = ['--model=mlp', '--dtype=bfloat16', '--seq_len=8', '--strategy=tp', '--steps=2']
     result = run_cli('explicit', *flags, '--cpu_devices=8', f'--workdir={tmp_path}', timeout=120)

@@ -18,15 +18,21 @@ from shard_parity.placement import STRATEGIES
 from shard_parity.runtime import config as cfg
 
 MODEL = flags.DEFINE_enum('model', 'mlp', ['mlp', 'transformer'], 'Which model to train.')
-STRATEGY = flags.DEFINE_enum(
-    'strategy',
-    'dp',
-    list(STRATEGIES),
-    'dp: replicated state (<twin>/dp.py); fsdp: parameters and optimizer state '
-    "sharded over 'data' too (<twin>/fsdp.py); tp: layers split over 'model', Megatron style "
-    '(<twin>/tp.py); fsdp_tp: both (<twin>/fsdp_tp.py); cp: each sequence split over the '
-    "mesh's second axis, 'seq' (<twin>/cp.py, transformer only). See shard_parity/placement.py.",
-)
+STRATEGY_HELP = {
+    'dp': 'replicated state (<twin>/dp.py)',
+    'fsdp': "parameters and optimizer state sharded over 'data' too (<twin>/fsdp.py)",
+    'tp': "layers split over 'model', Megatron style (<twin>/tp.py)",
+    'fsdp_tp': 'both (<twin>/fsdp_tp.py)',
+    'cp': "each sequence split over the mesh's second axis, 'seq' (<twin>/cp.py, transformer only)",
+}
+
+
+def _strategy_help(names) -> str:
+    text = '; '.join(f'{n}: {STRATEGY_HELP.get(n, "<twin>/" + n + ".py")}' for n in names)
+    return f'{text}. See shard_parity/placement.py.'
+
+
+STRATEGY = flags.DEFINE_enum('strategy', 'dp', list(STRATEGIES), _strategy_help(STRATEGIES))
 MESH = flags.DEFINE_string(
     'mesh',
     None,
@@ -169,6 +175,14 @@ HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
 SHOW_SHARDING = flags.DEFINE_bool(
     'show_sharding', False, 'Print where one batch and one weight live on the devices.'
 )
+
+
+def offer_strategies(names) -> None:
+    """Lets --strategy take only `names` (a twin's STRATEGIES), in its --help too: another is
+    refused by the flag parser in one line, before anything is written."""
+    flag = flags.FLAGS[STRATEGY.name]
+    flag.parser.enum_values = list(names)
+    flag.help = f'<{"|".join(names)}>: {_strategy_help(names)}'
 
 
 def mesh_shape() -> tuple[int, int] | None:
