@@ -327,6 +327,26 @@ ROWS = [
         'test_cli.test_each_train_cli_offers_exactly_its_twins_strategies',
     ),
     (
+        '--seed beyond 2**31 - 1',
+        'is not an integer in the range [0, 2147483647]',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--mesh with non-ASCII digits',
+        '--mesh=²x1: expected DATAxMODEL',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--temperature nan or inf',
+        '--temperature must be a finite number',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'a metrics line whose step is not an integer ({"step": 1e400}; a warning)',
+        'dropped 3 torn or unparsable line(s)',
+        'test_faults.test_a_torn_garbled_or_missing_log_never_blocks_a_resume',
+    ),
+    (
         'SIGTERM to several processes (each, or the launcher; exit 143)',
         'interrupted at step',
         'test_multiprocess.test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise',
@@ -363,6 +383,9 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     '--learning_rate nan or inf': ('explicit.train', ['--learning_rate=nan']),
     '--batch_size beyond the training split': ('auto.train', ['--batch_size=100000']),
     '--data_dir naming a file': ('auto.train', [f'--data_dir={REPO}/setup.cfg']),
+    '--seed beyond 2**31 - 1': ('explicit.generate', ['--seed=99999999999999999999']),
+    '--mesh with non-ASCII digits': ('auto.train', ['--mesh=²x1']),
+    '--temperature nan or inf': ('auto.generate', ['--workdir={mlp}', '--temperature=nan']),
 }
 
 

@@ -83,7 +83,8 @@ def test_a_reader_falls_back_when_keep_deletes_its_checkpoint(tmp_path, monkeypa
 def test_a_torn_garbled_or_missing_log_never_blocks_a_resume(tmp_path, caplog):
     path = tmp_path / 'metrics.jsonl'
     good = [{'step': 5, 'train_loss': 1.0}, {'step': 10, 'eval_loss': 2.0}]
-    lines = [json.dumps(r) for r in good] + ['{"step": 15, "train_lo', 'garbage', '{"no": 1}']
+    lines = [json.dumps(r) for r in good]
+    lines += ['{"step": 15, "train_lo', '{"step": 1e400}', '{"no": 1}']  # 1e400: OverflowError
     path.write_text('\n'.join(lines[:2] + lines[3:] + lines[2:3]))  # torn last line
     with caplog.at_level('WARNING'):
         report.MetricsLog(path, resume_from=10)

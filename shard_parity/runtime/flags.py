@@ -9,6 +9,7 @@ lists its own flags under --help (TRAIN_CLI, GENERATE_CLI: absl's key flags of t
 """
 
 import dataclasses
+import math
 import typing
 
 from absl import flags, logging
@@ -190,7 +191,7 @@ def mesh_shape() -> tuple[int, int] | None:
     if MESH.value is None:
         return None
     parts = MESH.value.lower().split('x')
-    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+    if len(parts) != 2 or not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
         raise UsageError(
             f'--mesh={MESH.value}: expected DATAxMODEL, two positive integers such as 4x2'
         )
@@ -244,6 +245,11 @@ PROMPT = flags.DEFINE_string('prompt', '', 'Text to continue (UTF-8); may be emp
 MAX_NEW_BYTES = flags.DEFINE_integer('max_new_bytes', 200, 'Bytes to generate.', lower_bound=0)
 TEMPERATURE = flags.DEFINE_float(
     'temperature', 0.8, 'Sampling temperature; 0 is greedy.', lower_bound=0.0
+)
+flags.register_validator(
+    TEMPERATURE.name,
+    math.isfinite,  # nan passes lower_bound and printed NUL bytes; inf divides logits to nan
+    message='--temperature must be a finite number: 0 (greedy) or above',
 )
 TOP_K = flags.DEFINE_integer(
     'top_k', None, 'Sample among the k likeliest bytes only.', lower_bound=1, upper_bound=256

@@ -88,10 +88,12 @@ class Generator:
                 f'{self.seq_len} bytes (its --seq_len): shorten it'
             )
         tokens, self._caches = list(prompt or b'\n'), None
-        keys = jax.random.split(jax.random.key(seed), max(n, 1))
+        # One key per byte, folded in as it is drawn: bounded memory whatever n (a split into n
+        # keys took 8 bytes each up front), and a shorter run's bytes begin a longer one's.
+        base = jax.random.key(seed)
         step = self._cached if kv_cache else self._padded
-        for key, _ in zip(keys, range(n)):
-            tokens.append(step(tokens, key))
+        for i in range(n):
+            tokens.append(step(tokens, jax.random.fold_in(base, i)))
             if on_byte:
                 on_byte(tokens[-1])
         return bytes(tokens[len(prompt or b'\n') :])

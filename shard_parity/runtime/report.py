@@ -114,7 +114,9 @@ def read_history(path: pathlib.Path, resume_from: int) -> list[str]:
     for line in path.read_bytes().splitlines():
         try:
             record = json.loads(line)
-            step = int(record['step'])
+            step = record['step']
+            if not isinstance(step, int) or isinstance(step, bool):  # 1e400 is inf, 1.5 no step
+                raise TypeError(step)
         except (ValueError, KeyError, TypeError):
             bad += 1
             continue
