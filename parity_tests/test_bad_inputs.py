@@ -347,6 +347,16 @@ ROWS = [
         'test_faults.test_a_torn_garbled_or_missing_log_never_blocks_a_resume',
     ),
     (
+        'a second trainer after `.lock` was deleted',
+        'is in use by another trainer',
+        'test_faults.test_the_lock_survives_its_file_being_deleted_and_a_full_disk_leaves_none',
+    ),
+    (
+        'a new workdir on a full disk',
+        'cannot write',
+        'test_faults.test_the_lock_survives_its_file_being_deleted_and_a_full_disk_leaves_none',
+    ),
+    (
         'SIGTERM to several processes (each, or the launcher; exit 143)',
         'interrupted at step',
         'test_multiprocess.test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise',

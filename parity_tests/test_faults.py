@@ -62,6 +62,28 @@ def test_a_second_trainer_is_refused_naming_the_holder(tmp_path):
         pass
 
 
+def test_the_lock_survives_its_file_being_deleted_and_a_full_disk_leaves_none(tmp_path):
+    """Deleting <workdir>/.lock let a second trainer in (both then wrote metrics.jsonl): the lock
+    is now on the folder itself. A disk too full for the holder's name leaves no .lock."""
+    with report.hold_workdir(tmp_path):
+        (tmp_path / '.lock').unlink()
+        with pytest.raises(UsageError, match='is in use by another trainer'):
+            with report.hold_workdir(tmp_path):
+                pass
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, 'No space left on device')
+
+    new = tmp_path / 'new'
+    new.mkdir()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(report.socket, 'gethostname', full)  # while the name is being written
+        with pytest.raises(OSError, match=f'cannot write {new / ".lock"} \\(No space left'):
+            with report.hold_workdir(new):
+                pass
+    assert not (new / '.lock').exists()
+
+
 def test_a_reader_falls_back_when_keep_deletes_its_checkpoint(tmp_path, monkeypatch):
     case = make_case('transformer')
     _, _, state = fresh_state(case=case)
