@@ -357,6 +357,11 @@ ROWS = [
         'test_faults.test_the_lock_survives_its_file_being_deleted_and_a_full_disk_leaves_none',
     ),
     (
+        '--attention=fused under a ring attention (explicit cp; a warning)',
+        "--attention=fused is ignored: this twin's cp.py runs its own ring attention",
+        'test_cli.test_fused_attention_under_a_ring_says_it_is_ignored',
+    ),
+    (
         'SIGTERM to several processes (each, or the launcher; exit 143)',
         'interrupted at step',
         'test_multiprocess.test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise',

@@ -184,6 +184,7 @@ def test_settings_that_change_nothing_warn_once(tmp_path):
         '--seq_len, --dtype only shape the transformer: --model=mlp ignores them',
     ):
         assert len([line for line in lines if message in line]) == 1, result.stderr[-2000:]
+        assert any(line.startswith(f'warning: {message}') for line in lines)  # not absl's format
 
 
 @pytest.mark.slow
@@ -210,3 +211,24 @@ def test_help_lists_each_clis_own_flags(module, own):
     assert result.returncode == 0, result.stderr[-2000:]
     assert own in result.stdout and 'Try --helpfull' in result.stdout
     assert '--xla_' not in result.stdout  # only its own flags: --helpfull has the rest
+
+
+def test_fused_attention_under_a_ring_says_it_is_ignored(caplog):
+    """explicit/cp.py runs its own ring attention: --attention=fused changes nothing there (auto/
+    cp.py lets XLA split the model's own attention, fused included: no warning)."""
+    import dataclasses
+
+    import auto
+    import explicit
+    from parity_tests.helpers import TINY_TRANSFORMER
+    from shard_parity.mesh import make_mesh
+    from shard_parity.placement import mesh_axes
+    from shard_parity.runtime.train import check_strategy
+
+    fused = dataclasses.replace(TINY_TRANSFORMER, attention='fused')
+    mesh = make_mesh(shape=(2, 4), axes=mesh_axes('cp'))
+    with caplog.at_level('WARNING'):
+        check_strategy('cp', fused, mesh, auto.STRATEGIES['cp'])
+        assert 'is ignored' not in caplog.text
+        check_strategy('cp', fused, mesh, explicit.STRATEGIES['cp'])
+    assert "--attention=fused is ignored: this twin's cp.py runs its own ring" in caplog.text

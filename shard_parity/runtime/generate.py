@@ -122,7 +122,7 @@ def main(twin):
     from absl import flags, logging
 
     from shard_parity.mesh import configure_jax, make_mesh
-    from shard_parity.runtime import checkpoint, declare_key_flags
+    from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings
     from shard_parity.runtime import flags as F
     from shard_parity.runtime.loop import SIGNALS, stop_on_signals
 
@@ -134,6 +134,8 @@ def main(twin):
             sys.exit(f'error: unexpected arguments {argv[1:]}: every setting is a --flag')
         if not flags.FLAGS['verbosity'].present:  # Orbax logs a lot at INFO
             logging.set_verbosity(logging.WARNING)
+        if not F.VERBOSE.value:
+            plain_warnings()
         show = Printer()
         try:
             configure_jax(F.CPU_DEVICES.value)

@@ -22,7 +22,7 @@ import datasets
 from shard_parity import UsageError
 from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh, start_processes
 from shard_parity.placement import check_cp, check_tp, mesh_axes, place_state, state_shardings
-from shard_parity.runtime import checkpoint, declare_key_flags, report, tasks
+from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings, report, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import flags as F
 from shard_parity.runtime.loop import SIGNALS, Interrupted, Loop, stop_on_signals
@@ -40,9 +40,10 @@ def check_batch(batch_size: int, mesh) -> None:
         )
 
 
-def check_strategy(strategy: str, model_config, mesh) -> None:
+def check_strategy(strategy: str, model_config, mesh, module=None) -> None:
     """Tensor parallelism needs divisible layers, context parallelism a transformer whose
-    sequence divides; dp and fsdp leave a 'model' axis as copies."""
+    sequence divides; dp and fsdp leave a 'model' axis as copies. `module`: the strategy file
+    (one that brings its own attention, as explicit/cp.py's ring, ignores --attention)."""
     if strategy in ('tp', 'fsdp_tp'):
         check_tp(model_config, mesh)
         if mesh.shape[MODEL] == 1:
@@ -54,6 +55,11 @@ def check_strategy(strategy: str, model_config, mesh) -> None:
             )
     elif strategy == 'cp':
         check_cp(model_config, mesh)
+        if getattr(model_config, 'attention', None) == 'fused' and hasattr(module, 'attention'):
+            logging.warning(
+                "--attention=fused is ignored: this twin's cp.py runs its own ring attention "
+                "in place of the model's"
+            )
     elif mesh.shape[MODEL] > 1:
         logging.warning(
             "--strategy=%s splits nothing over 'model': the %d devices of each model group "
@@ -101,7 +107,7 @@ def run(
     at step 0 with `save_initial`), and resumes from the latest one in `workdir`, which it locks
     for its lifetime."""
     check_batch(config.batch_size, mesh)
-    check_strategy(strategy, task.model_config, mesh)
+    check_strategy(strategy, task.model_config, mesh, twin.STRATEGIES[strategy])
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = place_state(state, mesh, strategy)
@@ -196,6 +202,7 @@ def main(twin):
             logging.set_verbosity(logging.WARNING)
         if not F.VERBOSE.value:  # a failed save is reported once, by us, in one line
             quiet_failed_save()
+            plain_warnings()
         try:
             configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
             start_processes(
