@@ -362,6 +362,16 @@ ROWS = [
         'test_cli.test_fused_attention_under_a_ring_says_it_is_ignored',
     ),
     (
+        'launch: the command without -- before it',
+        'put -- before the command',
+        'test_launch.test_a_forgotten_double_dash_is_named',
+    ),
+    (
+        'launch: every process hangs (--timeout; exit 124)',
+        's passed; stopping the processes',
+        'test_launch.test_timeout_stops_processes_that_all_hang',
+    ),
+    (
         'SIGTERM to several processes (each, or the launcher; exit 143)',
         'interrupted at step',
         'test_multiprocess.test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise',
