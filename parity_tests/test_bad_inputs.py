@@ -372,6 +372,11 @@ ROWS = [
         'test_launch.test_timeout_stops_processes_that_all_hang',
     ),
     (
+        'a coordinator address nobody answers',
+        'nobody answered within 2 s (--heartbeat_timeout): start process 0 first',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
         'SIGTERM to several processes (each, or the launcher; exit 143)',
         'interrupted at step',
         'test_multiprocess.test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise',
@@ -409,6 +414,11 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     '--batch_size beyond the training split': ('auto.train', ['--batch_size=100000']),
     '--data_dir naming a file': ('auto.train', [f'--data_dir={REPO}/setup.cfg']),
     '--seed beyond 2**31 - 1': ('explicit.generate', ['--seed=99999999999999999999']),
+    'a coordinator address nobody answers': (
+        'auto.train',
+        ['--coordinator_address=127.0.0.1:1', '--num_processes=2', '--process_id=1']
+        + ['--heartbeat_timeout=2'],
+    ),
     '--mesh with non-ASCII digits': ('auto.train', ['--mesh=²x1']),
     '--temperature nan or inf': ('auto.generate', ['--workdir={mlp}', '--temperature=nan']),
 }
