@@ -29,7 +29,7 @@ from parity_tests.helpers import (
 )
 from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
-from shard_parity.runtime import checkpoint, report, tasks
+from shard_parity.runtime import checkpoint, integrity, report, tasks
 from shard_parity.runtime.train import run
 
 FLAGS = [*CLI_MODELS['transformer'], '--cpu_devices=8', '--log_every=5', '--eval_every=10']
@@ -247,7 +247,7 @@ def test_flipped_bits_in_a_checkpoint_are_refused_naming_the_intact_ones(tmp_pat
     for step in (5, 10):
         save_checkpoint(tmp_path, state._replace(step=np.int32(step)), case)
     folder = tmp_path / 'checkpoints' / '10'
-    assert (folder / checkpoint.CHECKSUMS).is_file()
+    assert (folder / integrity.CHECKSUMS).is_file()
     biggest = max((f for f in (folder / 'state').rglob('*') if f.is_file()), key=os.path.getsize)
     data = bytearray(biggest.read_bytes())
     data[len(data) // 2] ^= 0xFF

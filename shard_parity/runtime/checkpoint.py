@@ -4,18 +4,18 @@
     <workdir>/checkpoints/<step>/config  {'model': ..., 'model_config': ..., 'train': ...}
 
 Orbax writes each step into a temporary folder and renames it when complete, so a save killed
-half-way never looks like a checkpoint; `latest` only ever sees complete ones. Only the
-trainer, which holds the workdir's lock (report.hold_workdir), writes: it alone cleans up
-temporary folders and drops old steps. Readers (generate, the tests, any tool) open the folder
-read-only with `reader`, so they can never delete a save in progress. Every save error,
-synchronous or from Orbax's background thread, becomes one SaveError naming the step and the
-intact ones. `restore` needs no flags: it rebuilds the model and optimizer from the saved config
-and reads the arrays straight into the shardings the restoring strategy uses on its own mesh
+half-way never looks like a checkpoint; `latest` only ever sees complete ones. Only the trainer,
+which holds the workdir's lock (report.hold_workdir), writes: it alone cleans up temporary folders
+and drops old steps. Readers (generate, the tests, any tool) open the folder read-only with
+`reader`, so they can never delete a save in progress. Every save error, synchronous or from
+Orbax's background thread, becomes one SaveError naming the step and the intact ones. Each complete
+save gets checksums that every read verifies first (shard_parity/runtime/integrity.py): bit rot is
+refused, never loaded. `restore` needs no flags: it rebuilds the model and optimizer from the saved
+config and reads the arrays straight into the shardings the restoring strategy uses on its own mesh
 (shard_parity/placement.py), so a checkpoint written by any twin, on any number of devices and
 under any strategy, restores into any other twin, mesh and strategy.
 """
 
-import hashlib
 import pathlib
 
 import jax
@@ -28,6 +28,7 @@ from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import state_shardings
 from shard_parity.runtime import config as cfg
+from shard_parity.runtime.integrity import Damaged, verify, write_checksums
 from shard_parity.step import TrainState, make_optimizer
 
 RESUMABLE = ('steps', 'log_every', 'eval_every')  # train settings a resumed run may change
@@ -168,61 +169,6 @@ def _guarded(mngr, step, read):
             f'checkpoint {folder} is corrupt or truncated ({why}); intact older checkpoints: '
             f'{older or "none"}. Move it aside to use the newest intact one.'
         ) from e
-
-
-class Damaged(Exception):
-    """A file of a checkpoint differs from the checksum written when it was saved."""
-
-
-CHECKSUMS = 'checksums.sha256'  # in each step's folder, in `sha256sum` format
-
-
-def _digests(folder: pathlib.Path) -> dict[str, str]:
-    """relative path -> SHA-256 of every file under `folder` but the checksums themselves."""
-    out = {}
-    for f in sorted(folder.rglob('*')):
-        if f.is_file() and f.name != CHECKSUMS:
-            with open(f, 'rb') as fh:
-                out[f.relative_to(folder).as_posix()] = hashlib.file_digest(fh, 'sha256').hexdigest()
-    return out
-
-
-def write_checksums(folder: pathlib.Path) -> None:
-    """Writes the SHA-256 of each file of a complete checkpoint (once), so that bit rot is
-    refused at restore; `cd <step> && sha256sum -c checksums.sha256` checks it by hand."""
-    path = folder / CHECKSUMS
-    if path.exists():
-        return
-    text = ''.join(f'{digest}  {name}\n' for name, digest in _digests(folder).items())
-    tmp = path.with_suffix('.tmp')
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-_VERIFIED = {}  # folder -> the checksum file's mtime when it was last found intact
-
-
-def verify(folder: pathlib.Path) -> str | None:
-    """None if every file of checkpoint `folder` has the checksum written at save, else what
-    differs. A folder without checksums (saved before they existed, or killed before they were
-    written) is read unverified, with a warning."""
-    path = folder / CHECKSUMS
-    if not path.is_file():
-        if folder.is_dir() and folder not in _VERIFIED:
-            logging.warning('%s has no %s: it is read unverified', folder, CHECKSUMS)
-            _VERIFIED[folder] = None
-        return None
-    if _VERIFIED.get(folder) == path.stat().st_mtime_ns:
-        return None
-    expected = dict(line.split('  ', 1)[::-1] for line in path.read_text().splitlines())
-    found = _digests(folder)
-    for name, digest in expected.items():
-        if name not in found:
-            return f'{name} is missing'
-        if found[name] != digest:
-            return f'{name} does not match the checksum written when it was saved'
-    _VERIFIED[folder] = path.stat().st_mtime_ns
-    return None
 
 
 DEFAULTS = {'model_config': {}, 'train': cfg.to_dict(cfg.TrainConfig())}
