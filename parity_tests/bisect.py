@@ -10,7 +10,9 @@ Each of --twins is a twin (auto, explicit: its STRATEGIES[--strategy]), one_devi
 import path of a strategy module with loss_and_grads, train_step and eval_step (a copy of
 explicit/dp.py with one line changed, on PYTHONPATH). Both start from one initial state and take
 the same batches; parity_tests/divergence.py compares them. Exit 0: they agree for --steps
-steps; 1: they diverge (the report says where); 2: bad input. docs/bisect.md walks through it.
+steps; 1: they diverge (the report says where); 2: bad input (the train CLI's own checks, one
+line); 3: a side cannot run (`B (mypkg.my_dp) fails to trace at mypkg/my_dp.py:42: ...`).
+docs/bisect.md walks through it.
 """
 
 import dataclasses
@@ -62,6 +64,13 @@ def main(argv):
             traceback.print_exc()
         print(f'error: {e}', file=sys.stderr)
         sys.exit(2)
+    except Exception as e:  # divergence.SideFailed: one side cannot run, which is no divergence
+        if type(e).__name__ != 'SideFailed':
+            raise
+        if F.VERBOSE.value:
+            traceback.print_exc()
+        print(f'error: {e}', file=sys.stderr)
+        sys.exit(3)
     print(json.dumps(as_dict(report)) if JSON.value else render(report))
     sys.exit(1 if report.diverged else 0)
 
@@ -78,7 +87,7 @@ def from_flags():
     from shard_parity.placement import mesh_axes
     from shard_parity.runtime import config as cfg
     from shard_parity.runtime import tasks
-    from shard_parity.runtime.train import check_batch
+    from shard_parity.runtime.train import check_batch, check_strategy
     from shard_parity.step import create_state, make_optimizer
 
     model = F.MODEL.value
@@ -97,6 +106,7 @@ def from_flags():
         if X64.value:
             shape = dataclasses.replace(shape, dtype='float64')
         task = tasks.shakespeare_task(config, shape, F.DATA_DIR.value, F.DOWNLOAD.value)
+    check_strategy(F.STRATEGY.value, task.model_config, mesh)  # the train CLI's own checks
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     steps = F.TRAIN['steps'].value or DEFAULT_STEPS

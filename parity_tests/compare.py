@@ -2,8 +2,12 @@
 
     python -m parity_tests.compare runs/auto runs/explicit
 
-Reads each workdir's metrics.jsonl and prints every logged figure of both runs with their
-difference, then each run's throughput. Exits non-zero if the final evaluations differ by more
+First compares the settings each run was trained with (its config.json): a run of another
+length, seed, batch, learning rate or model is a different experiment, so a difference is named
+and is an error unless --allow_other_settings (what only changes the logging, --log_every,
+--eval_every and --log_grad_norm, and where it ran, twin, strategy and mesh, may differ). Then
+reads each workdir's metrics.jsonl and prints every logged figure of both runs with their
+difference, the steps only one run reached, then each run's throughput. Exits non-zero if the final evaluations differ by more
 than --max_accuracy_gap (the MLP's eval_accuracy) or --max_loss_gap (the transformer's
 eval_loss), or if any logged figure of either run is NaN or infinite.
 
@@ -36,7 +40,14 @@ MAX_LOSS_GAP = flags.DEFINE_float(
     'Largest final eval_loss difference that counts as agreeing.',
     lower_bound=0,
 )
+ALLOW = flags.DEFINE_bool(
+    'allow_other_settings',
+    False,
+    'Compare runs trained with other settings (another --steps, --seed, --batch_size, ...) '
+    'instead of refusing them; the differences are still listed.',
+)
 KEYS = ('train_loss', 'eval_loss', 'eval_accuracy')
+LOGGING_ONLY = ('log_every', 'eval_every', 'log_grad_norm')  # change what is logged, not the run
 USAGE = 'usage: python -m parity_tests.compare WORKDIR_A WORKDIR_B'
 
 
@@ -89,6 +100,59 @@ def read(workdir: str) -> list[dict]:
     return lines
 
 
+def settings(workdir: str) -> dict | None:
+    """A workdir's config.json (what the train CLI writes), or None if it has none."""
+    path = pathlib.Path(workdir) / 'config.json'
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_bytes().decode('utf-8', errors='replace'))
+        if not all(isinstance(saved.get(k), dict) for k in ('model_config', 'train')):
+            raise ValueError('no model_config and train settings')
+        return saved
+    except (ValueError, OSError) as e:
+        sys.exit(f'error: {path} is not a readable config.json ({str(e)[:100]})')
+
+
+def other_settings(a: dict, b: dict) -> list[str]:
+    """`--key: A x, B y` for each model or training setting the two runs do not share. A field
+    one run lacks (saved before it existed) takes its default."""
+    diffs = []
+    if a.get('model') != b.get('model'):
+        diffs.append(f"--model: A {a.get('model')}, B {b.get('model')}")
+    defaults = {'model_config': {}, 'train': {}}
+    for group in defaults:
+        keys = sorted((set(a[group]) ^ set(b[group])) - set(LOGGING_ONLY))
+        if keys:  # an older run: the defaults of today's TrainConfig (a heavier import)
+            from shard_parity.runtime import config as cfg
+
+            defaults['train'] = cfg.to_dict(cfg.TrainConfig())
+        for key in sorted(set(a[group]) | set(b[group])):
+            x, y = (r[group].get(key, defaults[group].get(key)) for r in (a, b))
+            if key not in LOGGING_ONLY and x != y:
+                diffs.append(f'--{key}: A {x}, B {y}')
+    return diffs
+
+
+def check_settings(names) -> None:
+    """Exits with one line if the runs' settings differ (unless --allow_other_settings)."""
+    a, b = settings(names[0]), settings(names[1])
+    if a is None or b is None:
+        missing = [n for n, x in zip(names, (a, b)) if x is None]
+        print(f'note: no config.json in {" and ".join(missing)}: settings not compared')
+        return
+    diffs = other_settings(a, b)
+    if not diffs:
+        return
+    if not ALLOW.value:
+        sys.exit(
+            f'error: {names[0]} (A) and {names[1]} (B) were trained with other settings: '
+            + '; '.join(diffs)
+            + '. Pass --allow_other_settings to compare them anyway'
+        )
+    print('note: other settings (--allow_other_settings): ' + '; '.join(diffs))
+
+
 def figures(lines: list[dict]) -> tuple[dict, dict]:
     """{(step, figure): value} of the lines before the final one, and {step: the step of the
     previous train line} (a train figure is the mean over the steps in between)."""
@@ -135,6 +199,20 @@ def non_finite(names, runs) -> str | None:
     )
 
 
+def one_run_only(names, va: dict, vb: dict) -> str | None:
+    """A note naming the logged steps beyond the last step the other run logged."""
+    last = [max((s for s, _ in v), default=0) for v in (va, vb)]
+    longer = int(last[1] > last[0])
+    beyond = sorted({s for s, _ in (va, vb)[longer] if s > last[1 - longer]})
+    if not beyond:
+        return None
+    return (
+        f'note: {len(beyond)} logged step{"s" * (len(beyond) > 1)} in {names[longer]} only '
+        f'({beyond[0]}..{beyond[-1]}): {names[1 - longer]} ends at step {last[1 - longer]}; '
+        'they are not compared'
+    )
+
+
 def throughput_table(names, finals) -> list[str]:
     units = sorted({k for f in finals for k in f if k.endswith('_per_sec')})
     if not units:
@@ -158,6 +236,7 @@ def main(argv):
         sys.exit(
             f'error: {names[0]} and {names[1]} are the same directory: compare two different runs'
         )
+    check_settings(names)
     a, b = read(names[0]), read(names[1])
     (va, since_a), (vb, since_b) = figures(a), figures(b)
     print(f'{"step":>6} {"figure":<14} {names[0]:>22} {names[1]:>22} {"|difference|":>13}')
@@ -185,6 +264,8 @@ def main(argv):
             f'{lonely[0]} of {len(entries[0])} in {names[0]}, '
             f'{lonely[1]} of {len(entries[1])} in {names[1]}'
         )
+    if only := one_run_only(names, va, vb):
+        print(only)
     if problem := non_finite(names, (a, b)):
         sys.exit(f'error: {problem}')
     fa, fb = a[-1], b[-1]
@@ -207,9 +288,11 @@ def main(argv):
         verdict = 'none in common'
     else:
         verdict = 'bitwise identical' if worst == 0 else f'largest difference {worst:.3g}'
+    at = f' (step {fa["step"]} vs {fb["step"]})' if fa['step'] != fb['step'] else ''
     print(
-        f'\nfinal {key} {fa[key]:.4f} vs {fb[key]:.4f} '
+        f'\nfinal {key}{at} {fa[key]:.4f} vs {fb[key]:.4f} '
         f'(gap {gap:.4f}); every logged figure: {verdict}'
+        + (' where both logged it' if at else '')
     )
     if table := throughput_table(names, (fa, fb)):
         print('\n' + '\n'.join(table))

@@ -20,7 +20,10 @@ sorted by name; here the order they were computed in names the first layer that 
 import dataclasses
 import functools
 import importlib
+import os
+import re
 import sys
+import traceback
 import types
 from typing import Any, NamedTuple
 
@@ -258,13 +261,48 @@ class Report:
         return self.step is not None
 
 
+class SideFailed(Exception):
+    """A side's function raised (while tracing, compiling or running): it cannot be compared,
+    which is not a divergence."""
+
+
+def where(e: BaseException, side: Side) -> str:
+    """file:line of the innermost frame in the side's own module, else the innermost frame
+    outside JAX, Flax and this file."""
+    frames = traceback.extract_tb(e.__traceback__)
+    own = getattr(side.module, '__file__', None)
+    mine = [f for f in frames if own and f.filename == own]
+    outside = [f for f in frames if not re.search(r'site-packages|divergence\.py$', f.filename)]
+    frame = (mine or outside or frames)[-1]
+    return f'{os.path.relpath(frame.filename)}:{frame.lineno}'
+
+
+def guarded(method):
+    """Turns an exception of the side's code into SideFailed, naming the side and the line."""
+
+    @functools.wraps(method)
+    def call(self, *args):
+        try:
+            return method(self, *args)
+        except UsageError:
+            raise
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [''])[0][:200]
+            raise SideFailed(
+                f'{self.label} ({self.side.name}) fails to trace at {where(e, self.side)}: '
+                f'{type(e).__name__}: {first}'
+            ) from e
+
+    return call
+
+
 class Runner:
     """One side's compiled functions, built on first use (a bug found in the forward pass never
     compiles the train step)."""
 
-    def __init__(self, side: Side, graphdef, loss_fn, tx):
+    def __init__(self, side: Side, graphdef, loss_fn, tx, label='A'):
         self.side, self.graphdef, self.loss_fn, self.tx = side, graphdef, loss_fn, tx
-        self.names = []
+        self.names, self.label = [], label
 
     @functools.cached_property
     def forward(self):
@@ -279,15 +317,18 @@ class Runner:
     def step(self):
         return self.side.module.train_step(self.graphdef, self.loss_fn, self.tx, self.side.mesh)
 
+    @guarded
     def activations(self, state, batch) -> list:
         out = self.forward(place(self.side, state.params), place(self.side, batch, True))
         return list(zip(self.names, [np.asarray(x) for x in out]))
 
+    @guarded
     def loss_and_grads(self, state, batch):
         return jax.device_get(
             self.grads(place(self.side, state.params), place(self.side, batch, True))
         )
 
+    @guarded
     def train_step(self, state, batch):
         return jax.device_get(self.step(place(self.side, state), place(self.side, batch, True)))
 
@@ -345,7 +386,7 @@ def bisect(
         leaves = compare_trees('', state, state_b, tolerance)
         if leaves:
             return _diverged(report, start, 'state', None, leaves, a, b)
-    ra, rb = Runner(a, graphdef, loss_fn, tx), Runner(b, graphdef, loss_fn, tx)
+    ra, rb = Runner(a, graphdef, loss_fn, tx, 'A'), Runner(b, graphdef, loss_fn, tx, 'B')
     one_device = jax.jit(lambda s, g: apply_gradients(s, g, tx))
 
     def apply(state, grads):  # the update the shared optimizer makes of `grads`, on one device

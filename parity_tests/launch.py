@@ -8,7 +8,8 @@ and --cpu_devices appended; JAX's own runtime (jax.distributed) does the rest, w
 CPU collectives. Process 0's output comes through; the others' goes to log files in a temporary
 folder, and the end of a failed process's log is shown.
 
-It never hangs, and none of the processes it started outlives it (unless the launcher itself is
+It never hangs on a process that exits or on a signal (and with --timeout, not on processes that
+all hang either), and none of the processes it started outlives it (unless the launcher itself is
 killed with SIGKILL). As soon as any process exits, successfully or not, the others get
 --grace_seconds to exit too (a good run's processes finish together; after a failure the others
 stop after --heartbeat_timeout); then the launcher kills each that is left, names it, and exits
@@ -41,10 +42,19 @@ DEVICES = flags.DEFINE_integer(
 )
 GRACE = flags.DEFINE_integer(
     'grace_seconds',
-    45,
+    120,
     'Once a process has exited (or the launcher got a signal), how long the others get to exit '
-    'by themselves before they are killed.',
+    'by themselves before they are killed: after SIGTERM, enough to finish a compile, reach the '
+    'step all processes stop at and save it.',
     lower_bound=0,
+)
+TIMEOUT = flags.DEFINE_integer(
+    'timeout',
+    None,
+    'Stop the run after this many seconds in all, as if the launcher got SIGTERM (each process '
+    'saves and exits; those left after --grace_seconds are killed), and exit 124: for when every '
+    'process hangs, which nothing else notices.',
+    lower_bound=1,
 )
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 received: list[int] = []  # the signals the launcher got, in order
@@ -92,16 +102,22 @@ def kill_all(procs) -> None:
         p.wait()
 
 
-def supervise(procs, logs: pathlib.Path, grace: int) -> int:
-    """Waits for all. Once one has exited, or a signal came, ends the rest after `grace` seconds.
-    Returns the launcher's exit status; removes the log folder unless a failed log is in it."""
+def supervise(procs, logs: pathlib.Path, grace: int, timeout: int | None = None) -> int:
+    """Waits for all. Once one has exited, or a signal came (or `timeout` seconds passed), ends
+    the rest after `grace` seconds. Returns the launcher's exit status; removes the log folder
+    unless a failed log is in it."""
     deadline, cause = None, None  # when the others get killed, and why
     reported, killed, forwarded = set(), set(), 0
+    expires, expired = time.monotonic() + (timeout or math.inf), False
     while True:
         running = [i for i, p in enumerate(procs) if p.poll() is None]
         if not running:
             break
         now = time.monotonic()
+        if now >= expires and not expired:
+            expired = True
+            say(f'error: --timeout={timeout} s passed; stopping the processes as at a SIGTERM')
+            received.append(signal.SIGTERM)
         if len(received) > forwarded:
             name = signal.Signals(received[-1]).name
             if forwarded:
@@ -136,7 +152,7 @@ def supervise(procs, logs: pathlib.Path, grace: int) -> int:
     codes = [p.wait() for p in procs]
     if received:
         shutil.rmtree(logs, ignore_errors=True)
-        return 128 + received[0]
+        return 124 if expired else 128 + received[0]
     for i, code in enumerate(codes):
         if code and i:
             log = logs / f'process_{i}.log'
@@ -180,7 +196,7 @@ def main(argv):
             shutil.rmtree(logs, ignore_errors=True)
             code = 127 if isinstance(e, FileNotFoundError) else 126
         else:
-            code = supervise(procs, logs, GRACE.value)
+            code = supervise(procs, logs, GRACE.value, TIMEOUT.value)
     finally:
         kill_all(procs)  # only if the launcher itself failed is any left
         if code is None:
@@ -188,5 +204,19 @@ def main(argv):
     sys.exit(code)
 
 
+def parse_flags(argv):
+    """The launcher's flags, before `--`; forgetting the `--` is one line saying so."""
+    helping = any(a.split('=')[0] in ('--help', '--helpshort', '--helpfull') for a in argv[1:])
+    if '--' not in argv[1:] and not helping:
+        sys.exit(
+            'error: put -- before the command: python -m parity_tests.launch [--num_processes=N] '
+            f'-- {" ".join(argv[1:]) or "python -m auto.train ..."}'
+        )
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        sys.exit(f'error: {e}')
+
+
 if __name__ == '__main__':
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -9,6 +9,7 @@ it start from the beginning.
 
 import json
 import pathlib
+import sys
 
 from parity_tests import divergence as D
 from shard_parity import UsageError
@@ -22,16 +23,49 @@ SAME = ('model', 'model_config', 'train')  # what two runs must share to be repl
 
 
 def read_run(workdir: str) -> tuple[dict, dict]:
-    """(config.json, {step: merged metrics of that step}) of a workdir."""
+    """(config.json, {step: merged metrics of that step}) of a workdir. Torn or garbled metrics
+    lines are skipped with one warning; a config.json that cannot be read is a UsageError."""
     root = pathlib.Path(workdir)
     if not (root / 'config.json').is_file() or not (root / 'metrics.jsonl').is_file():
         raise UsageError(f'{workdir} has no config.json and metrics.jsonl: not a train workdir')
-    lines = {}
-    for line in (root / 'metrics.jsonl').read_text().splitlines():
-        record = json.loads(line)
-        if not record.get('final'):
-            lines.setdefault(record['step'], {}).update(record)
-    return json.loads((root / 'config.json').read_text()), lines
+    lines, skipped = {}, 0
+    text = (root / 'metrics.jsonl').read_bytes().decode('utf-8', errors='replace')
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not usable(record):
+            skipped += bool(line.strip())
+        elif not record.get('final'):
+            lines.setdefault(int(record['step']), {}).update(record)
+    if skipped:
+        print(
+            f'warning: skipped {skipped} torn or garbled line(s) of {root / "metrics.jsonl"}',
+            file=sys.stderr,
+        )
+    return read_config(root / 'config.json'), lines
+
+
+def usable(record) -> bool:
+    """A metrics line as the loop writes it: an integer step and numbers."""
+    numbers = (int, float)
+    return (
+        isinstance(record, dict)
+        and isinstance(record.get('step'), int)
+        and all(isinstance(v, numbers) for k, v in record.items() if k not in ('step', 'final'))
+    )
+
+
+def read_config(path: pathlib.Path) -> dict:
+    try:
+        saved = json.loads(path.read_bytes().decode('utf-8', errors='replace'))
+        for key, kind in (('model', str), ('model_config', dict), ('train', dict)):
+            if not isinstance(saved.get(key), kind):
+                raise ValueError(f'no {key}')
+        return saved
+    except ValueError as e:
+        raise UsageError(f'{path} is not a readable config.json ({str(e)[:100]})') from e
 
 
 def different_settings(a: dict, b: dict) -> list[str]:
@@ -56,6 +90,8 @@ def first_difference(lines_a: dict, lines_b: dict, tolerance: str) -> tuple[int 
 
 
 def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None):
+    if pathlib.Path(run_a).resolve() == pathlib.Path(run_b).resolve():
+        raise UsageError(f'{run_a} and {run_b} are the same directory: give two different runs')
     (saved_a, lines_a), (saved_b, lines_b) = read_run(run_a), read_run(run_b)
     diffs = different_settings(saved_a, saved_b)
     if diffs:

@@ -291,6 +291,111 @@ ROWS = [
         'its raw bytes are the prompt, exit 0',
         'test_generate.test_cli_streams_a_non_utf8_prompt_and_its_continuation',
     ),
+    (
+        'a checkpoint whose bytes changed on disk (bit rot)',
+        'does not match the checksum written when it was saved',
+        'test_faults.test_flipped_bits_in_a_checkpoint_are_refused_naming_the_intact_ones',
+    ),
+    (
+        'compare: runs of other settings (another --steps, --seed, ...)',
+        'were trained with other settings: --learning_rate: A 0.001, B 0.01',
+        'test_compare.test_other_settings_are_named_and_refused_unless_allowed',
+    ),
+    (
+        'compare: steps only one run reached (a note)',
+        'logged steps in',
+        'test_compare.test_steps_one_run_only_reached_are_reported',
+    ),
+    (
+        'compare or bisect: a torn config.json',
+        'is not a readable config.json',
+        'test_compare.test_other_settings_are_named_and_refused_unless_allowed',
+    ),
+    (
+        'bisect: one run directory given twice',
+        'are the same directory: give two different runs',
+        'test_bisect.test_run_directories_given_twice_or_garbled_are_one_line',
+    ),
+    (
+        'bisect: torn or garbled metrics.jsonl lines (a warning)',
+        'skipped 3 torn or garbled line(s) of',
+        'test_bisect.test_run_directories_given_twice_or_garbled_are_one_line',
+    ),
+    (
+        'bisect: a strategy, model or mesh the train CLI refuses (exit 2)',
+        '--strategy=cp splits sequences, and --model=mlp has none',
+        'test_bisect.test_cli_checks_its_input_as_the_train_cli_does_and_exits_2_or_3',
+    ),
+    (
+        'bisect: a strategy module that fails to trace (exit 3)',
+        'B (my_broken_dp) fails to trace at',
+        'test_bisect.test_a_side_that_fails_to_trace_is_named_with_its_line',
+    ),
+    (
+        'the default batch not splitting over every device (a warning)',
+        'does not split over 8 devices: training on 6',
+        'test_cli.test_the_transformer_defaults_run_on_8_emulated_devices',
+    ),
+    (
+        'a strategy the twin does not have (typed/ without cp)',
+        'value should be one of <dp|fsdp|tp|fsdp_tp',
+        'test_cli.test_each_train_cli_offers_exactly_its_twins_strategies',
+    ),
+    (
+        '--seed beyond 2**31 - 1',
+        'is not an integer in the range [0, 2147483647]',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--mesh with non-ASCII digits',
+        '--mesh=²x1: expected DATAxMODEL',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--temperature nan or inf',
+        '--temperature must be a finite number',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'a metrics line whose step is not an integer ({"step": 1e400}; a warning)',
+        'dropped 3 torn or unparsable line(s)',
+        'test_faults.test_a_torn_garbled_or_missing_log_never_blocks_a_resume',
+    ),
+    (
+        'a second trainer after `.lock` was deleted',
+        'is in use by another trainer',
+        'test_faults.test_the_lock_survives_its_file_being_deleted_and_a_full_disk_leaves_none',
+    ),
+    (
+        'a new workdir on a full disk',
+        'cannot write',
+        'test_faults.test_the_lock_survives_its_file_being_deleted_and_a_full_disk_leaves_none',
+    ),
+    (
+        '--attention=fused under a ring attention (explicit cp; a warning)',
+        "--attention=fused is ignored: this twin's cp.py runs its own ring attention",
+        'test_cli.test_fused_attention_under_a_ring_says_it_is_ignored',
+    ),
+    (
+        'launch: the command without -- before it',
+        'put -- before the command',
+        'test_launch.test_a_forgotten_double_dash_is_named',
+    ),
+    (
+        'launch: every process hangs (--timeout; exit 124)',
+        's passed; stopping the processes',
+        'test_launch.test_timeout_stops_processes_that_all_hang',
+    ),
+    (
+        'a coordinator address nobody answers',
+        'nobody answered within 2 s (--heartbeat_timeout): start process 0 first',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'SIGTERM to several processes (each, or the launcher; exit 143)',
+        'interrupted at step',
+        'test_multiprocess.test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise',
+    ),
 ]
 
 TINY = ['--model=transformer', '--batch_size=16', '--cpu_devices=8']
@@ -329,6 +434,14 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
         ['--program=nosuchmodule:build'],
     ),
     'inspector: unknown --hardware': ('parity_tests.collectives', ['--hardware=a100']),
+    '--seed beyond 2**31 - 1': ('explicit.generate', ['--seed=99999999999999999999']),
+    'a coordinator address nobody answers': (
+        'auto.train',
+        ['--coordinator_address=127.0.0.1:1', '--num_processes=2', '--process_id=1']
+        + ['--heartbeat_timeout=2'],
+    ),
+    '--mesh with non-ASCII digits': ('auto.train', ['--mesh=²x1']),
+    '--temperature nan or inf': ('auto.generate', ['--workdir={mlp}', '--temperature=nan']),
 }
 
 

@@ -68,6 +68,52 @@ def test_tp_pmean_names_the_attention_and_the_model_axis():
     assert "B is the other / 2, the 'model' axis size" in report.hints[0]
 
 
+BROKEN = """from explicit.dp import loss_and_grads, train_step  # noqa: F401
+import jax
+
+
+def eval_step(graphdef, eval_fn, mesh):
+    return jax.jit(lambda params, batch: jax.lax.psum(params, 'no_such_axis'))
+"""
+
+
+def test_a_side_that_fails_to_trace_is_named_with_its_line(tmp_path, monkeypatch):
+    """A user module that fails to trace used to be a traceback and exit 1, the code of "they
+    diverge"; it is now SideFailed (exit 3), naming the side, the file and the line."""
+    (tmp_path / 'my_broken_dp.py').write_text(BROKEN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(D.SideFailed) as e:
+        run('explicit', 'my_broken_dp', 'dp', (8, 1))
+    assert str(e.value).startswith('B (my_broken_dp) fails to trace at '), e.value
+    assert 'my_broken_dp.py:6: NameError: ' in str(e.value), e.value
+
+
+@pytest.mark.slow
+def test_cli_checks_its_input_as_the_train_cli_does_and_exits_2_or_3(tmp_path):
+    """What the train CLI refuses was a JAX traceback and exit 1 ("they diverge")."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / 'my_broken_dp.py').write_text(BROKEN)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, str(tmp_path)]))
+    tiny = ['--model=transformer', '--seq_len=16', '--embed_dim=24', '--batch_size=8']
+    cases = {
+        ('--strategy=cp', '--mesh=2x4'): (2, '--strategy=cp splits sequences'),
+        (*tiny, '--num_heads=3', '--strategy=tp', '--mesh=4x2'): (2, '--num_heads=3 is not'),
+        (*tiny, '--seq_len=30', '--strategy=cp', '--mesh=2x4'): (2, '--seq_len=30 is not'),
+        ('--twins=explicit,my_broken_dp',): (3, 'B (my_broken_dp) fails to trace at '),
+    }
+    for flags, (code, message) in cases.items():
+        result = subprocess.run(
+            [sys.executable, '-m', 'parity_tests.bisect', '--cpu_devices=8', *flags],
+            cwd=REPO, capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == code and lines[-1].startswith('error: '), result.stderr[-2000:]
+        assert message in lines[-1] and 'Traceback' not in result.stderr
+
+
 def test_bad_twins_get_one_line(mesh8):
     with pytest.raises(UsageError, match="cannot import 'nosuch.module'"):
         D.load_side('nosuch.module', 'dp', mesh8)
@@ -120,6 +166,23 @@ def test_run_directories_of_other_settings_or_without_checkpoints_are_refused(tm
     assert runs.bisect_runs(a, fake_run(tmp_path / 'c'), 'f32', None, None).step is None
     with pytest.raises(UsageError, match='share no checkpoint before it'):
         runs.bisect_runs(a, fake_run(tmp_path / 'd', loss=2.1), 'f32', None, None)
+
+
+def test_run_directories_given_twice_or_garbled_are_one_line(tmp_path, capsys):
+    """One run given twice used to be compared with itself; a garbled metrics or config line
+    was a JSONDecodeError traceback."""
+    a = fake_run(tmp_path / 'a')
+    for twice in (a, f'{a}/', f'{tmp_path}/a/../a'):
+        with pytest.raises(UsageError, match='are the same directory: give two different runs'):
+            runs.bisect_runs(a, twice, 'f32', None, None)
+    b = fake_run(tmp_path / 'b')
+    log = tmp_path / 'b' / 'metrics.jsonl'
+    log.write_text(log.read_text() + '{"step": 3, "train_lo\n\x00garbage\n{"step": 1e400}\n')
+    assert runs.bisect_runs(a, b, 'f32', None, None).step is None  # the good lines agree
+    assert capsys.readouterr().err == f'warning: skipped 3 torn or garbled line(s) of {log}\n'
+    (tmp_path / 'b' / 'config.json').write_text('{"model": "transformer", "mod')
+    with pytest.raises(UsageError, match='config.json is not a readable config.json'):
+        runs.bisect_runs(a, b, 'f32', None, None)
 
 
 def with_optimizer(state, tx):

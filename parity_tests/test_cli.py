@@ -135,6 +135,45 @@ def test_transformer_cli_trains_and_saves_a_checkpoint(twin, tmp_path):
 
 
 @pytest.mark.slow
+def test_the_transformer_defaults_run_on_8_emulated_devices(tmp_path):
+    """`explicit.train --model=transformer` alone failed without an accelerator: nanoGPT's batch
+    of 12 does not split over the 8 emulated CPU devices. It now trains on 6, saying so."""
+    result = run_cli('explicit', '--model=transformer', '--steps=1', f'--workdir={tmp_path}')
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (
+        'warning: the default --batch_size=12 does not split over 8 devices: training on 6'
+        in result.stderr
+    )
+    saved = json.loads((tmp_path / 'config.json').read_text())
+    assert (saved['devices'], saved['train']['batch_size']) == (6, 12)
+
+
+@pytest.mark.slow
+def test_each_train_cli_offers_exactly_its_twins_strategies(tmp_path):
+    """typed.train --help offered --strategy=cp, which crashed with KeyError: 'cp' after writing
+    config.json and an empty log. Each CLI now offers its twin's STRATEGIES and refuses the
+    others at flag parsing, in one line, before anything is written."""
+    import importlib
+
+    from shard_parity.placement import STRATEGIES
+
+    for name in ('auto', 'explicit', 'typed'):
+        offered = list(importlib.import_module(name).STRATEGIES)
+        help_text = subprocess.run(
+            [sys.executable, '-m', f'{name}.train', '--help'], cwd=REPO, capture_output=True,
+            text=True, check=False,
+        ).stdout  # fmt: skip
+        assert f'--strategy: <{"|".join(offered)}>:' in help_text, name
+        for strategy in [s for s in STRATEGIES if s not in offered] + ['nosuch']:
+            workdir = tmp_path / f'{name}_{strategy}'
+            result = run_cli(name, f'--strategy={strategy}', f'--workdir={workdir}')
+            assert result.returncode == 1 and not workdir.exists(), result.stderr[-2000:]
+            assert result.stderr.strip().splitlines()[0].endswith(
+                f'flag --strategy={strategy}: value should be one of <{"|".join(offered)}>'
+            ), result.stderr
+
+
+@pytest.mark.slow
 def test_settings_that_change_nothing_warn_once(tmp_path):
     flags = ['--model=mlp', '--dtype=bfloat16', '--seq_len=8', '--strategy=tp', '--steps=2']
     result = run_cli('explicit', *flags, '--cpu_devices=8', f'--workdir={tmp_path}', timeout=120)
@@ -145,6 +184,7 @@ def test_settings_that_change_nothing_warn_once(tmp_path):
         '--seq_len, --dtype only shape the transformer: --model=mlp ignores them',
     ):
         assert len([line for line in lines if message in line]) == 1, result.stderr[-2000:]
+        assert any(line.startswith(f'warning: {message}') for line in lines)  # not absl's format
 
 
 @pytest.mark.slow
@@ -153,6 +193,7 @@ def test_settings_that_change_nothing_warn_once(tmp_path):
     [
         ('auto.train', 'min(100, steps // 10)'),
         ('explicit.train', '--checkpoint_every'),
+        ('typed.train', '--[no]save_initial'),
         ('auto.generate', '--[no]kv_cache'),
         ('explicit.generate', '--max_new_bytes'),
         ('parity_tests.collectives', '--strategy'),
@@ -170,3 +211,24 @@ def test_help_lists_each_clis_own_flags(module, own):
     assert result.returncode == 0, result.stderr[-2000:]
     assert own in result.stdout and 'Try --helpfull' in result.stdout
     assert '--xla_' not in result.stdout  # only its own flags: --helpfull has the rest
+
+
+def test_fused_attention_under_a_ring_says_it_is_ignored(caplog):
+    """explicit/cp.py runs its own ring attention: --attention=fused changes nothing there (auto/
+    cp.py lets XLA split the model's own attention, fused included: no warning)."""
+    import dataclasses
+
+    import auto
+    import explicit
+    from parity_tests.helpers import TINY_TRANSFORMER
+    from shard_parity.mesh import make_mesh
+    from shard_parity.placement import mesh_axes
+    from shard_parity.runtime.train import check_strategy
+
+    fused = dataclasses.replace(TINY_TRANSFORMER, attention='fused')
+    mesh = make_mesh(shape=(2, 4), axes=mesh_axes('cp'))
+    with caplog.at_level('WARNING'):
+        check_strategy('cp', fused, mesh, auto.STRATEGIES['cp'])
+        assert 'is ignored' not in caplog.text
+        check_strategy('cp', fused, mesh, explicit.STRATEGIES['cp'])
+    assert "--attention=fused is ignored: this twin's cp.py runs its own ring" in caplog.text

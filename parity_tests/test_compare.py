@@ -204,3 +204,40 @@ def test_every_error_is_one_line(tmp_path, args, error):
     paths = [a if a.startswith('--') else tmp_path / a for a in args]
     line = one_error_line(compare(*paths))
     assert line.startswith(error.format(tmp=tmp_path)), line
+
+
+def with_config(path, **train):
+    """Gives workdir `path` the config.json the train CLI writes, with `train` changed."""
+    saved = {'model': 'mlp', 'model_config': {'hidden': [64]}, 'twin': 'auto', 'strategy': 'dp'}
+    saved['train'] = {'steps': 200, 'seed': 0, 'learning_rate': 1e-3, 'log_every': 10, **train}
+    (path / 'config.json').write_text(json.dumps(saved))
+    return path
+
+
+def test_other_settings_are_named_and_refused_unless_allowed(tmp_path):
+    """600 against 400 steps used to be 'bitwise identical', exit 0: config.json was never read."""
+    a = with_config(workdir(tmp_path, 'a', mlp_log(20)))
+    b = with_config(workdir(tmp_path, 'b', mlp_log(20)), seed=1, learning_rate=0.01)
+    assert compare(a, with_config(workdir(tmp_path, 'c', mlp_log(10)), log_every=20)).returncode == 0
+    line = one_error_line(compare(a, b))
+    assert line == (
+        f'error: {a} (A) and {b} (B) were trained with other settings: --learning_rate: A 0.001, '
+        'B 0.01; --seed: A 0, B 1. Pass --allow_other_settings to compare them anyway'
+    )
+    done = compare(a, b, '--allow_other_settings')
+    assert done.returncode == 0 and 'note: other settings (--allow_other_settings): ' in done.stdout
+    (b / 'config.json').write_text('{"model": "mlp", "tra')  # torn
+    assert one_error_line(compare(a, b)).startswith(f'error: {b}/config.json is not a readable')
+
+
+def test_steps_one_run_only_reached_are_reported(tmp_path):
+    short = [x for x in mlp_log(20) if x['step'] <= 120 and not x.get('final')]
+    short.append({'step': 120, 'final': True, 'eval_loss': 0.5, 'eval_accuracy': 0.9})
+    a = with_config(workdir(tmp_path, 'a', mlp_log(20)))
+    b = with_config(workdir(tmp_path, 'b', short), steps=120)
+    assert '--steps: A 200, B 120' in one_error_line(compare(a, b))
+    done = compare(a, b, '--allow_other_settings')
+    assert done.returncode == 0, done.stderr
+    assert f'note: 4 logged steps in {a} only (140..200): {b} ends at step 120' in done.stdout
+    assert 'final eval_accuracy (step 200 vs 120)' in done.stdout
+    assert 'bitwise identical where both logged it' in done.stdout

@@ -29,7 +29,7 @@ from parity_tests.helpers import (
 )
 from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
-from shard_parity.runtime import checkpoint, report, tasks
+from shard_parity.runtime import checkpoint, integrity, report, tasks
 from shard_parity.runtime.train import run
 
 FLAGS = [*CLI_MODELS['transformer'], '--cpu_devices=8', '--log_every=5', '--eval_every=10']
@@ -62,6 +62,28 @@ def test_a_second_trainer_is_refused_naming_the_holder(tmp_path):
         pass
 
 
+def test_the_lock_survives_its_file_being_deleted_and_a_full_disk_leaves_none(tmp_path):
+    """Deleting <workdir>/.lock let a second trainer in (both then wrote metrics.jsonl): the lock
+    is now on the folder itself. A disk too full for the holder's name leaves no .lock."""
+    with report.hold_workdir(tmp_path):
+        (tmp_path / '.lock').unlink()
+        with pytest.raises(UsageError, match='is in use by another trainer'):
+            with report.hold_workdir(tmp_path):
+                pass
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, 'No space left on device')
+
+    new = tmp_path / 'new'
+    new.mkdir()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(report.socket, 'gethostname', full)  # while the name is being written
+        with pytest.raises(OSError, match=f'cannot write {new / ".lock"} \\(No space left'):
+            with report.hold_workdir(new):
+                pass
+    assert not (new / '.lock').exists()
+
+
 def test_a_reader_falls_back_when_keep_deletes_its_checkpoint(tmp_path, monkeypatch):
     case = make_case('transformer')
     _, _, state = fresh_state(case=case)
@@ -83,7 +105,8 @@ def test_a_reader_falls_back_when_keep_deletes_its_checkpoint(tmp_path, monkeypa
 def test_a_torn_garbled_or_missing_log_never_blocks_a_resume(tmp_path, caplog):
     path = tmp_path / 'metrics.jsonl'
     good = [{'step': 5, 'train_loss': 1.0}, {'step': 10, 'eval_loss': 2.0}]
-    lines = [json.dumps(r) for r in good] + ['{"step": 15, "train_lo', 'garbage', '{"no": 1}']
+    lines = [json.dumps(r) for r in good]
+    lines += ['{"step": 15, "train_lo', '{"step": 1e400}', '{"no": 1}']  # 1e400: OverflowError
     path.write_text('\n'.join(lines[:2] + lines[3:] + lines[2:3]))  # torn last line
     with caplog.at_level('WARNING'):
         report.MetricsLog(path, resume_from=10)
@@ -214,3 +237,38 @@ def test_an_interrupted_run_saves_and_resumes_to_the_same_parameters(sig, code, 
     straight = [*FLAGS, '--steps=60', f'--workdir={tmp_path / "straight"}']
     assert run_cli('auto', *straight).returncode == 0
     assert_same_params(tmp_path / 'run', tmp_path / 'straight')
+
+
+def test_flipped_bits_in_a_checkpoint_are_refused_naming_the_intact_ones(tmp_path, monkeypatch):
+    """Two bytes XOR-ed in the middle of the largest array file used to load silently (Orbax
+    reads it without complaint: shown first); the SHA-256 written at save now refuses it."""
+    case = make_case('transformer')
+    _, _, state = fresh_state(case=case)
+    for step in (5, 10):
+        save_checkpoint(tmp_path, state._replace(step=np.int32(step)), case)
+    folder = tmp_path / 'checkpoints' / '10'
+    assert (folder / integrity.CHECKSUMS).is_file()
+    biggest = max((f for f in (folder / 'state').rglob('*') if f.is_file()), key=os.path.getsize)
+    data = bytearray(biggest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    data[len(data) // 2 + 1] ^= 0xFF
+    biggest.write_bytes(bytes(data))
+    with monkeypatch.context() as m:  # without the check: a silent wrong load
+        m.setattr(checkpoint, 'verify', lambda folder: None)
+        _, _, rotten = checkpoint.restore(tmp_path, make_mesh(1))
+    pairs = zip(jax.tree.leaves(rotten.params), jax.tree.leaves(state.params), strict=True)
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs)
+    name = biggest.relative_to(folder).as_posix()
+    expected = (
+        f'checkpoint {folder} is corrupt or truncated ({name} does not match the checksum '
+        'written when it was saved); intact older checkpoints: [5].'
+    )
+    for read in (
+        lambda: checkpoint.restore(tmp_path, make_mesh(1)),  # generate, the tools
+        lambda: checkpoint.read_numpy(tmp_path, 10),  # the bisector's run-directory mode
+    ):
+        with pytest.raises(UsageError) as e:
+            read()
+        assert str(e.value).startswith(expected)
+    _, _, older = checkpoint.restore(tmp_path, make_mesh(1), step=5)
+    assert int(older.step) == 5

@@ -95,6 +95,16 @@ def test_sampling_is_the_same_on_both_paths_within_the_context(workdir):
     assert gen.generate(b'', 15, seed=3) == gen.generate(b'', 15, seed=3, kv_cache=True)
 
 
+def test_sampling_streams_one_key_per_byte(workdir, monkeypatch):
+    """Keys are folded in byte by byte, never split n ways up front (--max_new_bytes=10**9 took
+    8 GB of keys before the first byte): a shorter run's bytes begin a longer one's."""
+    gen = generator(workdir, temperature=10.0)
+    monkeypatch.setattr(jax.random, 'split', None)  # any use of it fails
+    long, short = gen.generate(b'', 12, seed=5), gen.generate(b'', 5, seed=5)
+    assert long[:5] == short and len(set(long)) > 1
+    assert gen.generate(b'', 5, seed=6) != short  # the seed still matters
+
+
 @pytest.mark.parametrize('kv_cache', [False, True], ids=['padded', 'kv-cache'])
 def test_each_path_compiles_once_whatever_the_length(workdir, kv_cache):
     gen = generator(workdir)
@@ -166,7 +176,7 @@ def test_cli_streams_a_non_utf8_prompt_and_its_continuation(workdir):
     assert bytes(streamed) == out
     proc = subprocess.Popen(
         [sys.executable, '-m', 'auto.generate', f'--workdir={workdir}', b'--prompt=caf\xe9']
-        + ['--max_new_bytes=1000000', '--temperature=0'],
+        + ['--max_new_bytes=1000000000'],  # once 8 GB of keys before the first byte
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

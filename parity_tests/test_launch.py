@@ -45,7 +45,7 @@ def alive(pid: int) -> bool:
 class Launch:
     """One launcher, in its own session, so that whatever it leaves can be found and killed."""
 
-    def __init__(self, tmp_path, *args, plan=None, grace=1):
+    def __init__(self, tmp_path, *args, plan=None, grace=1, extra=()):
         self.tmp = tmp_path / 'tmp'  # the launcher's TMPDIR: where its log folder goes
         self.ready = tmp_path / 'ready'
         self.tmp.mkdir()
@@ -59,6 +59,7 @@ class Launch:
                 '--num_processes=2',
                 '--cpu_devices_per_process=1',
                 f'--grace_seconds={grace}',
+                *extra,
                 '--',
                 *program,
             ],
@@ -178,3 +179,27 @@ def test_a_missing_program_is_named_in_one_line(launcher):
         '[launch] error: cannot run no_such_program_4711: No such file or directory'
     ]
     assert done.folders() == []
+
+
+def test_timeout_stops_processes_that_all_hang(launcher):
+    """Every process hanging (a deadlocked collective) was noticed by nothing: --timeout stops
+    them as a SIGTERM would, then kills what is left, and exits 124."""
+    done = launcher(plan='sleep,deaf', extra=['--timeout=3'])
+    done.finish()
+    assert done.proc.returncode == 124, done.err
+    assert '[launch] error: --timeout=3 s passed; stopping the processes' in done.err
+    assert 'process 1 did not exit within 1 s of SIGTERM; killed it' in done.err
+    assert sorted(p.name for p in done.ready.glob('got_*')) == [f'got_0_{int(signal.SIGTERM)}']
+    assert done.seconds < 20 and not done.left_running()
+
+
+def test_a_forgotten_double_dash_is_named():
+    result = subprocess.run(
+        [sys.executable, '-m', 'parity_tests.launch', 'python', '-m', 'auto.train', '--steps=5'],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1 and 'Traceback' not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        'error: put -- before the command: python -m parity_tests.launch [--num_processes=N] '
+        '-- python -m auto.train --steps=5'
+    ]

@@ -114,3 +114,73 @@ def test_a_killed_process_stops_the_run_in_bounded_time(tmp_path):
     assert proc.returncode != 0
     assert time.time() - killed_at < 90
     assert 'process 1 was killed by SIGKILL' in rest
+
+
+def interrupt(procs, pids, metrics, at_line):
+    """SIGTERM to each pid, 0.5 s apart, once `metrics` has `at_line` lines; the outputs."""
+    deadline = time.time() + 180
+    try:
+        while len(metrics.read_text().splitlines() if metrics.exists() else []) < at_line:
+            assert time.time() < deadline and all(p.poll() is None for p in procs), 'no progress'
+            time.sleep(0.2)
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+            time.sleep(0.5)
+        return [p.communicate(timeout=150) for p in procs]
+    finally:  # a process that did not stop (as before JAX's notifier was asked) is not left
+        for p in procs:
+            p.kill()
+
+
+def stopped_at(err: str) -> int:
+    """The step the one-line message names (exactly one such line)."""
+    lines = [line for line in err.replace('\r', '\n').splitlines() if 'interrupted at' in line]
+    assert len(lines) == 1 and lines[0].endswith('rerun the same command to resume'), err[-2000:]
+    return int(lines[0].split()[3].rstrip(';'))
+
+
+def test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise(tmp_path):
+    """JAX's preemption notifier used to swallow SIGTERM under jax.distributed: neither process
+    stopped or saved, and the launcher killed both. Now a scheduler's SIGTERM (to each process,
+    by hand) and the launcher's both stop every process at one step, saved, exit 143; the
+    resumed run ends bitwise where an undisturbed one does."""
+    from parity_tests.launch import free_port
+
+    flags = [*FLAGS['mlp'], '--log_every=5', '--eval_every=1000', '--checkpoint_every=1000']
+    flags += ['--decay_steps=1000']
+    run, straight = tmp_path / 'run', tmp_path / 'straight'
+    train = [sys.executable, '-u', '-m', 'explicit.train', *flags, f'--workdir={run}']
+    port, logs = free_port(), [open(tmp_path / f'{i}.log', 'w+') for i in range(2)]
+    hand = [
+        subprocess.Popen(
+            [*train, '--steps=100000', '--cpu_devices=4', f'--coordinator_address=127.0.0.1:{port}',
+             '--num_processes=2', f'--process_id={i}'],
+            cwd=REPO, stdout=logs[i], stderr=logs[i], text=True,
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    interrupt(hand, [p.pid for p in reversed(hand)], run / 'metrics.jsonl', 2)
+    assert [p.returncode for p in hand] == [143, 143]
+    texts = [(log.seek(0), log.read())[1] for log in logs]
+    first = stopped_at(texts[0])
+    assert stopped_at(texts[1]) == first and 'Traceback' not in texts[0] + texts[1]
+    assert (run / 'checkpoints' / str(first)).is_dir()
+    # The launcher's SIGTERM, on the resumed run, passed on to both processes.
+    launcher = subprocess.Popen(
+        [sys.executable, '-m', 'parity_tests.launch', '--num_processes=2',
+         '--cpu_devices_per_process=4', '--', *train, '--steps=100000'],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines = len((run / 'metrics.jsonl').read_text().splitlines())
+    [(_, err)] = interrupt([launcher], [launcher.pid], run / 'metrics.jsonl', lines + 2)
+    assert launcher.returncode == 143, err[-2000:]
+    second = stopped_at(err)
+    assert second > first and (run / 'checkpoints' / str(second)).is_dir()
+    end = f'--steps={second + 7}'
+    assert launch('-u', '-m', 'explicit.train', *flags, end, f'--workdir={run}').returncode == 0
+    calm = launch('-u', '-m', 'explicit.train', *flags, end, f'--workdir={straight}')
+    assert calm.returncode == 0, calm.stderr[-2000:]
+    ends = [checkpoint.read_numpy(w, second + 7)[2] for w in (run, straight)]
+    for x, y in zip(*map(jax.tree.leaves, ends), strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert read_metrics(run)[-1]['eval_loss'] == read_metrics(straight)[-1]['eval_loss']

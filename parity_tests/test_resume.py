@@ -140,7 +140,7 @@ def test_corrupt_checkpoint_is_reported_and_older_ones_stay(tmp_path):
     result = run_cli('auto', *flags, '--steps=30')
     assert result.returncode != 0 and 'Traceback' not in result.stderr
     assert f'checkpoint {newest} is corrupt or truncated' in result.stderr
-    assert 'older checkpoints: [10]' in result.stderr
+    assert 'intact older checkpoints: [10]' in result.stderr
     shutil.move(newest, tmp_path / 'bad-20')  # as the message says: move it aside
     result = run_cli('auto', *flags, '--steps=30')
     assert result.returncode == 0 and 'resuming from' in result.stderr

@@ -1,6 +1,8 @@
 """Devices and the mesh. The caller (CLI or test fixture) builds the mesh and passes it down."""
 
 import os
+import socket
+import time
 
 import jax
 from jax.sharding import AxisType
@@ -93,9 +95,34 @@ def start_processes(
     if not auto_detect and not 0 <= process_id < num_processes:
         raise UsageError(f'--process_id={process_id} must be in 0..{num_processes - 1}')
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')  # ignored off the CPU
+    if coordinator and process_id:
+        wait_for_coordinator(coordinator, heartbeat_timeout)
     jax.distributed.initialize(
         coordinator, num_processes, process_id, heartbeat_timeout_seconds=heartbeat_timeout
     )
+
+
+def wait_for_coordinator(address: str, seconds: int) -> None:
+    """Process 0 serves the coordinator; the others knock for up to `seconds` first, in Python
+    where Ctrl-C works, so that an address nobody answers is named at once (JAX itself waits
+    5 minutes in silence, deaf to Ctrl-C)."""
+    from shard_parity.runtime.loop import SIGNALS
+
+    host, _, port = address.rpartition(':')
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((host.strip('[]'), int(port)), timeout=1).close()
+            return
+        except (OSError, ValueError) as e:
+            if SIGNALS:
+                raise KeyboardInterrupt from None
+            if time.monotonic() > deadline or isinstance(e, ValueError):
+                raise UsageError(
+                    f'--coordinator_address={address}: nobody answered within {seconds} s '
+                    '(--heartbeat_timeout): start process 0 first, or check the host and port'
+                ) from None
+            time.sleep(0.5)
 
 
 def local_rows(mesh, batch_size: int) -> slice:

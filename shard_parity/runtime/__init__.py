@@ -4,9 +4,10 @@ CLI's --help lists (flags.py holds the flags themselves; benchmarks/run.py, whic
 own, uses this too)."""
 
 import functools
+import logging as py_logging
 import sys
 
-from absl import app
+from absl import app, logging
 from absl.flags import FLAGS  # (not `flags`: that name is our flags.py)
 
 
@@ -27,3 +28,14 @@ def _exit_zero(parse, arg):
         parse(arg)
     except SystemExit:  # absl exits 1 after printing the help
         sys.exit(0)
+
+
+class _Plain(py_logging.Formatter):
+    def format(self, record):
+        return f'{record.levelname.lower()}: {record.getMessage()}'
+
+
+def plain_warnings() -> None:
+    """What is logged for the user reads `warning: ...`, not absl's format with its date, thread
+    id and source line (--verbose keeps absl's)."""
+    logging.get_absl_handler().python_handler.setFormatter(_Plain())

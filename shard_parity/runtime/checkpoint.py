@@ -4,13 +4,14 @@
     <workdir>/checkpoints/<step>/config  {'model': ..., 'model_config': ..., 'train': ...}
 
 Orbax writes each step into a temporary folder and renames it when complete, so a save killed
-half-way never looks like a checkpoint; `latest` only ever sees complete ones. Only the
-trainer, which holds the workdir's lock (report.hold_workdir), writes: it alone cleans up
-temporary folders and drops old steps. Readers (generate, the tests, any tool) open the folder
-read-only with `reader`, so they can never delete a save in progress. Every save error,
-synchronous or from Orbax's background thread, becomes one SaveError naming the step and the
-intact ones. `restore` needs no flags: it rebuilds the model and optimizer from the saved config
-and reads the arrays straight into the shardings the restoring strategy uses on its own mesh
+half-way never looks like a checkpoint; `latest` only ever sees complete ones. Only the trainer,
+which holds the workdir's lock (report.hold_workdir), writes: it alone cleans up temporary folders
+and drops old steps. Readers (generate, the tests, any tool) open the folder read-only with
+`reader`, so they can never delete a save in progress. Every save error, synchronous or from
+Orbax's background thread, becomes one SaveError naming the step and the intact ones. Each complete
+save gets checksums that every read verifies first (shard_parity/runtime/integrity.py): bit rot is
+refused, never loaded. `restore` needs no flags: it rebuilds the model and optimizer from the saved
+config and reads the arrays straight into the shardings the restoring strategy uses on its own mesh
 (shard_parity/placement.py), so a checkpoint written by any twin, on any number of devices and
 under any strategy, restores into any other twin, mesh and strategy.
 """
@@ -27,6 +28,7 @@ from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import state_shardings
 from shard_parity.runtime import config as cfg
+from shard_parity.runtime.integrity import Damaged, verify, write_checksums
 from shard_parity.step import TrainState, make_optimizer
 
 RESUMABLE = ('steps', 'log_every', 'eval_every')  # train settings a resumed run may change
@@ -55,6 +57,15 @@ class Manager(ocp.CheckpointManager):
             super().wait_until_finished()
         except Exception as e:
             raise self._failed(self.saving, e) from e
+        folder = pathlib.Path(self.directory) / str(self.saving)
+        if self.saving is not None and jax.process_index() == 0 and folder.is_dir():
+            write_checksums(folder)  # once the save is complete (Orbax renamed it into place)
+
+    def reached_preemption(self, step) -> bool:
+        """False: the loop asks JAX's preemption sync point itself, after every step. Orbax asked
+        it too, from its finalize thread with the step of an older save, which could move JAX's
+        record of this process's step back and leave the processes no common step to stop at."""
+        return False
 
     def _failed(self, step, e) -> SaveError:
         text = str(e).split('\n')[0]
@@ -145,14 +156,18 @@ def restore_state(mngr: ocp.CheckpointManager, step: int, target: TrainState) ->
 
 
 def _guarded(mngr, step, read):
+    folder = pathlib.Path(mngr.directory) / str(step)
     try:
+        damaged = verify(folder)
+        if damaged:
+            raise Damaged(damaged)
         return read()
     except Exception as e:  # tensorstore, JSON and file errors all mean the same to the user
-        older = [s for s in mngr.all_steps() if s < step]
+        older = [s for s in mngr.all_steps() if s < step and not verify(folder.parent / str(s))]
+        why = str(e) if isinstance(e, Damaged) else f'{type(e).__name__}: {str(e)[:200]}'
         raise UsageError(
-            f'checkpoint {mngr.directory / str(step)} is corrupt or truncated '
-            f'({type(e).__name__}: {str(e)[:200]}); older checkpoints: {older or "none"}. '
-            f'Move it aside to use the newest older one.'
+            f'checkpoint {folder} is corrupt or truncated ({why}); intact older checkpoints: '
+            f'{older or "none"}. Move it aside to use the newest intact one.'
         ) from e
 
 

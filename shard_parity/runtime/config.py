@@ -39,7 +39,7 @@ class TrainConfig:
         None, 'Clip the global norm of the averaged gradient to this (None or 0: off).', 0.0
     )
     seed: int = _field(
-        0, 'Seeds the initialisation and the batch order (generate: the sampling).', 0
+        0, 'Seeds the initialisation and the batch order (generate: the sampling).', 0, 2**31 - 1
     )
     log_every: int = _field(50, 'Log the mean train loss every N steps.', lower=1)
     eval_every: int = _field(200, 'Evaluate every N steps (and at the end).', lower=1)

@@ -9,6 +9,7 @@ lists its own flags under --help (TRAIN_CLI, GENERATE_CLI: absl's key flags of t
 """
 
 import dataclasses
+import math
 import typing
 
 from absl import flags, logging
@@ -18,15 +19,21 @@ from shard_parity.placement import STRATEGIES
 from shard_parity.runtime import config as cfg
 
 MODEL = flags.DEFINE_enum('model', 'mlp', ['mlp', 'transformer'], 'Which model to train.')
-STRATEGY = flags.DEFINE_enum(
-    'strategy',
-    'dp',
-    list(STRATEGIES),
-    'dp: replicated state (<twin>/dp.py); fsdp: parameters and optimizer state '
-    "sharded over 'data' too (<twin>/fsdp.py); tp: layers split over 'model', Megatron style "
-    '(<twin>/tp.py); fsdp_tp: both (<twin>/fsdp_tp.py); cp: each sequence split over the '
-    "mesh's second axis, 'seq' (<twin>/cp.py, transformer only). See shard_parity/placement.py.",
-)
+STRATEGY_HELP = {
+    'dp': 'replicated state (<twin>/dp.py)',
+    'fsdp': "parameters and optimizer state sharded over 'data' too (<twin>/fsdp.py)",
+    'tp': "layers split over 'model', Megatron style (<twin>/tp.py)",
+    'fsdp_tp': 'both (<twin>/fsdp_tp.py)',
+    'cp': "each sequence split over the mesh's second axis, 'seq' (<twin>/cp.py, transformer only)",
+}
+
+
+def _strategy_help(names) -> str:
+    text = '; '.join(f'{n}: {STRATEGY_HELP.get(n, "<twin>/" + n + ".py")}' for n in names)
+    return f'{text}. See shard_parity/placement.py.'
+
+
+STRATEGY = flags.DEFINE_enum('strategy', 'dp', list(STRATEGIES), _strategy_help(STRATEGIES))
 MESH = flags.DEFINE_string(
     'mesh',
     None,
@@ -110,7 +117,11 @@ CPU_FMA = flags.DEFINE_bool(
     'auto and explicit twins round identically and stay bitwise equal (shard_parity/mesh.py).',
 )
 NUM_DEVICES = flags.DEFINE_integer(
-    'num_devices', None, 'Use only the first N devices for the mesh (default: all).', lower_bound=1
+    'num_devices',
+    None,
+    'Use only the first N devices for the mesh. Default: all, or, when the default batch does not '
+    'split over all (the transformer\'s 12 on 8 emulated CPU devices), the most it splits over.',
+    lower_bound=1,
 )
 DATA_DIR = flags.DEFINE_string(
     'data_dir',
@@ -167,12 +178,20 @@ SHOW_SHARDING = flags.DEFINE_bool(
 )
 
 
+def offer_strategies(names) -> None:
+    """Lets --strategy take only `names` (a twin's STRATEGIES), in its --help too: another is
+    refused by the flag parser in one line, before anything is written."""
+    flag = flags.FLAGS[STRATEGY.name]
+    flag.parser.enum_values = list(names)
+    flag.help = f'<{"|".join(names)}>: {_strategy_help(names)}'
+
+
 def mesh_shape() -> tuple[int, int] | None:
     """--mesh=4x2 -> (4, 2); None when unset (then --num_devices x 1)."""
     if MESH.value is None:
         return None
     parts = MESH.value.lower().split('x')
-    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+    if len(parts) != 2 or not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
         raise UsageError(
             f'--mesh={MESH.value}: expected DATAxMODEL, two positive integers such as 4x2'
         )
@@ -227,6 +246,11 @@ MAX_NEW_BYTES = flags.DEFINE_integer('max_new_bytes', 200, 'Bytes to generate.',
 TEMPERATURE = flags.DEFINE_float(
     'temperature', 0.8, 'Sampling temperature; 0 is greedy.', lower_bound=0.0
 )
+flags.register_validator(
+    TEMPERATURE.name,
+    math.isfinite,  # nan passes lower_bound and printed NUL bytes; inf divides logits to nan
+    message='--temperature must be a finite number: 0 (greedy) or above',
+)
 TOP_K = flags.DEFINE_integer(
     'top_k', None, 'Sample among the k likeliest bytes only.', lower_bound=1, upper_bound=256
 )
@@ -235,8 +259,8 @@ KV_CACHE = flags.DEFINE_bool('kv_cache', False, 'Decode with a KV cache (one pos
 # What each CLI's --help lists; --helpfull lists everything.
 TRAIN_CLI = [
     MODEL, STRATEGY, MESH, *TRAIN.values(), *TRANSFORMER_SHAPE, CPU_DEVICES, CPU_FMA, NUM_DEVICES,
-    DATA_DIR, DOWNLOAD, WORKDIR, CHECKPOINT_EVERY, KEEP, DEBUG_NANS, VERBOSE, COORDINATOR,
-    NUM_PROCESSES, PROCESS_ID, DISTRIBUTED_AUTO, HEARTBEAT_TIMEOUT, SHOW_SHARDING,
+    DATA_DIR, DOWNLOAD, WORKDIR, CHECKPOINT_EVERY, SAVE_INITIAL, KEEP, DEBUG_NANS, VERBOSE,
+    COORDINATOR, NUM_PROCESSES, PROCESS_ID, DISTRIBUTED_AUTO, HEARTBEAT_TIMEOUT, SHOW_SHARDING,
 ]  # fmt: skip
 GENERATE_CLI = [
     WORKDIR, PROMPT, MAX_NEW_BYTES, TEMPERATURE, TOP_K, KV_CACHE, TRAIN['seed'], CPU_DEVICES,

@@ -88,10 +88,12 @@ class Generator:
                 f'{self.seq_len} bytes (its --seq_len): shorten it'
             )
         tokens, self._caches = list(prompt or b'\n'), None
-        keys = jax.random.split(jax.random.key(seed), max(n, 1))
+        # One key per byte, folded in as it is drawn: bounded memory whatever n (a split into n
+        # keys took 8 bytes each up front), and a shorter run's bytes begin a longer one's.
+        base = jax.random.key(seed)
         step = self._cached if kv_cache else self._padded
-        for key, _ in zip(keys, range(n)):
-            tokens.append(step(tokens, key))
+        for i in range(n):
+            tokens.append(step(tokens, jax.random.fold_in(base, i)))
             if on_byte:
                 on_byte(tokens[-1])
         return bytes(tokens[len(prompt or b'\n') :])
@@ -120,7 +122,7 @@ def main(twin):
     from absl import flags, logging
 
     from shard_parity.mesh import configure_jax, make_mesh
-    from shard_parity.runtime import checkpoint, declare_key_flags
+    from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings
     from shard_parity.runtime import flags as F
     from shard_parity.runtime.loop import SIGNALS, stop_on_signals
 
@@ -132,6 +134,8 @@ def main(twin):
             sys.exit(f'error: unexpected arguments {argv[1:]}: every setting is a --flag')
         if not flags.FLAGS['verbosity'].present:  # Orbax logs a lot at INFO
             logging.set_verbosity(logging.WARNING)
+        if not F.VERBOSE.value:
+            plain_warnings()
         show = Printer()
         try:
             configure_jax(F.CPU_DEVICES.value)

@@ -9,6 +9,9 @@ i-1. Evaluation and checkpoint time is left out of the measured throughput.
 Ctrl-C and SIGTERM (a preemption) only set a flag (`stop_on_signals`, installed before anything
 compiles: a KeyboardInterrupt raised inside XLA's compiler crashed the process); the loop stops
 at the next step boundary, saves that step and raises Interrupted. A second signal stops at once.
+With several processes (jax.distributed), JAX's preemption notifier owns SIGTERM: a signal to any
+process reaches every other through the coordination service, which picks the step all stop at
+(`reached_preemption_sync_point`, asked after every step); Ctrl-C is handed to it as a SIGTERM.
 """
 
 import signal
@@ -16,6 +19,7 @@ import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.experimental.multihost_utils import process_allgather
 from tqdm import tqdm
 
@@ -42,22 +46,30 @@ class Interrupted(Exception):
 SIGNALS = []  # the signals received so far; the loop polls it between steps
 
 
+def on_signal(signum, frame):
+    if SIGNALS:  # the second: the user insists
+        raise KeyboardInterrupt
+    SIGNALS.append(signum)
+    if signum != signal.SIGTERM and jax.distributed.is_initialized():
+        signal.raise_signal(signal.SIGTERM)  # to JAX's notifier, which tells every process
+
+
 def stop_on_signals() -> None:
-    def handler(signum, frame):
-        if SIGNALS:  # the second: the user insists
-            raise KeyboardInterrupt
-        SIGNALS.append(signum)
-
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handler)
+        signal.signal(sig, on_signal)
 
 
-def stop_requested(step: int, every: int) -> bool:
-    """With one process, after any step; with several, all must stop at the same step (Orbax's
-    save is collective), so they agree every `every` steps on whether any was signalled."""
+def stop_requested(step: int) -> bool:
+    """With one process, after any step. With several, all must stop at the same step (Orbax's
+    save is collective): JAX's preemption sync point, which must be asked at every step."""
     if jax.process_count() == 1:
         return bool(SIGNALS)
-    return step % every == 0 and bool(process_allgather(np.array(len(SIGNALS))).max())
+    if not multihost_utils.reached_preemption_sync_point(step):
+        return False
+    if not SIGNALS:  # JAX's notifier took the SIGTERM, here or in another process
+        SIGNALS.append(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, on_signal)  # from now on a second SIGTERM stops at once
+    return True
 
 
 def evaluate(eval_step, params, task: tasks.Task, mesh) -> tuple[dict, dict]:
@@ -131,7 +143,7 @@ class Loop:
 
     def run(self, state, start, checkpoint_every, sharding, workdir) -> dict:
         c, mesh = self.config, self.mesh
-        if SIGNALS:  # before the first step: there is nothing new to save
+        if SIGNALS and jax.process_count() == 1:  # before the first step: nothing new to save
             raise KeyboardInterrupt
         window, pending, previous = [], [], None
         main, rows = jax.process_index() == 0, local_rows(mesh, c.batch_size)
@@ -181,7 +193,7 @@ class Loop:
                 checkpoint.save(self.mngr, state, self.saved)
                 saved_step = step
                 self.clock.start()
-            if step < c.steps and stop_requested(step, c.log_every):
+            if step < c.steps and stop_requested(step):
                 bar.close()
                 self.stop(state, step, saved_step, pending)
         bar.close()

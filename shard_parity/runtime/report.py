@@ -46,28 +46,45 @@ def ensure_writable(workdir: pathlib.Path) -> None:
 
 @contextlib.contextmanager
 def hold_workdir(workdir: pathlib.Path, enabled: bool = True):
-    """One trainer per workdir: an OS lock (flock) on <workdir>/.lock for the run's lifetime.
-    The kernel releases it when the process ends, however it ends, so a kill -9 leaves nothing
-    stale; the file only names the holder for whoever is refused."""
+    """One trainer per workdir: an OS lock (flock) on the workdir folder itself for the run's
+    lifetime, which no one can delete from under the holder as they could a lock file. The kernel
+    releases it when the process ends, however it ends, so a kill -9 leaves nothing stale;
+    <workdir>/.lock only names the holder for whoever is refused."""
     if not enabled:  # with several processes, process 0 holds it for all
         yield
         return
-    fd = os.open(workdir / '.lock', os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 300, 0).decode(errors='replace').strip() or 'another process'
             raise UsageError(
-                f'--workdir={workdir} is in use by another trainer ({holder}): wait for it to '
-                'end, or use another --workdir'
+                f'--workdir={workdir} is in use by another trainer ({holder(workdir)}): wait for '
+                'it to end, or use another --workdir'
             ) from None
-        since = time.strftime('%Y-%m-%d %H:%M:%S')
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f'pid {os.getpid()} on {socket.gethostname()} since {since}\n'.encode(), 0)
+        name_holder(workdir)
         yield
     finally:
         os.close(fd)
+
+
+def holder(workdir: pathlib.Path) -> str:
+    try:
+        return (workdir / '.lock').read_bytes()[:300].decode(errors='replace').strip()
+    except OSError:
+        return 'another process'
+
+
+def name_holder(workdir: pathlib.Path) -> None:
+    """Writes who holds the lock into <workdir>/.lock; if the disk cannot take it, says where
+    and leaves no .lock behind."""
+    path, since = workdir / '.lock', time.strftime('%Y-%m-%d %H:%M:%S')
+    try:
+        with open(path, 'w') as f:
+            f.write(f'pid {os.getpid()} on {socket.gethostname()} since {since}\n')
+    except OSError as e:
+        path.unlink(missing_ok=True)
+        raise OSError(f'cannot write {path} ({e.strerror})') from e
 
 
 class MetricsLog:
@@ -114,7 +131,9 @@ def read_history(path: pathlib.Path, resume_from: int) -> list[str]:
     for line in path.read_bytes().splitlines():
         try:
             record = json.loads(line)
-            step = int(record['step'])
+            step = record['step']
+            if not isinstance(step, int) or isinstance(step, bool):  # 1e400 is inf, 1.5 no step
+                raise TypeError(step)
         except (ValueError, KeyError, TypeError):
             bad += 1
             continue

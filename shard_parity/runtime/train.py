@@ -22,7 +22,7 @@ import datasets
 from shard_parity import UsageError
 from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh, start_processes
 from shard_parity.placement import check_cp, check_tp, mesh_axes, place_state, state_shardings
-from shard_parity.runtime import checkpoint, declare_key_flags, report, tasks
+from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings, report, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import flags as F
 from shard_parity.runtime.loop import SIGNALS, Interrupted, Loop, stop_on_signals
@@ -40,9 +40,10 @@ def check_batch(batch_size: int, mesh) -> None:
         )
 
 
-def check_strategy(strategy: str, model_config, mesh) -> None:
+def check_strategy(strategy: str, model_config, mesh, module=None) -> None:
     """Tensor parallelism needs divisible layers, context parallelism a transformer whose
-    sequence divides; dp and fsdp leave a 'model' axis as copies."""
+    sequence divides; dp and fsdp leave a 'model' axis as copies. `module`: the strategy file
+    (one that brings its own attention, as explicit/cp.py's ring, ignores --attention)."""
     if strategy in ('tp', 'fsdp_tp'):
         check_tp(model_config, mesh)
         if mesh.shape[MODEL] == 1:
@@ -54,6 +55,11 @@ def check_strategy(strategy: str, model_config, mesh) -> None:
             )
     elif strategy == 'cp':
         check_cp(model_config, mesh)
+        if getattr(model_config, 'attention', None) == 'fused' and hasattr(module, 'attention'):
+            logging.warning(
+                "--attention=fused is ignored: this twin's cp.py runs its own ring attention "
+                "in place of the model's"
+            )
     elif mesh.shape[MODEL] > 1:
         logging.warning(
             "--strategy=%s splits nothing over 'model': the %d devices of each model group "
@@ -101,7 +107,7 @@ def run(
     at step 0 with `save_initial`), and resumes from the latest one in `workdir`, which it locks
     for its lifetime."""
     check_batch(config.batch_size, mesh)
-    check_strategy(strategy, task.model_config, mesh)
+    check_strategy(strategy, task.model_config, mesh, twin.STRATEGIES[strategy])
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = place_state(state, mesh, strategy)
@@ -152,6 +158,23 @@ def quiet_failed_save() -> None:
     sys.unraisablehook = hook
 
 
+def default_devices(batch_size: int) -> int | None:
+    """--num_devices, or when neither it, --mesh nor --batch_size is given and the default batch
+    does not split over every device (the transformer's 12 on 8 emulated CPU devices), the most
+    devices it splits over, said in one warning; else None (all devices)."""
+    given = F.NUM_DEVICES.value is not None or F.MESH.value or F.TRAIN['batch_size'].value
+    n = jax.device_count()
+    if given or jax.process_count() > 1 or batch_size % n == 0:
+        return F.NUM_DEVICES.value
+    fits = max(k for k in range(1, n + 1) if batch_size % k == 0)
+    print(
+        f'warning: the default --batch_size={batch_size} does not split over {n} devices: '
+        f'training on {fits} (give --num_devices, --mesh or --batch_size to choose)',
+        file=sys.stderr,
+    )
+    return fits
+
+
 def make_task(config):
     if F.DATA_DIR.value and pathlib.Path(F.DATA_DIR.value).is_file():
         raise UsageError(
@@ -169,6 +192,7 @@ def main(twin):
     """The absl main of `python -m <twin>.train`."""
 
     declare_key_flags(F.TRAIN_CLI)
+    F.offer_strategies(twin.STRATEGIES)  # typed/ has no cp: --strategy=cp is refused at parsing
     stop_on_signals()  # before anything compiles: see shard_parity/runtime/loop.py
 
     def _main(argv):
@@ -178,6 +202,7 @@ def main(twin):
             logging.set_verbosity(logging.WARNING)
         if not F.VERBOSE.value:  # a failed save is reported once, by us, in one line
             quiet_failed_save()
+            plain_warnings()
         try:
             configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
             start_processes(
@@ -188,11 +213,14 @@ def main(twin):
                 F.HEARTBEAT_TIMEOUT.value,
             )
             jax.config.update('jax_debug_nans', F.DEBUG_NANS.value)
-            mesh = make_mesh(
-                F.NUM_DEVICES.value, F.mesh_shape(), mesh_axes(F.STRATEGY.value), twin.AXIS_TYPE
-            )
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{twin.NAME}_{F.MODEL.value}')
             config = F.train_config(checkpoint.latest_train_config(workdir))
+            mesh = make_mesh(
+                default_devices(config.batch_size),
+                F.mesh_shape(),
+                mesh_axes(F.STRATEGY.value),
+                twin.AXIS_TYPE,
+            )
             F.warn_ignored_flags()
             check_batch(config.batch_size, mesh)
             final = run(
