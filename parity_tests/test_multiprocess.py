@@ -11,9 +11,12 @@ import subprocess
 import sys
 import time
 
+import jax
+import numpy as np
 import pytest
 
 from parity_tests.helpers import CLI_MODELS, LOSS_TOL, REPO, assert_close, read_metrics, run_cli
+from shard_parity.runtime import checkpoint
 
 pytestmark = pytest.mark.slow  # every test here starts several processes
 
