@@ -121,8 +121,10 @@ def reduced_shardings(params, mesh, strategy: str):
     (0.10 to 0.12 at least) refuses a reduced operand beside one split on the same axis in an
     elementwise op (x + b), so their gradients are summed where they are formed."""
 
-    def cast(x, spec):
-        return P(*spec, reduced={DATA}) if x.ndim >= 2 and mesh.shape[DATA] > 1 else spec
+    split = {a for a in ((DATA, SEQ) if strategy == 'cp' else (DATA,)) if mesh.shape[a] > 1}
+
+    def cast(x, spec):  # cp splits the batch over 'seq' too: its gradients are partial there
+        return P(*spec, reduced=split) if x.ndim >= 2 and split else spec
 
     specs = jax.tree.map(cast, params, state_specs(params, strategy, mesh))
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
