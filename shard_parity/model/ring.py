@@ -105,17 +105,22 @@ class _Ring:
         self.first, self.last = slice(0, c), slice(table.shape[1] - c, None)
         self.parts = parts
 
+    def own(self, fold, acc, block):
+        """`acc` with my own block folded in: the diagonal, under the causal mask."""
+        q_pos, every = self.table[self.me], slice(None)
+        return fold(acc, every, every, q_pos, q_pos, block)
+
     def visit(self, s, fold, acc, block):
-        """`acc` with the block held after s passes folded in, as far as my queries see it."""
+        """`acc` with the block held after s > 0 passes folded in, as far as my queries see it:
+        an earlier device's block, whose first chunk all my queries see, or a later one's,
+        which only my last chunk sees (zigzag), whole. The rest of it is skipped."""
         q_pos, k_pos = self.table[self.me], self.table[(self.me - s) % self.n]
         every = slice(None)
-        if s == 0:  # my own block: the diagonal, under the causal mask
-            return fold(acc, every, every, q_pos, k_pos, block)
 
-        def early(acc, block):  # an earlier device's: all my queries see its first chunk
+        def early(acc, block):
             return fold(acc, every, self.first, q_pos, k_pos, block)
 
-        def late(acc, block):  # a later device's: only my last chunk (zigzag) sees it, whole
+        def late(acc, block):
             return fold(acc, self.last, every, q_pos, k_pos, block) if self.parts > 1 else acc
 
         return jax.lax.cond(k_pos[0] < q_pos[0], early, late, acc, block)
@@ -130,11 +135,13 @@ class _Ring:
             top_, total_, acc_ = _fold(mine, _at(qs, qp, 1), q_pos[qp], *keys)
             return _put(top, qp, 3, top_), _put(total, qp, 3, total_), _put(acc, qp, 1, acc_)
 
-        stats, kv = A._softmax_start(qs, k, v), (k, v)
-        for s in range(self.n):  # unrolled: each pass one collective-permute per array
-            kv = self.pass_on(kv) if s else kv
-            stats = self.visit(s, fold, stats, kv)
-        top, total, acc = stats
+        def one_pass(s, carry):  # the block of s passes ago: one collective-permute per array
+            stats, kv = carry
+            kv = self.pass_on(kv)
+            return self.visit(s, fold, stats, kv), kv
+
+        stats = self.own(fold, A._softmax_start(qs, k, v), (k, v))
+        top, total, acc = jax.lax.fori_loop(1, self.n, one_pass, (stats, (k, v)))[0]
         out = acc / jnp.moveaxis(total, 3, 1)[..., None]
         return out.reshape(q.shape).astype(q.dtype), top + jnp.log(total)  # lse: [B, K, G, C]
 
@@ -154,11 +161,14 @@ class _Ring:
 
         dq = A._like(jnp.zeros_like(qs), k, g)
         zero = A._like(jnp.zeros(k.shape, jnp.float32), q, k, g)
-        block = (k, v, zero, zero)  # a K/V block and its gradients so far travel together
-        for s in range(self.n):
-            block = self.pass_on(block) if s else block
+        def one_pass(s, carry):  # a K/V block and its gradients so far travel together
+            dq, block = carry
+            block = self.pass_on(block)
             dq, dk, dv = self.visit(s, fold, (dq, *block[2:]), block)
-            block = (*block[:2], dk, dv)
+            return dq, (*block[:2], dk, dv)
+
+        dq, dk, dv = self.own(fold, (dq, zero, zero), (k, v))
+        dq, block = jax.lax.fori_loop(1, self.n, one_pass, (dq, (k, v, dk, dv)))
         dk, dv = self.pass_on(block[2:])  # the n-th pass: each block's gradients reach home
         dq = (dq / jnp.sqrt(q.shape[3])).reshape(q.shape)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
