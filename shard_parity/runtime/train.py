@@ -40,7 +40,7 @@ def check_batch(batch_size: int, mesh) -> None:
         )
 
 
-def check_strategy(strategy: str, model_config, mesh) -> None:
+def check_strategy(strategy: str, model_config, mesh, layout='zigzag') -> None:
     """Tensor parallelism needs divisible layers, context parallelism a transformer whose
     sequence divides; dp and fsdp leave a 'model' axis as copies."""
     if strategy in ('tp', 'fsdp_tp'):
@@ -53,7 +53,7 @@ def check_strategy(strategy: str, model_config, mesh) -> None:
                 'fsdp' if strategy == 'fsdp_tp' else 'dp',
             )
     elif strategy == 'cp':
-        check_cp(model_config, mesh)
+        check_cp(model_config, mesh, layout)
     elif mesh.shape[MODEL] > 1:
         logging.warning(
             "--strategy=%s splits nothing over 'model': the %d devices of each model group "
@@ -94,6 +94,7 @@ def run(
     checkpoint_every=None,
     keep=3,
     save_initial=False,
+    cp_layout='zigzag',
 ) -> dict | None:
     """Trains `task` with `twin.STRATEGIES[strategy]` (e.g. auto's dp.py); returns the last line,
     or None when `workdir` already holds step --steps (then nothing is written). Saves a
@@ -101,7 +102,7 @@ def run(
     at step 0 with `save_initial`), and resumes from the latest one in `workdir`, which it locks
     for its lifetime."""
     check_batch(config.batch_size, mesh)
-    check_strategy(strategy, task.model_config, mesh)
+    check_strategy(strategy, task.model_config, mesh, cp_layout)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = place_state(state, mesh, strategy)
@@ -113,6 +114,7 @@ def run(
         'strategy': strategy,
         'devices': mesh.size,
         'mesh': dict(mesh.shape),
+        **({'cp_layout': cp_layout} if strategy == 'cp' else {}),
     }
     report.ensure_writable(workdir)
     main = jax.process_index() == 0  # with several processes, process 0 writes and prints
@@ -206,6 +208,7 @@ def main(twin):
                 F.CHECKPOINT_EVERY.value,
                 F.KEEP.value,
                 F.SAVE_INITIAL.value,
+                F.CP_LAYOUT.value,
             )
         except FloatingPointError as e:  # raised by JAX's checks under --debug_nans
             if F.VERBOSE.value:
