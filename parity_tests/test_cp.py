@@ -158,14 +158,16 @@ def test_the_zigzag_layout_gives_each_device_chunks_i_and_2n_minus_1_minus_i():
 
 
 def test_inspector_pins_the_cp_collectives():
-    """explicit: per attention layer 4(n-1) collective-permutes of one f32[B/d, T/n, K, D] key
-    or value block each, and the one gradient all-reduce over all 8 devices. auto: no ring; what
-    XLA chose instead (jax 0.10.2, CPU): all-gathers over 'seq' and many more all-reduces."""
+    """explicit: per attention layer 8 collective-permutes of one f32[B/d, T/n, K, D] block each
+    (keys, values and their gradients, in the ring's loops: 6n - 4 run), and the one gradient
+    all-reduce over all 8 devices. auto: no ring; what XLA chose instead (jax 0.10.2, CPU):
+    all-gathers over 'seq' and many more all-reduces."""
     shape = {'seq_len': 32, 'num_layers': 1, 'num_heads': 4, 'num_kv_heads': 2, 'embed_dim': 32}
     r = inspect_collectives('transformer', 'cp', (2, 4), batch_size=8, **shape)
     ring, grads = r['expected']['ring'], r['expected']['gradient_bytes']
     assert ring['shape'] == [4, 8, 2, 8] and ring['bytes_each'] == 2_048
-    assert ring['per_layer'] == 12 and ring['count'] == 12 and ring['bytes'] == 24_576
+    assert ring['per_layer'] == 8 and ring['count'] == 8 and ring['runs_per_layer'] == 20
+    assert ring['bytes'] == 20 * 2_048
     ops = r['programs']['explicit']
     permutes = [op for op in ops if op['kind'] == 'collective-permute']
     assert [op['shapes'] for op in permutes] == [[list(ring['shape'])]] * ring['count']
@@ -185,6 +187,14 @@ def test_a_sequence_axis_of_1_warns_and_bad_inputs_are_refused(caplog):
         check_cp(dataclasses.replace(MHA, seq_len=30), cp_mesh((2, 4)))
     with pytest.raises(Exception, match='--model=mlp has none'):
         check_cp(cfg.MLPConfig(), cp_mesh((2, 4)))
+    zigzag = dataclasses.replace(MHA, seq_len=36)  # divisible by 4, not by 2 x 4 chunks
+    with pytest.raises(Exception, match=r'--seq_len=36 is not divisible by 2 x the sequence'):
+        check_cp(zigzag, cp_mesh((2, 4)))
+    check_cp(zigzag, cp_mesh((2, 4)), 'contiguous')  # one chunk each: 36 / 4
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        check_cp(dataclasses.replace(MHA, attention='fused'), cp_mesh((2, 4)))
+    assert 'the ring of explicit/ and typed/ ignores --attention' in caplog.text
 
 
 MOVES = {'dp-to-cp': ('dp', (8, 1), 'cp', (2, 4)), 'cp-to-dp': ('cp', (1, 8), 'dp', (4, 2))}
