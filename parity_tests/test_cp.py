@@ -7,6 +7,7 @@ cp with bitwise logits; the train CLIs run it and its checkpoint generates on on
 memory: parity_tests/test_cp_memory.py."""
 
 import dataclasses
+import json
 import logging
 
 import jax
@@ -235,3 +236,15 @@ def test_cli_trains_with_cp_and_its_checkpoint_generates(tmp_path):
         out = run_cli(twin, workdir, '--max_new_bytes=20', '--cpu_devices=1', program='generate')
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.strip()
+
+
+@pytest.mark.slow
+def test_typed_cli_trains_with_cp_and_records_its_layout(tmp_path):
+    """typed.train offers --strategy=cp and runs it (issue 23, item 7), here in the contiguous
+    layout, which config.json records."""
+    flags = ['--model=transformer', '--strategy=cp', '--mesh=2x4', '--cpu_devices=8']
+    shape = ['--num_layers=1', '--seq_len=32', '--batch_size=8', '--cp_layout=contiguous']
+    result = run_cli('typed', *flags, *shape, '--steps=2', f'--workdir={tmp_path}')
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert read_metrics(tmp_path)[-1]['step'] == 2
+    assert json.loads((tmp_path / 'config.json').read_text())['cp_layout'] == 'contiguous'
