@@ -13,10 +13,9 @@ gradients. `attention` below and the positions go into the model call. Compare a
 """
 
 import jax
-import jax.numpy as jnp
 
 from shard_parity.mesh import DATA, SEQ
-from shard_parity.model.ring import order, reorder, ring_attention
+from shard_parity.model.ring import model_call, reorder
 from shard_parity.placement import BATCH, REPLICATED, SEQUENCE
 from shard_parity.step import bind, make_train_step
 
@@ -30,13 +29,8 @@ def pass_on(blocks):  # (k, v, ...), f32[B/d, T/n, K, D] each: device i's go to 
 
 
 def chunk(graphdef, fn, batch, layout):  # fn(params, batch) on my part, at my positions
-    n, me = jax.lax.axis_size(SEQ), jax.lax.axis_index(SEQ)
-    table = order(batch['x'].shape[1] * n, n, layout).reshape(n, -1)  # each device's positions
-
-    def attention(q, k, v):  # q: [B/d, T/n, H, D]; k, v: [B/d, T/n, K, D], my positions
-        return ring_attention(q, k, v, table, me, pass_on, layout)
-
-    return bind(graphdef, fn, positions=jnp.asarray(table)[me], attention=attention)
+    # positions: i32[T/n]; attention(q [B/d, T/n, H, D], k, v [B/d, T/n, K, D]): the ring's
+    return bind(graphdef, fn, **model_call(batch['x'].shape[1], SEQ, pass_on, layout))
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, layout=LAYOUT):
@@ -53,8 +47,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, layout=LAYOUT):
 
 def train_step(graphdef, loss_fn, tx, mesh, layout=LAYOUT):
     # the gradients, then the shared update: the same on every device (replicated)
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, layout)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, layout), tx, mesh, STRATEGY)
 
 
 def eval_step(graphdef, eval_fn, mesh, layout=LAYOUT):

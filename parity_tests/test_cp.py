@@ -35,7 +35,6 @@ from parity_tests.helpers import (
     twin_loss_and_grads,
 )
 from shard_parity.mesh import SEQ, make_mesh
-from shard_parity.model import attention
 from shard_parity.model import ring as ring_module
 from shard_parity.placement import check_cp, mesh_axes, place_batch, place_state
 from shard_parity.runtime import checkpoint, tasks
@@ -105,7 +104,7 @@ def test_the_ring_turning_the_wrong_way_is_caught(one_device, monkeypatch):
 
 def test_a_missing_causal_mask_is_caught(one_device, monkeypatch):
     """...and so can the mask: without it, queries see the later keys of their own chunks."""
-    monkeypatch.setattr(ring_module, 'visible', lambda q_pos, k_pos: jnp.ones((q_pos.size, k_pos.size), bool))
+    monkeypatch.setattr(ring_module, 'visible', lambda q, k: jnp.ones((q.size, k.size), bool))
     got, want = explicit_loss(one_device)
     assert not np.isclose(got, want, **TOL), (got, want)
 
@@ -156,6 +155,22 @@ def test_the_zigzag_layout_gives_each_device_chunks_i_and_2n_minus_1_minus_i():
     assert ring_module.order(16, 4, 'contiguous').tolist() == list(range(16))
     batch = {'x': np.arange(32).reshape(2, 16)}
     assert ring_module.reorder(batch, 4, 'zigzag')['x'][1, :4].tolist() == [16, 17, 30, 31]
+
+
+EVAL = [pytest.param(t, marks=[pytest.mark.slow] if t == 'typed' else []) for t in TWINS]
+
+
+@pytest.mark.parametrize('name', EVAL)
+def test_cp_evaluates_each_sequence_as_one_device_does(name, one_device):
+    """Each device's per-sequence mean over its positions, averaged over 'seq': the whole
+    mean (equal parts, whatever the layout)."""
+    case, _, _ = one_device('gqa')
+    graphdef, _, state = fresh_state(case=case)
+    batch, mesh = case.batches.batch(0), cp_mesh((2, 4), TWINS[name])
+    want = jax.jit(bind(graphdef, tasks.lm_eval))(state.params, batch)
+    evaluate = TWINS[name].cp.eval_step(graphdef, tasks.lm_eval, mesh)
+    got = evaluate(place_state(state, mesh, 'cp').params, place_batch(batch, mesh))
+    assert_trees_close(got, want, **TOL)
 
 
 def test_inspector_pins_the_cp_collectives():

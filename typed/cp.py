@@ -6,16 +6,16 @@ come out `unreduced` and one `reshard` adds them: the all-reduce, as typed/dp.py
 Everything but attention is per position, and the types carry the split through it with no
 collective. Attention is not: Explicit mode has no type for "pass my block to the next device",
 so the step drops to Manual mode there, `jax.shard_map` over the mesh around the ring only
-(shard_parity/model/ring.py, explicit/cp.py's `pass_on`). The positions are put in the layout's
-order first (zigzag by default: chunks i and 2n-1-i of 2n on device i), and the model is called
-with them. Compare explicit/cp.py, where shard_map holds the whole step.
+(shard_parity/model/ring.py, with `pass_on` as in explicit/cp.py). The positions are put in the
+layout's order first (zigzag by default: chunks i and 2n-1-i of 2n on device i), and the model
+is called with them. Compare explicit/cp.py, where shard_map holds the whole step.
 """
 
 import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.mesh import SEQ
-from shard_parity.model.ring import order, reorder, ring_attention
+from shard_parity.model.ring import attention_on, order, reorder
 from shard_parity.placement import BATCH, SEQUENCE, reduced_shardings, state_shardings
 from shard_parity.step import bind, make_train_step
 
@@ -28,28 +28,23 @@ def pass_on(blocks):  # (k, v, ...), f32[B/d, T/n, K, D] each: device i's go to 
     return jax.lax.ppermute(blocks, SEQ, [(i, (i + 1) % n) for i in range(n)])  # collective-permute
 
 
-def split(graphdef, fn, mesh, layout):  # fn(params, batch) on batches x: i32[B@data, T@seq]
-    n = mesh.shape[SEQ]
-
-    def call(params, batch):
-        positions = order(batch['x'].shape[1], n, layout)  # i32[T], in the layout's order
-
-        def ring(q, k, v):  # q: [B/d, T/n, H, D]; k, v: [B/d, T/n, K, D], my positions
-            table = positions.reshape(n, -1)  # each device's positions
-            return ring_attention(q, k, v, table, jax.lax.axis_index(SEQ), pass_on, layout)
-
-        # Manual mode for the ring only: q, k, v f32[B@data, T@seq, ...] in, y the same out
-        attention = jax.shard_map(ring, mesh=mesh, in_specs=SEQUENCE, out_specs=SEQUENCE)
-        batch = jax.reshard(reorder(batch, n, layout), NamedSharding(mesh, SEQUENCE))
-        return bind(graphdef, fn, positions=positions, attention=attention)(params, batch)
-
-    return call
+def in_order(batch, mesh, layout):
+    """batch x: i32[B@data, T], whole rows -> (x: i32[B@data, T@seq], each row's positions in
+    the layout's order; the model call's keywords: those positions, i32[T], and attention)."""
+    attention = jax.shard_map(  # Manual mode, for the ring only: q, k, v f32[B/d, T/n, ...]
+        attention_on(SEQ, pass_on, layout), mesh=mesh, in_specs=SEQUENCE, out_specs=SEQUENCE
+    )
+    batch = jax.reshard(reorder(batch, mesh.shape[SEQ], layout), NamedSharding(mesh, SEQUENCE))
+    return batch, {
+        'positions': order(batch['x'].shape[1], mesh.shape[SEQ], layout),  # i32[T]
+        'attention': attention,
+    }
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, layout=LAYOUT):
-    grad_fn = jax.value_and_grad(split(graphdef, loss_fn, mesh, layout), has_aux=True)
-
     def fn(params, batch):  # params: f32[in, out] (whole); batch: x i32[B@data, T]
+        batch, call = in_order(batch, mesh, layout)  # x: i32[B@data, T@seq]
+        grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         # Free: reduced over both axes, so the gradients come out unreduced over both.
         params = jax.reshard(params, reduced_shardings(params, mesh, STRATEGY))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out]{U:(data, seq)}
@@ -65,9 +60,10 @@ def train_step(graphdef, loss_fn, tx, mesh, layout=LAYOUT):
 
 
 def eval_step(graphdef, eval_fn, mesh, layout=LAYOUT):
-    fn = split(graphdef, eval_fn, mesh, layout)
-
     def evaluate(params, batch):  # per-sequence outputs f32[B@data]: summed over 'seq'
-        return jax.reshard(fn(params, batch), NamedSharding(mesh, BATCH))
+        batch, call = in_order(batch, mesh, layout)
+        return jax.reshard(
+            bind(graphdef, eval_fn, **call)(params, batch), NamedSharding(mesh, BATCH)
+        )
 
     return jax.jit(evaluate)

@@ -52,6 +52,29 @@ def reorder(batch, n: int, layout: str):
     return jax.tree.map(lambda a: a[:, order(a.shape[1], n, layout)], batch)
 
 
+def _table(c: int, axis: str, layout: str) -> np.ndarray:  # i32[n, c]: each device's positions
+    n = jax.lax.axis_size(axis)
+    return order(c * n, n, layout).reshape(n, c)
+
+
+def attention_on(axis: str, pass_on, layout: str):
+    """Inside shard_map over `axis`: attention(q, k, v) round the ring of `axis`, each device's
+    q, k, v at its positions in `layout`, blocks sent on with `pass_on`."""
+
+    def attention(q, k, v):  # q: [B, c, H, D]; k, v: [B, c, K, D]
+        me = jax.lax.axis_index(axis)
+        return ring_attention(q, k, v, _table(q.shape[1], axis, layout), me, pass_on, layout)
+
+    return attention
+
+
+def model_call(c: int, axis: str, pass_on, layout: str) -> dict:
+    """Inside shard_map over `axis`, c positions per device: the model call's keywords, this
+    device's positions (i32[c]) and the ring's attention."""
+    positions = jnp.asarray(_table(c, axis, layout))[jax.lax.axis_index(axis)]
+    return {'positions': positions, 'attention': attention_on(axis, pass_on, layout)}
+
+
 def visible(q_pos, k_pos):  # bool[c, s]: key s visible to query t iff it is not after it
     return k_pos[None, :] <= q_pos[:, None]
 
@@ -161,6 +184,7 @@ class _Ring:
 
         dq = A._like(jnp.zeros_like(qs), k, g)
         zero = A._like(jnp.zeros(k.shape, jnp.float32), q, k, g)
+
         def one_pass(s, carry):  # a K/V block and its gradients so far travel together
             dq, block = carry
             block = self.pass_on(block)
