@@ -10,13 +10,14 @@ so every device has as many early positions as late ones. Here is T = 16, n = 4:
     zigzag      d0    d1    d2    d3    d3    d2      d1      d0
     contiguous  d0    d0    d1    d1    d2    d2      d3      d3
 
-Each device sends the K/V block it holds to the next device n - 1 times (`pass_on`), and attends
-to each block as it comes: after s passes device i holds block (i - s) mod n, whose positions are
-row (i - s) mod n of `table` (i32[n, C], `order` by device). Queries and keys are compared by
-those positions, so nothing assumes a device's positions contiguous. A (query chunk, key chunk)
-pair whose keys all come after the queries is skipped (`jax.lax.cond`): in the zigzag layout
-every device then computes two chunk pairs at every pass (i > j: both its chunks against j's
-early one; i < j: its late chunk against both of j's), where contiguous devices do 0 or 1.
+Each device sends the K/V block it holds to the next device n - 1 times (`pass_on`, in a
+fori_loop: one collective-permute per array in its body), and attends to each block as it comes:
+after s passes device i holds block (i - s) mod n, whose positions are row (i - s) mod n of
+`table` (i32[n, C], `order` by device). Queries and keys are compared by those positions, so
+nothing assumes a device's positions contiguous. Of another device's block, only what my queries
+see is computed (`_Ring.visit`, a `jax.lax.cond`): an earlier device's first chunk against all my
+queries, or a later device's whole block against my last chunk (zigzag); so in the zigzag layout
+every device computes two chunk pairs at every pass, where contiguous devices compute 1 or 0.
 
 Memory, as `attention.blockwise`: within a pair, a scan over KEY_BLOCK keys folds each block into
 an online softmax, so at most [B, H, c, KEY_BLOCK] scores exist at once; and the custom VJP saves
