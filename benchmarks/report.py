@@ -303,6 +303,7 @@ def plots(r: dict, out: pathlib.Path, suffix: str = '') -> None:
             ax.loglog(lengths, mib, 'o-', label=name)
         expected = [x['dp fused_temp_bytes'] / 8 / 2**20 for x in r['context']]
         ax.loglog(lengths, expected, 'k--', label='expected: dp fused / 8')
+        ax.minorticks_off()  # the lengths' own labels only
         ax.set(
             xlabel='sequence length T',
             ylabel='MiB per device',
