@@ -42,6 +42,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, layout=LAYOUT):
         return jax.lax.pmean((metrics, grads), (DATA, SEQ))  # the all-reduce over both axes
 
     split = jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, SEQUENCE), out_specs=REPLICATED)
+    # the layout's order first: a local gather, each device holding whole rows (P('data'))
     return jax.jit(lambda params, batch: split(params, reorder(batch, mesh.shape[SEQ], layout)))
 
 
