@@ -218,8 +218,9 @@ def attention_sweep(lengths, rounds: int, dtype=jnp.float32) -> list[dict]:
 CONTEXT_CANDIDATES = {  # name -> (twin, strategy, mesh, global batch, attention)
     'dp naive': (explicit, 'dp', (8, 1), 8, 'naive'),
     'dp fused': (explicit, 'dp', (8, 1), 8, 'fused'),
-    'cp explicit': (explicit, 'cp', (1, 8), 1, 'naive'),
-    'cp auto': (auto, 'cp', (1, 8), 1, 'naive'),
+    'cp explicit': (explicit, 'cp', (1, 8), 1, 'naive'),  # the ring ignores --attention
+    'cp typed': (typed, 'cp', (1, 8), 1, 'naive'),
+    'cp auto': (auto, 'cp', (1, 8), 1, 'naive'),  # XLA partitions naive attention
 }
 
 
@@ -227,8 +228,9 @@ def context(lengths, timed_lengths, rounds: int) -> list[dict]:
     """7. One transformer block (4 heads of 32, width 128) at sequence length T on 8 devices:
     XLA's temporary memory per device of the compiled train step (memory_analysis: the same
     program runs on every device), and the step time where T is short enough to run here.
-    Each device holds T positions under dp, T/8 under cp, whose ring keeps one (T/8)^2 block of
-    scores per step where naive dp keeps T^2."""
+    Each device holds T positions under dp, T/8 under cp. Beside cp, the analytic expectation
+    (`cp_expected_bytes`): flash attention's memory on whole sequences (dp fused) split 8 ways,
+    what a ring that keeps no score matrix (shard_parity/model/ring.py) should approach."""
     import dataclasses
 
     rows = []
@@ -237,7 +239,7 @@ def context(lengths, timed_lengths, rounds: int) -> list[dict]:
         for name, (twin, strategy, shape, b, attn) in CONTEXT_CANDIDATES.items():
             config = dataclasses.replace(NANOGPT, seq_len=t, num_layers=1, attention=attn)
             graphdef, tx, state, loss, batch, units = setup('transformer', b, config)
-            mesh = make_mesh(None, shape, mesh_axes(strategy))
+            mesh = make_mesh(None, shape, mesh_axes(strategy), twin.AXIS_TYPE)
             step = twin.STRATEGIES[strategy].train_step(graphdef, loss, tx, mesh)
             placed, placed_batch = place_state(state, mesh, strategy), place_batch(batch, mesh)
             compiled = step.lower(placed, placed_batch).compile()
@@ -247,6 +249,7 @@ def context(lengths, timed_lengths, rounds: int) -> list[dict]:
                 runs[name] = runner(
                     twin, None, 'transformer', b, 3, config, shape=shape, strategy=strategy
                 )
+        row['cp_expected_bytes'] = row['dp fused_temp_bytes'] / 8
         if runs:
             med = interleaved(runs, rounds, warmup=1)
             row |= {f'{k}_ms': 1e3 * med[k] / runs[k].steps for k in runs}

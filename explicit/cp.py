@@ -1,60 +1,59 @@
 """Context parallelism written by hand: causal ring attention, each K/V pass a line of this file.
 
-On a DATA x SEQ mesh each device holds B/d rows and, of each row, one chunk of T/n positions
-(`P('data', 'seq')`, shard_parity/placement.py); the weights are whole on every device. All
-but attention is per position and needs nothing from other devices. Attention runs round the
-ring (shard_parity/model/attention.py's `ring`): each device attends to its own chunk's keys,
-then passes its K/V block on to the next device and receives the previous one's, n - 1 times,
-merging each block into an online softmax and skipping those that come after its queries.
-`attention` below, and the chunk's first position, go into the model call. Compare auto/cp.py.
+On a DATA x SEQ mesh each device holds B/d rows and, of each row, T/n positions (`P('data',
+'seq')`, shard_parity/placement.py); the weights are whole on every device. All but attention is
+per position and needs nothing from other devices. Which positions a device holds is the
+layout's: zigzag (default), chunks i and 2n-1-i of 2n, so that every device does the same work
+at every pass of the ring; or contiguous. The step puts each row's positions in that order
+(`reorder`, a local gather: the rows arrive whole, split over 'data' only), then shard_map splits
+them. Attention runs round the ring (shard_parity/model/ring.py): each device attends to its
+own keys, then passes its K/V block on to the next device and receives the previous one's,
+n - 1 times, flash-attention style; the backward passes the blocks round again, with their
+gradients. `attention` below and the positions go into the model call. Compare auto/cp.py.
 """
 
 import jax
 
 from shard_parity.mesh import DATA, SEQ
-from shard_parity.model.attention import ring
+from shard_parity.model.ring import model_call, reorder
 from shard_parity.placement import BATCH, REPLICATED, SEQUENCE
 from shard_parity.step import bind, make_train_step
 
 STRATEGY = 'cp'  # --strategy=cp: each sequence split over 'seq', the rows over 'data'
+LAYOUT = 'zigzag'  # --cp_layout: the positions each device holds (shard_parity/model/ring.py)
 
 
-def pass_on(kv):  # kv: (k, v), f32[B/d, T/n, K, D] each: device i's block goes to device i + 1
+def pass_on(blocks):  # (k, v, ...), f32[B/d, T/n, K, D] each: device i's go to device i + 1
     n = jax.lax.axis_size(SEQ)
-    return jax.lax.ppermute(kv, SEQ, [(i, (i + 1) % n) for i in range(n)])  # collective-permute
+    return jax.lax.ppermute(blocks, SEQ, [(i, (i + 1) % n) for i in range(n)])  # collective-permute
 
 
-def attention(q, k, v):  # q: [B/d, T/n, H, D]; k, v: [B/d, T/n, K, D], this device's chunk
-    return ring(q, k, v, pass_on, jax.lax.axis_index(SEQ), jax.lax.axis_size(SEQ))
+def chunk(graphdef, fn, batch, layout):  # fn(params, batch) on my part, at my positions
+    # positions: i32[T/n]; attention(q [B/d, T/n, H, D], k, v [B/d, T/n, K, D]): the ring's
+    return bind(graphdef, fn, **model_call(batch['x'].shape[1], SEQ, pass_on, layout))
 
 
-def chunk(graphdef, fn, batch):  # fn(params, batch) on this chunk, at its own positions
-    first = jax.lax.axis_index(SEQ) * batch['x'].shape[1]  # x: i32[B/d, T/n]
-    return bind(graphdef, fn, index=first, attention=attention)
-
-
-def loss_and_grads(graphdef, loss_fn, mesh):
-    def fn(params, batch):  # params: the full arrays; batch: x[B/d, T/n], my rows' chunk
-        grad_fn = jax.value_and_grad(chunk(graphdef, loss_fn, batch), has_aux=True)
+def loss_and_grads(graphdef, loss_fn, mesh, layout=LAYOUT):
+    def fn(params, batch):  # params: the full arrays; batch: x[B/d, T/n], my rows' part
+        grad_fn = jax.value_and_grad(chunk(graphdef, loss_fn, batch, layout), has_aux=True)
         # As in dp, but varying over both axes: every device's loss is a different term.
         params = jax.lax.pcast(params, (DATA, SEQ), to='varying')
-        (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of my chunk
+        (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of my part
         return jax.lax.pmean((metrics, grads), (DATA, SEQ))  # the all-reduce over both axes
 
-    return jax.jit(
-        jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, SEQUENCE), out_specs=REPLICATED)
-    )
+    split = jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, SEQUENCE), out_specs=REPLICATED)
+    # the layout's order first: a local gather, each device holding whole rows (P('data'))
+    return jax.jit(lambda params, batch: split(params, reorder(batch, mesh.shape[SEQ], layout)))
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, layout=LAYOUT):
     # the gradients, then the shared update: the same on every device (replicated)
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, layout), tx, mesh, STRATEGY)
 
 
-def eval_step(graphdef, eval_fn, mesh):
-    def evaluate(params, batch):  # per-sequence means of my chunk, averaged over the chunks
-        return jax.lax.pmean(chunk(graphdef, eval_fn, batch)(params, batch), SEQ)
+def eval_step(graphdef, eval_fn, mesh, layout=LAYOUT):
+    def evaluate(params, batch):  # per-sequence means of my part, averaged over the parts
+        return jax.lax.pmean(chunk(graphdef, eval_fn, batch, layout)(params, batch), SEQ)
 
-    return jax.jit(
-        jax.shard_map(evaluate, mesh=mesh, in_specs=(REPLICATED, SEQUENCE), out_specs=BATCH)
-    )
+    split = jax.shard_map(evaluate, mesh=mesh, in_specs=(REPLICATED, SEQUENCE), out_specs=BATCH)
+    return jax.jit(lambda params, batch: split(params, reorder(batch, mesh.shape[SEQ], layout)))

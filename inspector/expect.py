@@ -75,14 +75,17 @@ def activation_all_reduces(model: str, rows: int, m: int, c) -> dict:
 
 def cp_expectation(params, mesh, batch_size: int, c) -> dict:
     """Context parallelism: the gradient all-reduce over both axes (every device's loss is a
-    different term), and explicit's ring: per attention layer, n - 1 passes of this device's
-    K/V block f32[B/d, T/n, K, D] (x2: keys and values) forward, and n - 1 of their gradients
-    back the other way. auto/ has no ring: XLA picks its own collectives for attention."""
+    different term), and explicit's ring (shard_parity/model/ring.py): per attention layer, a
+    loop of n - 1 passes of this device's K/V block f32[B/d, T/n, K, D] (keys, values) forward;
+    in the backward a loop of n - 1 passes of the keys, values and their gradients so far, and
+    one more pass of the gradients: 8 collective-permutes in the program, 6n - 4 run. auto/ has
+    no ring: XLA picks its own collectives for attention."""
     d, n = mesh.shape[DATA], mesh.shape[SEQ]
     grad_bytes = sum(int(np.prod(p.shape)) * p.dtype.itemsize for p in jax.tree.leaves(params))
     block = (batch_size // d, c.seq_len // n, c.num_kv_heads, c.head_dim)
     each = int(np.prod(block)) * 4  # one key or value block, float32 inside the ring
-    per_layer = 4 * (n - 1)  # (keys + values) x (n - 1 passes) x (forward + backward)
+    per_layer = 2 + 4 + 2  # ops: forward loop (k, v), backward loop (k, v, dk, dv), last (dk, dv)
+    runs = 2 * (n - 1) + 4 * (n - 1) + 2  # the loops run n - 1 times
     return {
         'kind': 'all-reduce',
         'group_size': d * n,
@@ -99,10 +102,12 @@ def cp_expectation(params, mesh, batch_size: int, c) -> dict:
             'per_layer': per_layer,
             'shape': block,
             'bytes_each': each,
-            'bytes': per_layer * c.num_layers * each,
-            'note': f'explicit only: per attention layer, {n - 1} passes of the keys and of the '
-            f'values on round each ring of {n} (forward) and {n - 1} of their gradients back '
-            '(backward), one collective-permute per array and pass; each device sends and '
-            'receives one block per permute.',
+            'runs_per_layer': runs,
+            'bytes': runs * c.num_layers * each,
+            'note': f'explicit only: per attention layer, {n - 1} passes of the keys and values '
+            f'round each ring of {n} (forward, one loop), {n - 1} of the keys, values and their '
+            'gradients so far (backward, one loop), and one more of the gradients, home; one '
+            'collective-permute per array and pass; each device sends and receives one block '
+            'per permute.',
         },
     }

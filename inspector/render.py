@@ -31,7 +31,7 @@ def print_report(r: dict) -> None:
     if ring := x.get('ring'):
         print(
             f"expected (explicit): {ring['count']} collective-permutes ({ring['per_layer']} per "
-            f"attention layer) of f32{list(ring['shape'])} key or value blocks, "
+            f"attention layer, {ring['runs_per_layer']} run) of f32{list(ring['shape'])} blocks, "
             f"{ring['bytes_each']:,} bytes each, "
             f"{ring['bytes']:,} in all.\n  {ring['note']}"
         )

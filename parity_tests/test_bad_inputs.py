@@ -194,9 +194,19 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
+        '--seq_len not divisible by 2 x the sequence axis (cp, zigzag layout)',
+        '--seq_len=36 is not divisible by 2 x the sequence axis (8)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
         '--strategy=cp with the MLP',
         '--strategy=cp splits sequences, and --model=mlp has none',
         'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--attention=fused under cp (a warning, not an error)',
+        'the ring of explicit/ and typed/ ignores --attention',
+        'test_cp.test_a_sequence_axis_of_1_warns_and_bad_inputs_are_refused',
     ),
     (
         'a sequence axis of 1 (cp; a warning, not an error)',
@@ -420,6 +430,10 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     '--seq_len not divisible by the sequence axis (cp)': (
         'explicit.train',
         [*TINY, '--strategy=cp', '--mesh=2x4', '--seq_len=30'],
+    ),
+    '--seq_len not divisible by 2 x the sequence axis (cp, zigzag layout)': (
+        'typed.train',
+        [*TINY, '--strategy=cp', '--mesh=2x4', '--seq_len=36'],
     ),
     '--strategy=cp with the MLP': (
         'auto.train',

@@ -121,8 +121,11 @@ def reduced_shardings(params, mesh, strategy: str):
     (0.10 to 0.12 at least) refuses a reduced operand beside one split on the same axis in an
     elementwise op (x + b), so their gradients are summed where they are formed."""
 
-    def cast(x, spec):
-        return P(*spec, reduced={DATA}) if x.ndim >= 2 and mesh.shape[DATA] > 1 else spec
+    axes = {DATA, SEQ} if strategy == 'cp' else {DATA}  # the axes the batch is split over
+    split = axes if any(mesh.shape[a] > 1 for a in axes) else set()
+
+    def cast(x, spec):  # cp splits the batch over 'seq' too: its gradients are partial there
+        return P(*spec, reduced=split) if x.ndim >= 2 and split else spec
 
     specs = jax.tree.map(cast, params, state_specs(params, strategy, mesh))
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
@@ -157,8 +160,9 @@ def check_tp(model_config, mesh) -> None:
             )
 
 
-def check_cp(model_config, mesh) -> None:
-    """Context parallelism splits a transformer's sequence over 'seq' into equal chunks."""
+def check_cp(model_config, mesh, layout='zigzag') -> None:
+    """Context parallelism splits a transformer's sequence over 'seq' into equal chunks: n of
+    them, or 2n in the zigzag layout (shard_parity/model/ring.py)."""
     n = mesh.shape[SEQ]
     if not hasattr(model_config, 'seq_len'):
         raise UsageError(
@@ -171,6 +175,17 @@ def check_cp(model_config, mesh) -> None:
             f"--seq_len={model_config.seq_len} is not divisible by the mesh's sequence axis "
             f'({n}): each of its devices holds seq_len/{n} positions; use a multiple of {n}, '
             f'or a --mesh whose second number divides {model_config.seq_len} (e.g. {fits})'
+        )
+    if layout == 'zigzag' and model_config.seq_len % (2 * n):
+        raise UsageError(
+            f'--seq_len={model_config.seq_len} is not divisible by 2 x the sequence axis '
+            f'({2 * n}): the zigzag layout gives each of the {n} devices two chunks of '
+            f'seq_len/{2 * n} positions; use a multiple of {2 * n}, or --cp_layout=contiguous'
+        )
+    if getattr(model_config, 'attention', None) == 'fused':
+        logging.warning(
+            '--attention=fused under --strategy=cp: the ring of explicit/ and typed/ ignores '
+            '--attention (it is blockwise, flash-style, whatever the flag); auto/ uses it'
         )
     if n == 1:
         logging.warning(

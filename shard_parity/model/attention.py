@@ -180,41 +180,6 @@ def _flash_bwd(saved, g):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def ring(q, k, v, pass_on, me, n):
-    """Causal ring attention (Liu et al. 2023) over a sequence split into n chunks of C
-    positions, chunk i on device i of a ring. q, k, v are this device's chunk `me`:
-
-        q: [B, C, H, D]   k, v: [B, C, K, D]   -> [B, C, H, D]
-
-    `pass_on((k, v))` sends the K/V block this device holds to the next device and returns the
-    previous device's, so after s passes this device holds chunk (me - s) % n. It attends to
-    each block as it arrives, merged into the online softmax as `blockwise` merges its key
-    blocks: first its own chunk (the diagonal: masked, and every query sees itself there), then
-    the n - 1 others. Those from later chunks (j > me) lie wholly above the diagonal and are
-    skipped; the earlier ones are wholly visible. The backward is autodiff's: each pass's
-    transpose passes the K/V gradients back the other way round the ring.
-    """
-    b, c, h, d = q.shape
-    qs = _grouped(q, k.shape[2])  # [B, C, K, H/K, D], float32, scaled
-    kv = (k.astype(jnp.float32), v.astype(jnp.float32))
-
-    def attend(stats, kv, j):  # chunk j's keys, masked where they come after a query
-        scores = jnp.einsum('btkgd,bskd->bkgts', qs, kv[0])  # [B, K, G, C, C]
-        mask = causal_mask(c, c, (me - j) * c)  # query me*C + t sees key j*C + s iff s <= ...
-        return _online_softmax(stats, jnp.where(mask, scores, jnp.finfo(jnp.float32).min), kv[1])
-
-    stats = attend(_softmax_start(qs, *kv), kv, me)
-    for s in range(1, n):  # n - 1 passes, unrolled: each a collective-permute in the program
-        kv = pass_on(kv)
-        j = (me - s) % n
-        stats = jax.lax.cond(  # j <= me iff s <= me: skip the blocks above the diagonal
-            s <= me, lambda st, kv, j=j: attend(st, kv, j), lambda st, kv: st, stats, kv
-        )
-    _, total, acc = stats
-    out = acc / jnp.moveaxis(total, 3, 1)[..., None]
-    return out.reshape(b, c, h, d).astype(q.dtype)
-
-
 def _like(x, *refs):
     """x, varying over every mesh axis any of `refs` varies over (inside shard_map), as a
     scan's initial carry must be to match what the loop body makes of them."""

@@ -166,14 +166,18 @@ class Transformer(nnx.Module):
         self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
         self.norm = LayerNorm(cfg.embed_dim, dtype=cfg.compute_dtype, rngs=rngs)
 
-    def __call__(self, tokens, caches=None, index=0, sum_partials=None, attention=None):
+    def __call__(
+        self, tokens, caches=None, index=0, sum_partials=None, attention=None, positions=None
+    ):
         """tokens: i32[B, T] at positions index..index+T-1 -> (logits f32[B, T, 256], caches).
         `sum_partials`: explicit tensor parallelism's psum over 'model' (explicit/tp.py), which
         adds the partial sums of each row-parallel layer (attention `out`, feed-forward `down`).
         `attention`: `(q, k, v) -> y` in place of cfg.attention's, without a cache: explicit
-        context parallelism's ring (explicit/cp.py), where `tokens` are one chunk of each
-        sequence and `index`, the chunk's first position, may be a traced value."""
-        positions = index + jnp.arange(tokens.shape[1])  # [T]
+        context parallelism's ring (explicit/cp.py), where `tokens` are this device's part of
+        each sequence and `positions`, i32[T], their positions (not contiguous in cp's zigzag
+        layout: shard_parity/model/ring.py), may be traced values."""
+        if positions is None:
+            positions = index + jnp.arange(tokens.shape[1])  # [T]
         if typed(tokens) is not None:  # Explicit mode: look positions up per row, as tokens
             positions = jax.reshard(jnp.broadcast_to(positions, tokens.shape), typed(tokens))
         x = lookup(self.embed, tokens) + lookup(self.pos, positions)  # [B, T, C]

@@ -173,6 +173,14 @@ HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
     'Seconds before the others give up on a process that died.',
     lower_bound=1,
 )
+CP_LAYOUT = flags.DEFINE_enum(
+    'cp_layout',
+    'zigzag',
+    ['zigzag', 'contiguous'],
+    'With --strategy=cp, which positions each of the n devices of the sequence axis holds: '
+    'zigzag, chunks i and 2n-1-i of 2n (the same attention work on every device); '
+    'contiguous, the i-th n-th (shard_parity/model/ring.py). auto/ ignores it.',
+)
 SHOW_SHARDING = flags.DEFINE_bool(
     'show_sharding', False, 'Print where one batch and one weight live on the devices.'
 )
@@ -258,9 +266,10 @@ KV_CACHE = flags.DEFINE_bool('kv_cache', False, 'Decode with a KV cache (one pos
 
 # What each CLI's --help lists; --helpfull lists everything.
 TRAIN_CLI = [
-    MODEL, STRATEGY, MESH, *TRAIN.values(), *TRANSFORMER_SHAPE, CPU_DEVICES, CPU_FMA, NUM_DEVICES,
-    DATA_DIR, DOWNLOAD, WORKDIR, CHECKPOINT_EVERY, SAVE_INITIAL, KEEP, DEBUG_NANS, VERBOSE,
-    COORDINATOR, NUM_PROCESSES, PROCESS_ID, DISTRIBUTED_AUTO, HEARTBEAT_TIMEOUT, SHOW_SHARDING,
+    MODEL, STRATEGY, MESH, CP_LAYOUT, *TRAIN.values(), *TRANSFORMER_SHAPE, CPU_DEVICES, CPU_FMA,
+    NUM_DEVICES, DATA_DIR, DOWNLOAD, WORKDIR, CHECKPOINT_EVERY, SAVE_INITIAL, KEEP, DEBUG_NANS,
+    VERBOSE, COORDINATOR, NUM_PROCESSES, PROCESS_ID, DISTRIBUTED_AUTO, HEARTBEAT_TIMEOUT,
+    SHOW_SHARDING,
 ]  # fmt: skip
 GENERATE_CLI = [
     WORKDIR, PROMPT, MAX_NEW_BYTES, TEMPERATURE, TOP_K, KV_CACHE, TRAIN['seed'], CPU_DEVICES,

@@ -137,8 +137,11 @@ class Loop:
         parallel = twin.STRATEGIES[strategy]  # the strategy file, e.g. explicit/fsdp.py
         self.name, self.task, self.config, self.mesh = twin.NAME, task, config, mesh
         self.log, self.mngr, self.saved = log, mngr, saved
-        self.train_step = parallel.train_step(graphdef, task.loss_fn, tx, mesh)
-        self.eval_step = parallel.eval_step(graphdef, task.eval_fn, mesh)
+        # a strategy with a LAYOUT (explicit/ and typed/ cp.py) takes --cp_layout
+        layout = saved.get('cp_layout', getattr(parallel, 'LAYOUT', None))
+        options = {'layout': layout} if hasattr(parallel, 'LAYOUT') else {}
+        self.train_step = parallel.train_step(graphdef, task.loss_fn, tx, mesh, **options)
+        self.eval_step = parallel.eval_step(graphdef, task.eval_fn, mesh, **options)
         self.clock = Stopwatch()
 
     def run(self, state, start, checkpoint_every, sharding, workdir) -> dict:

@@ -40,7 +40,7 @@ def check_batch(batch_size: int, mesh) -> None:
         )
 
 
-def check_strategy(strategy: str, model_config, mesh, module=None) -> None:
+def check_strategy(strategy: str, model_config, mesh, module=None, layout='zigzag') -> None:
     """Tensor parallelism needs divisible layers, context parallelism a transformer whose
     sequence divides; dp and fsdp leave a 'model' axis as copies. `module`: the strategy file
     (one that brings its own attention, as explicit/cp.py's ring, ignores --attention)."""
@@ -54,8 +54,8 @@ def check_strategy(strategy: str, model_config, mesh, module=None) -> None:
                 'fsdp' if strategy == 'fsdp_tp' else 'dp',
             )
     elif strategy == 'cp':
-        check_cp(model_config, mesh)
-        if getattr(model_config, 'attention', None) == 'fused' and hasattr(module, 'attention'):
+        check_cp(model_config, mesh, layout)
+        if getattr(model_config, 'attention', None) == 'fused' and hasattr(module, 'LAYOUT'):
             logging.warning(
                 "--attention=fused is ignored: this twin's cp.py runs its own ring attention "
                 "in place of the model's"
@@ -100,6 +100,7 @@ def run(
     checkpoint_every=None,
     keep=3,
     save_initial=False,
+    cp_layout='zigzag',
 ) -> dict | None:
     """Trains `task` with `twin.STRATEGIES[strategy]` (e.g. auto's dp.py); returns the last line,
     or None when `workdir` already holds step --steps (then nothing is written). Saves a
@@ -107,7 +108,7 @@ def run(
     at step 0 with `save_initial`), and resumes from the latest one in `workdir`, which it locks
     for its lifetime."""
     check_batch(config.batch_size, mesh)
-    check_strategy(strategy, task.model_config, mesh, twin.STRATEGIES[strategy])
+    check_strategy(strategy, task.model_config, mesh, twin.STRATEGIES[strategy], cp_layout)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = place_state(state, mesh, strategy)
@@ -119,6 +120,7 @@ def run(
         'strategy': strategy,
         'devices': mesh.size,
         'mesh': dict(mesh.shape),
+        **({'cp_layout': cp_layout} if strategy == 'cp' else {}),
     }
     report.ensure_writable(workdir)
     main = jax.process_index() == 0  # with several processes, process 0 writes and prints
@@ -234,6 +236,7 @@ def main(twin):
                 F.CHECKPOINT_EVERY.value,
                 F.KEEP.value,
                 F.SAVE_INITIAL.value,
+                F.CP_LAYOUT.value,
             )
         except FloatingPointError as e:  # raised by JAX's checks under --debug_nans
             if F.VERBOSE.value:
