@@ -220,6 +220,7 @@ def test_fused_attention_under_a_ring_says_it_is_ignored(caplog):
 
     import auto
     import explicit
+    import typed
     from parity_tests.helpers import TINY_TRANSFORMER
     from shard_parity.mesh import make_mesh
     from shard_parity.placement import mesh_axes
@@ -232,3 +233,7 @@ def test_fused_attention_under_a_ring_says_it_is_ignored(caplog):
         assert 'is ignored' not in caplog.text
         check_strategy('cp', fused, mesh, explicit.STRATEGIES['cp'])
     assert "--attention=fused is ignored: this twin's cp.py runs its own ring" in caplog.text
+    caplog.clear()
+    with caplog.at_level('WARNING'):
+        check_strategy('cp', fused, mesh, typed.STRATEGIES['cp'])  # typed/'s ring too
+    assert 'is ignored' in caplog.text

@@ -207,10 +207,6 @@ def test_a_sequence_axis_of_1_warns_and_bad_inputs_are_refused(caplog):
     with pytest.raises(Exception, match=r'--seq_len=36 is not divisible by 2 x the sequence'):
         check_cp(zigzag, cp_mesh((2, 4)))
     check_cp(zigzag, cp_mesh((2, 4)), 'contiguous')  # one chunk each: 36 / 4
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
-        check_cp(dataclasses.replace(MHA, attention='fused'), cp_mesh((2, 4)))
-    assert 'the ring of explicit/ and typed/ ignores --attention' in caplog.text
 
 
 MOVES = {'dp-to-cp': ('dp', (8, 1), 'cp', (2, 4)), 'cp-to-dp': ('cp', (1, 8), 'dp', (4, 2))}

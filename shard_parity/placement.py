@@ -182,11 +182,6 @@ def check_cp(model_config, mesh, layout='zigzag') -> None:
             f'({2 * n}): the zigzag layout gives each of the {n} devices two chunks of '
             f'seq_len/{2 * n} positions; use a multiple of {2 * n}, or --cp_layout=contiguous'
         )
-    if getattr(model_config, 'attention', None) == 'fused':
-        logging.warning(
-            '--attention=fused under --strategy=cp: the ring of explicit/ and typed/ ignores '
-            '--attention (it is blockwise, flash-style, whatever the flag); auto/ uses it'
-        )
     if n == 1:
         logging.warning(
             "--strategy=cp on a sequence axis of 1 (--mesh=%dx1) splits no sequence: it runs "
