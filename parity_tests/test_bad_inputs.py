@@ -204,11 +204,6 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
-        '--attention=fused under cp (a warning, not an error)',
-        'the ring of explicit/ and typed/ ignores --attention',
-        'test_cp.test_a_sequence_axis_of_1_warns_and_bad_inputs_are_refused',
-    ),
-    (
         'a sequence axis of 1 (cp; a warning, not an error)',
         'splits no sequence: it runs as dp',
         'test_cp.test_a_sequence_axis_of_1_warns_and_bad_inputs_are_refused',
