@@ -377,7 +377,7 @@ ROWS = [
         'test_faults.test_the_lock_survives_its_file_being_deleted_and_a_full_disk_leaves_none',
     ),
     (
-        '--attention=fused under a ring attention (explicit cp; a warning)',
+        '--attention=fused under a ring attention (explicit and typed cp; a warning)',
         "--attention=fused is ignored: this twin's cp.py runs its own ring attention",
         'test_cli.test_fused_attention_under_a_ring_says_it_is_ignored',
     ),
