@@ -102,8 +102,8 @@ def ring_attention(q, k, v, table, me, pass_on, layout):
     return attend(q, k, v, me)
 
 
-def _keys(x, s):  # [B, s, K, D] -> f32[s/block, B, block, K, D], zero-padded
-    return A._blocks(x.astype(jnp.float32), min(A.KEY_BLOCK, s))
+def _keys(x, s):  # [B, s, K, D] -> f32[s/block, B, block, K, D] (f64 for f64), zero-padded
+    return A._blocks(x.astype(A.wide(x.dtype)), min(A.KEY_BLOCK, s))
 
 
 def _key_positions(pos):  # [s] -> [s/block, block], padded with NEVER
@@ -171,9 +171,9 @@ class _Ring:
 
     def backward(self, q, k, v, out, lse, g):
         qs = A._grouped(q, k.shape[2])
-        g = g.astype(jnp.float32).reshape(qs.shape)
+        g = g.astype(qs.dtype).reshape(qs.shape)
         # d(softmax) needs each query's sum_j p_j dp_j, which is its row of g . out
-        delta = jnp.moveaxis((g * out.astype(jnp.float32).reshape(qs.shape)).sum(-1), 1, 3)
+        delta = jnp.moveaxis((g * out.astype(qs.dtype).reshape(qs.shape)).sum(-1), 1, 3)
 
         def fold(acc, qp, kp, q_pos, k_pos, block):
             dq, dk, dv = acc
@@ -184,7 +184,7 @@ class _Ring:
             return _put(dq, qp, 1, dq_), _put(dk, kp, 1, dk_), _put(dv, kp, 1, dv_)
 
         dq = A._like(jnp.zeros_like(qs), k, g)
-        zero = A._like(jnp.zeros(k.shape, jnp.float32), q, k, g)
+        zero = A._like(jnp.zeros(k.shape, qs.dtype), q, k, g)
 
         def one_pass(s, carry):  # a K/V block and its gradients so far travel together
             dq, block = carry
@@ -205,7 +205,7 @@ def _fold(stats, qs, q_pos, k, v, k_pos):
     def step(stats, xs):
         kj, vj, pj = xs
         scores = jnp.einsum('btkgd,bskd->bkgts', qs, kj)  # [B, K, G, c, block]
-        scores = jnp.where(visible(q_pos, pj), scores, jnp.finfo(jnp.float32).min)
+        scores = jnp.where(visible(q_pos, pj), scores, jnp.finfo(scores.dtype).min)
         return A._online_softmax(stats, scores, vj), None
 
     s = k.shape[1]
