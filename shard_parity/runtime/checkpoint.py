@@ -27,6 +27,7 @@ from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import state_shardings
 from shard_parity.runtime import config as cfg
+from shard_parity.runtime import legacy
 from shard_parity.step import TrainState, make_optimizer
 
 RESUMABLE = ('steps', 'log_every', 'eval_every')  # train settings a resumed run may change
@@ -139,7 +140,10 @@ def read_config(mngr: ocp.CheckpointManager, step: int) -> dict:
 
 
 def restore_state(mngr: ocp.CheckpointManager, step: int, target: TrainState) -> TrainState:
-    """Reads step `step` into `target`'s shapes, dtypes and shardings (ShapeDtypeStructs)."""
+    """Reads step `step` into `target`'s shapes, dtypes and shardings (ShapeDtypeStructs); a
+    transformer's written before its blocks were stacked is converted on read (legacy.py)."""
+    if legacy.per_layer(mngr, step):
+        return _guarded(mngr, step, lambda: legacy.restore(mngr, step, target))
     args = ocp.args.Composite(state=ocp.args.StandardRestore(target))
     return _guarded(mngr, step, lambda: mngr.restore(step, args=args)['state'])
 
