@@ -197,12 +197,13 @@ class Transformer(nnx.Module):
             positions = jax.reshard(jnp.broadcast_to(positions, tokens.shape), typed(tokens))
         x = lookup(self.embed, tokens) + lookup(self.pos, positions)  # [B, T, C]
         new_caches = []
-        if layer_weights is not None:
+        if layer_weights is not None:  # FSDP: one layer's weights whole at a time
             x = self.scan_layers(x, layer_weights, index, sum_partials, attention)
-        for i in range(0 if layer_weights else self.cfg.num_layers):  # layer by layer, unrolled
-            cache = None if caches is None else caches[i]
-            x, cache = self.layer(i)(x, cache, index, sum_partials, attention)
-            new_caches.append(cache)
+        else:  # layer by layer, unrolled
+            for i in range(self.cfg.num_layers):
+                cache = None if caches is None else caches[i]
+                x, cache = self.layer(i)(x, cache, index, sum_partials, attention)
+                new_caches.append(cache)
         x = self.norm(x)
         table = self.embed.embedding[...].astype(x.dtype)
         logits = product(x, table, transposed=True)  # the head, tied to the embedding

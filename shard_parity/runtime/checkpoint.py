@@ -142,7 +142,7 @@ def read_config(mngr: ocp.CheckpointManager, step: int) -> dict:
 def restore_state(mngr: ocp.CheckpointManager, step: int, target: TrainState) -> TrainState:
     """Reads step `step` into `target`'s shapes, dtypes and shardings (ShapeDtypeStructs); a
     transformer's written before its blocks were stacked is converted on read (legacy.py)."""
-    if legacy.per_layer(mngr, step):
+    if _guarded(mngr, step, lambda: legacy.per_layer(mngr, step)):
         return _guarded(mngr, step, lambda: legacy.restore(mngr, step, target))
     args = ocp.args.Composite(state=ocp.args.StandardRestore(target))
     return _guarded(mngr, step, lambda: mngr.restore(step, args=args)['state'])
