@@ -101,26 +101,27 @@ def place(side: Side, tree, batch=False):
 
 @contextlib.contextmanager
 def layers_named(root, paths: dict):
-    """The transformer's blocks are stacked: block i is built from a slice when it runs
-    (Transformer.layer). While this is open, each one built has its modules named blocks.i.*
-    in `paths`, as when the blocks were a list."""
-    layer = getattr(type(root), 'layer', None)
-    if layer is None:  # the MLP
+    """The transformer's blocks are stacked: its blocks are built from slices when they run
+    (Transformer.layers). While this is open, the modules of each block built are named
+    blocks.i.* in `paths`, as when the blocks were a list."""
+    layers = getattr(type(root), 'layers', None)
+    if layers is None:  # the MLP
         yield
         return
 
-    def named_layer(self, i):
-        block = layer(self, i)
-        paths.update(
-            {id(m): '.'.join(map(str, ('blocks', i, *p))) for p, m in nnx.iter_modules(block)}
-        )
-        return block
+    def named_layers(self):
+        blocks = layers(self)
+        for i, block in enumerate(blocks):
+            paths.update(
+                {id(m): '.'.join(map(str, ('blocks', i, *p))) for p, m in nnx.iter_modules(block)}
+            )
+        return blocks
 
-    type(root).layer = named_layer
+    type(root).layers = named_layers
     try:
         yield
     finally:
-        type(root).layer = layer
+        type(root).layers = layers
 
 
 def recorded(loss_fn, names: list):

@@ -120,7 +120,7 @@ def test_a_checkpoint_of_per_layer_blocks_is_converted_on_read(tmp_path):
     case = make_case('transformer')
     graphdef, tx, state = fresh_state(0, case)
     model = nnx.merge(graphdef, state.params)
-    layers = nnx.List([model.layer(i) for i in range(TINY_TRANSFORMER.num_layers)])
+    layers = nnx.List(model.layers())
     query = np.asarray(state.params['blocks']['attn']['query']['kernel'][...])
     assert not np.array_equal(query[0], query[1])  # layers in the wrong order would show
     model.blocks = layers  # the layout of the checkpoints written before the stacking

@@ -8,7 +8,7 @@ Like the MLP, it knows nothing of meshes.
 The blocks are stored stacked: one Block whose every parameter has a leading [L] layer dimension
 (`blocks.attn.query.kernel`: f32[L, C, C]), initialised block by block exactly as a list of L
 blocks would be, so a given seed gives the same values. Layer i is a static slice of them
-(`layer(i)`). A strategy that passes `layer_weights=` (FSDP's per-layer all-gather) gets the
+(`layers()`). A strategy that passes `layer_weights=` (FSDP's per-layer all-gather) gets the
 blocks run under one `lax.scan` instead, each layer under `jax.checkpoint`: one layer's weights
 are live at a time, and the backward calls `layer_weights` again rather than keep its output.
 """
@@ -200,9 +200,9 @@ class Transformer(nnx.Module):
         if layer_weights is not None:  # FSDP: one layer's weights whole at a time
             x = self.scan_layers(x, layer_weights, index, sum_partials, attention)
         else:  # layer by layer, unrolled
-            for i in range(self.cfg.num_layers):
+            for i, block in enumerate(self.layers()):
                 cache = None if caches is None else caches[i]
-                x, cache = self.layer(i)(x, cache, index, sum_partials, attention)
+                x, cache = block(x, cache, index, sum_partials, attention)
                 new_caches.append(cache)
         x = self.norm(x)
         table = self.embed.embedding[...].astype(x.dtype)
@@ -210,10 +210,17 @@ class Transformer(nnx.Module):
         logits = logits.astype(wide(logits.dtype))  # float64 only under the bisector's --x64
         return logits, (None if caches is None else new_caches)
 
-    def layer(self, i: int) -> Block:
-        """Block i: a static slice of the stacked params (the bisector names it blocks.i)."""
+    def layers(self) -> list[Block]:
+        """The L blocks, each a slice of the stacked params (the bisector names them blocks.i).
+        One split per array, not L slices: its gradient is one concatenation, where L slices'
+        would be L zero-padded arrays of the whole stack to add (auto's dp doubled its temp)."""
         graphdef, weights = nnx.split(self.blocks)
-        return nnx.merge(graphdef, jax.tree.map(lambda w: w[i], weights))
+        leaves, treedef = jax.tree.flatten(weights)
+        parts = [jnp.split(w, self.cfg.num_layers) for w in leaves]  # each [1, ...]
+        return [
+            nnx.merge(graphdef, jax.tree.unflatten(treedef, [jnp.squeeze(p[i], 0) for p in parts]))
+            for i in range(self.cfg.num_layers)
+        ]
 
     def scan_layers(self, x, layer_weights: Callable, index, sum_partials, attention):
         """The blocks under one `lax.scan` over their stacked params. Each step sees one layer's
