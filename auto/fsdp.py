@@ -1,31 +1,60 @@
 """FSDP the compiler writes: parameters and optimizer state split over 'data' too.
 
-The same step as auto/dp.py; only the placement changes: each array's first dimension is split
-over the 'data' devices (shard_parity/placement.py), and the gradients are asked for in that
-same layout. XLA all-gathers each weight before a layer uses it and reduces each gradient to
-the device that holds its shard; each device updates only its own shards. On a GPU that
-reduction is a reduce-scatter; XLA:CPU emits an all-reduce of the full gradient and a slice (it
-has no reduce-scatter pass: python -m parity_tests.collectives --strategy=fsdp shows it).
-Compare explicit/fsdp.py, where both collectives are written out.
+The same step as auto/dp.py, with the arrays split over the 'data' devices
+(shard_parity/placement.py) and the gradients asked for in that same layout. The transformer's
+blocks are stacked and run under a scan (shard_parity/model/transformer.py). `layer_weights`,
+which the scan calls on each layer's shards where that layer runs, constrains them to the whole
+layout: XLA all-gathers that one layer inside the loop body. Its backward constrains the
+layer's gradient to the split layout, in the backward's loop body: a reduce-scatter there (or
+an all-reduce and a slice, python -m parity_tests.collectives --strategy=fsdp shows which). The
+checkpoint policy keeps no gathered weight for the backward, which gathers each layer again.
+Without these constraints XLA may gather the whole stack before the loop and keep it.
+Everything outside the blocks (and all of the MLP) XLA gathers where it is used.
+Compare explicit/fsdp.py, where the collectives are written out.
 """
 
 import jax
-from jax.sharding import NamedSharding
 
-from shard_parity.placement import BATCH, REPLICATED, state_shardings
+from shard_parity.mesh import DATA
+from shard_parity.placement import (
+    BATCH,
+    REPLICATED,
+    layer_specs,
+    named,
+    state_shardings,
+    state_specs,
+    without,
+)
 from shard_parity.step import bind, make_train_step
 
 STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'data'
 
 
+def gather_layer(specs, mesh):
+    """`layer_weights` for the model (none without stacked layers): one layer's shards -> its
+    whole weights, where the layer runs; their gradient -> the shards' layout, in the backward."""
+
+    @jax.custom_vjp
+    def layer_weights(shards):  # the layer's all-gathers: XLA inserts them for this constraint
+        return jax.lax.with_sharding_constraint(shards, named(mesh, without(specs, DATA)))
+
+    def backward(_, grads):  # the layer's reduce-scatters, inside the backward's loop
+        return (jax.lax.with_sharding_constraint(grads, named(mesh, specs)),)
+
+    layer_weights.defvjp(lambda shards: (layer_weights(shards), None), backward)
+    return {} if specs is None else {'layer_weights': layer_weights}
+
+
 def loss_and_grads(graphdef, loss_fn, mesh):
-    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
     def fn(params, batch):  # params @ P('data') (1/n of each); batch: x[B, ...] @ P('data')
-        (_, metrics), grads = grad_fn(params, batch)  # XLA all-gathers each weight where used
+        specs = state_specs(params, STRATEGY, mesh)
+        call = gather_layer(layer_specs(specs), mesh)  # the per-layer gather, if stacked layers
+        grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
+        (_, metrics), grads = grad_fn(params, batch)  # XLA all-gathers the rest where used
         # grads sharded like the params: XLA reduces each gradient over 'data' to its shard.
         grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, STRATEGY))
-        return jax.lax.with_sharding_constraint(metrics, NamedSharding(mesh, REPLICATED)), grads
+        return jax.lax.with_sharding_constraint(metrics, named(mesh, REPLICATED)), grads
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
 
@@ -39,6 +68,6 @@ def eval_step(graphdef, eval_fn, mesh):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # XLA all-gathers the weights; per-example outputs stay split
-        return jax.lax.with_sharding_constraint(fn(params, batch), NamedSharding(mesh, BATCH))
+        return jax.lax.with_sharding_constraint(fn(params, batch), named(mesh, BATCH))
 
     return jax.jit(evaluate)

@@ -4,22 +4,27 @@ Each weight carries both splits (shard_parity/placement.py): tensor parallelism'
 and FSDP's over 'data' on a dimension tp leaves free, e.g. a column-parallel kernel
 @ P('data', 'model'). XLA all-gathers over 'data' before use, all-reduces activations over
 'model', and reduces gradients over 'data' to their shards (on XLA:CPU an all-reduce and a
-slice, not a reduce-scatter). Compare explicit/fsdp_tp.py.
+slice, not a reduce-scatter). As in auto/fsdp.py, the transformer's stacked blocks are gathered
+over 'data' one layer at a time inside the scan (`gather_layer`, here to tp's layout), again in
+the backward, and each layer's gradient reduced to its shards there. Compare explicit/fsdp_tp.py.
 """
 
 import jax
 from jax.sharding import NamedSharding
 
-from shard_parity.placement import BATCH, REPLICATED, state_shardings
+from auto.fsdp import gather_layer
+from shard_parity.placement import BATCH, REPLICATED, layer_specs, state_shardings, state_specs
 from shard_parity.step import bind, make_train_step
 
 STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'data'
 
 
 def loss_and_grads(graphdef, loss_fn, mesh):
-    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
     def fn(params, batch):  # params @ P('data', 'model') etc.; batch: x[B, ...] @ P('data')
+        specs = state_specs(params, STRATEGY, mesh)
+        call = gather_layer(layer_specs(specs), mesh)  # over 'data' per layer, if stacked layers
+        grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         (_, metrics), grads = grad_fn(params, batch)  # XLA all-gathers over 'data', psums 'model'
         # grads sharded like the params: XLA reduces each gradient over 'data' to its shard.
         grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, STRATEGY))

@@ -187,6 +187,10 @@ def markdown(r: dict) -> str:
         out += _context(r['context'])
     if 'cli' in r:
         out += _cli(r['cli'])
+    if 'memory' in r:
+        from benchmarks import memory
+
+        out += memory.markdown(r['memory'])
     return '\n'.join(out) + '\n'
 
 
@@ -295,6 +299,10 @@ def plots(r: dict, out: pathlib.Path, suffix: str = '') -> None:
         a.legend(), b.legend()
         atomic_write(out / f'attention{suffix}.png', lambda f: fig.savefig(f, format='png', dpi=90))
         plt.close(fig)
+    if 'memory' in r:
+        from benchmarks import memory
+
+        memory.plot(r['memory'], out, suffix)
     if 'context' in r:
         fig, ax = plt.subplots(figsize=(6, 4))
         lengths = [x['seq_len'] for x in r['context']]

@@ -18,13 +18,24 @@ from absl import app, flags
 from shard_parity.mesh import configure_jax
 
 NANOGPT_DEVICES = 2  # one device per core of the 2-core machines nanoGPT's ~45 ms was timed on
-SECTIONS = ['twins', 'sweep', 'attention', 'generation', 'nanogpt', 'strategies', 'context', 'cli']
+SECTIONS = [
+    'twins',
+    'sweep',
+    'attention',
+    'generation',
+    'nanogpt',
+    'strategies',
+    'context',
+    'cli',
+    'memory',
+]
 SECTION = flags.DEFINE_list(
     'sections',
-    SECTIONS[:-2],
+    SECTIONS[:-3],
     f'Which of {SECTIONS} to run. Default: all but context (context parallelism at T = 4,096 '
-    'to 16,384: minutes of compiling; python -m benchmarks.run --sections=context) and cli '
-    '(whole train CLI runs: about 20 minutes at the defaults).',
+    'to 16,384: minutes of compiling; python -m benchmarks.run --sections=context), cli '
+    '(whole train CLI runs: about 20 minutes at the defaults) and memory (24 compiles: every '
+    'twin x strategy at 2 and 4 layers, benchmarks/memory.py).',
 )
 CLI_BATCH_SIZES = flags.DEFINE_list(
     'cli_batch_sizes', ['16', '32'], 'Section cli: the global batch sizes.'
@@ -145,6 +156,10 @@ def run_sections(names, rounds, gpu: bool, model_config) -> dict:
         elif name == 'context':
             lengths, timed = (list(map(int, f.value)) for f in (CONTEXT_LENGTHS, CONTEXT_TIMED))
             results[name] = S.context(lengths, timed, rounds)
+        elif name == 'memory':
+            from benchmarks.memory import memory_section
+
+            results[name] = memory_section()
         elif name == 'cli':
             from benchmarks.cli import cli
 

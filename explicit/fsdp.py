@@ -1,18 +1,21 @@
 """FSDP written by hand: every device keeps 1/n of each weight and of its optimizer state,
-all-gathers a weight to use it, and reduce-scatters its gradient back to the shards.
+all-gathers one layer's weights where that layer runs, and reduce-scatters its gradient there.
 
-Compare auto/fsdp.py. Inside shard_map, `all_gather` returns a value that varies per device,
-so `grad` gives each device the gradient of its own rows (no implicit psum, no pcast needed);
-`psum_scatter` then sums the n gradients and leaves each device the sum for its own shard,
-which the division by n turns into the mean. Memory: at rest a device holds 1/n of the state;
-during a step `gather` brings back every weight at once before the forward (not layer by
-layer), so the step's peak holds the whole parameters beside the shards.
+Compare auto/fsdp.py. The transformer's blocks are stacked and run under a scan
+(shard_parity/model/transformer.py); `layer_weights` is what the scan calls on each layer's
+shards. Forward: all-gather that layer (`gather`), run it, drop the gathered weights (the
+checkpoint policy keeps none for the backward). Backward: the scan runs the layers in reverse,
+all-gathers each layer again to recompute it, and reduce-scatters its gradient (`scatter`:
+psum_scatter / n, the mean of the n devices' gradients, each device keeping its shard's)
+before the next layer's. So a device holds 1/n of the state plus about one layer whole.
+Embeddings and the final norm (and every weight of the MLP, which has no stacked layers) are
+gathered once, at the top, and their gradients reduce-scattered at the end.
 """
 
 import jax
 
 from shard_parity.mesh import DATA
-from shard_parity.placement import BATCH, REPLICATED, state_specs
+from shard_parity.placement import BATCH, REPLICATED, layer_specs, outside_layers, state_specs
 from shard_parity.step import bind, make_train_step
 
 STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'data'
@@ -24,23 +27,41 @@ def gather(shard, spec):  # a weight's shard f32[d/n, ...] -> the whole weight f
     return jax.lax.all_gather(shard, DATA, axis=spec.index(DATA), tiled=True)  # all-gather
 
 
-def scatter(grad, spec, n):  # the local gradient of a whole weight -> the mean for my shard
+def scatter(grad, spec):  # the local gradient of a whole weight -> the mean for my shard
     if DATA not in spec:
         return jax.lax.pmean(grad, DATA)  # all-reduce
-    return jax.lax.psum_scatter(grad, DATA, scatter_dimension=spec.index(DATA), tiled=True) / n
+    return (
+        jax.lax.psum_scatter(grad, DATA, scatter_dimension=spec.index(DATA), tiled=True)
+        / jax.lax.axis_size(DATA)  # the reduce-scatter's sum / n: the mean of the n gradients
+    )
+
+
+def gather_layer(specs, mesh):
+    """`layer_weights` for the model (none without stacked layers): one layer's shards -> its
+    whole weights, where the layer runs; their gradient -> the shards' mean, in the backward."""
+
+    @jax.custom_vjp
+    def layer_weights(shards):  # the layer's all-gathers
+        return jax.tree.map(gather, shards, specs)
+
+    def backward(_, grads):  # the layer's reduce-scatters, inside the backward's loop
+        return (jax.tree.map(scatter, grads, specs),)
+
+    layer_weights.defvjp(lambda shards: (layer_weights(shards), None), backward)
+    return {} if specs is None else {'layer_weights': layer_weights}
 
 
 def loss_and_grads(graphdef, loss_fn, mesh):
-    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
-    n = mesh.shape[DATA]
 
     def fn(params, batch):  # params: 1/n of each array; batch: x[B/n, ...], this device's rows
         specs = state_specs(params, STRATEGY, mesh)  # from the global shapes, outside
+        call = gather_layer(layer_specs(specs), mesh)  # the per-layer gather, if stacked layers
+        grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
 
         def local(shards, batch):
-            params = jax.tree.map(gather, shards, specs)  # the all-gathers
-            (_, metrics), grads = grad_fn(params, batch)  # the gradient of my rows
-            grads = jax.tree.map(lambda g, s: scatter(g, s, n), grads, specs)  # reduce-scatters
+            params = outside_layers(gather, shards, specs)  # the all-gathers outside the layers
+            (_, metrics), grads = grad_fn(params, batch)  # the layers' reduce-scattered already
+            grads = outside_layers(scatter, grads, specs)  # the rest's reduce-scatters
             return jax.lax.pmean(metrics, DATA), grads  # the metrics' all-reduce
 
         return jax.shard_map(
@@ -58,9 +79,9 @@ def train_step(graphdef, loss_fn, tx, mesh):
 def eval_step(graphdef, eval_fn, mesh):
     fn = bind(graphdef, eval_fn)
 
-    def evaluate(params, batch):  # the all-gathers; per-example outputs stay split
+    def evaluate(params, batch):  # all the all-gathers up front; per-example outputs stay split
         specs = state_specs(params, STRATEGY, mesh)
-        local = lambda shards, batch: fn(jax.tree.map(gather, shards, specs), batch)  # noqa: E731
+        local = lambda shards, batch: fn(jax.tree.map(gather, shards, specs), batch)
         return jax.shard_map(local, mesh=mesh, in_specs=(specs, BATCH), out_specs=BATCH)(
             params, batch
         )

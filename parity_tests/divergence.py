@@ -17,6 +17,7 @@ counterpart on the other side. flax's nnx.capture(method_outputs=) records outpu
 sorted by name; here the order they were computed in names the first layer that differs.
 """
 
+import contextlib
 import dataclasses
 import functools
 import importlib
@@ -101,6 +102,31 @@ def place(side: Side, tree, batch=False):
 # --- activations, recorded by intercepting every module's __call__ ---
 
 
+@contextlib.contextmanager
+def layers_named(root, paths: dict):
+    """The transformer's blocks are stacked: its blocks are built from slices when they run
+    (Transformer.layers). While this is open, the modules of each block built are named
+    blocks.i.* in `paths`, as when the blocks were a list."""
+    layers = getattr(type(root), 'layers', None)
+    if layers is None:  # the MLP
+        yield
+        return
+
+    def named_layers(self):
+        blocks = layers(self)
+        for i, block in enumerate(blocks):
+            paths.update(
+                {id(m): '.'.join(map(str, ('blocks', i, *p))) for p, m in nnx.iter_modules(block)}
+            )
+        return blocks
+
+    type(root).layers = named_layers
+    try:
+        yield
+    finally:
+        type(root).layers = layers
+
+
 def recorded(loss_fn, names: list):
     """An eval_fn(model, batch) for eval_step: runs `loss_fn` and returns the per-example outputs
     of every module, in the order they finished; their paths go into `names` while tracing."""
@@ -127,7 +153,8 @@ def recorded(loss_fn, names: list):
         for cls in {type(m) for _, m in nnx.iter_modules(root)}:
             wrap(cls)
         try:
-            loss_fn(model, batch)
+            with layers_named(root, paths):
+                loss_fn(model, batch)
         finally:
             for cls, original in originals.items():
                 cls.__call__ = original

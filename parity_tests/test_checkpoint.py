@@ -6,6 +6,7 @@ explicit/'s Auto meshes and typed/'s Explicit one, under another strategy and me
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 import auto
 import explicit
@@ -14,8 +15,9 @@ from parity_tests.helpers import TINY_TRANSFORMER, fresh_state, logits, make_cas
 from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
 from shard_parity.placement import place_batch, place_state
-from shard_parity.runtime import checkpoint
+from shard_parity.runtime import checkpoint, legacy
 from shard_parity.runtime import config as cfg
+from shard_parity.step import TrainState
 
 
 @pytest.fixture(scope='module')
@@ -110,3 +112,25 @@ def test_checkpoints_move_between_twins_meshes_and_strategies(saved_by, restored
     np.testing.assert_array_equal(
         logits(graphdef2, restored.params, tokens, one), logits(graphdef, state.params, tokens, one)
     )
+
+
+def test_a_checkpoint_of_per_layer_blocks_is_converted_on_read(tmp_path):
+    """Before the blocks were stacked, a checkpoint held blocks/0/..., blocks/1/...: it restores
+    into the stacked layout, each layer in its place, under any strategy (legacy.py)."""
+    case = make_case('transformer')
+    graphdef, tx, state = fresh_state(0, case)
+    model = nnx.merge(graphdef, state.params)
+    layers = nnx.List(model.layers())
+    query = np.asarray(state.params['blocks']['attn']['query']['kernel'][...])
+    assert not np.array_equal(query[0], query[1])  # layers in the wrong order would show
+    model.blocks = layers  # the layout of the checkpoints written before the stacking
+    old = nnx.state(model)
+    moments = lambda p: jax.tree.map(lambda x: x + 1, tx.init(p))
+    save_checkpoint(tmp_path, TrainState(state.step, old, moments(old)), case)
+    with checkpoint.reader(tmp_path) as mngr:
+        assert legacy.per_layer(mngr, 0)
+    want = TrainState(state.step, state.params, moments(state.params))
+    for strategy in ('dp', 'fsdp'):
+        _, _, restored = checkpoint.restore(tmp_path, make_mesh(), strategy)
+        for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(restored), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -75,7 +75,9 @@ def test_inspector_pins_the_transformer_collectives():
     """Pinned compiler behaviour (jax 0.10.2): the tied embedding gets two gradient terms, the
     lookup and the output head. explicit/ adds them on each device and all-reduces the sum once;
     auto/ all-reduces each term, moving one extra [256, 128] float32 (131,072 bytes). typed/'s
-    `reduced` table gets one `unreduced` gradient, both terms summed before its one reduction."""
+    `reduced` table gets one `unreduced` gradient, both terms summed before its one reduction.
+    The blocks are stacked ([L, ...] arrays, L = 4): explicit/ all-reduces each stacked gradient
+    once; auto/ all-reduces each layer's slice where it is formed, L ops of 1/L the size."""
     r = inspect_collectives('transformer', batch_size=16)
     grads = r['expected']['gradient_bytes']
     assert grads == 828_544 * 4
@@ -84,7 +86,13 @@ def test_inspector_pins_the_transformer_collectives():
     assert sizes['explicit'] == sizes['typed'] == grads + 4  # + the mean loss
     assert sizes['auto'] == grads + 4 + 256 * 128 * 4
     assert r['differences'] == [
-        'auto has all-reduce of 32,768 elements over 8 devices that explicit lacks (x1)'
+        'auto has all-reduce of 32,768 elements over 8 devices that explicit lacks (x5)',
+        'auto has all-reduce of 128 elements over 8 devices that explicit lacks (x8)',
+        'auto has all-reduce of 65,536 elements over 8 devices that explicit lacks (x6)',
+        'auto has all-reduce of 16,384 elements over 8 devices that explicit lacks (x8)',
+        'explicit has all-reduce of 512 elements over 8 devices that auto lacks (x2)',
+        'explicit has all-reduce of 262,144 elements over 8 devices that auto lacks (x2)',
+        'explicit has all-reduce of 131,072 elements over 8 devices that auto lacks (x1)',
     ]
     assert r['typed_differences'] == []
     for twin in twins:

@@ -229,8 +229,8 @@ def test_checkpoints_move_between_dp_and_cp(saved_as, saved_on, restored_as, sha
     before = logits(graphdef, state.params, tokens, one)
     mesh = make_mesh(shape=shape, axes=mesh_axes(restored_as))
     _, graphdef2, restored = checkpoint.restore(tmp_path, mesh, restored_as)
-    query = restored.params['blocks'][0]['attn']['query']['kernel'][...]
-    saved_query = state.params['blocks'][0]['attn']['query']['kernel'][...]
+    query = restored.params['blocks']['attn']['query']['kernel'][...]
+    saved_query = state.params['blocks']['attn']['query']['kernel'][...]
     assert query.sharding.mesh.axis_names == mesh_axes(restored_as)  # on restored_as's mesh
     assert saved_query.sharding.mesh.axis_names != query.sharding.mesh.axis_names  # not saved's
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):

@@ -28,7 +28,7 @@ from parity_tests.helpers import (
     twin_loss_and_grads,
 )
 from parity_tests.hlo import collectives, compiled_text
-from shard_parity.placement import place_batch, place_state
+from shard_parity.placement import layer_dims, place_batch, place_state
 from shard_parity.runtime.tasks import classification_loss
 from shard_parity.step import one_device_loss_and_grads, one_device_train_step
 
@@ -40,7 +40,9 @@ def test_state_per_device_falls_to_one_nth(mesh8, case):
     _, _, state = fresh_state(case=case)
     replicated = device0_bytes(place_state(jax.tree.map(np.array, state), mesh8, 'dp'))
     sharded = device0_bytes(place_state(jax.tree.map(np.array, state), mesh8, 'fsdp'))
-    small = sum(x.nbytes for x in jax.tree.leaves(state) if x.ndim == 0 or x.shape[0] % 8)
+    # arrays with no dimension 8 divides (a stacked array's layer dimension is never split)
+    leaves = jax.tree_util.tree_leaves_with_path(state)
+    small = sum(x.nbytes for p, x in leaves if all(d % 8 for d in x.shape[layer_dims(p) :]))
     assert replicated == sum(x.nbytes for x in jax.tree.leaves(state))
     assert sharded == (replicated - small) / 8 + small  # every divisible array split 8 ways
     assert sharded < replicated / 7

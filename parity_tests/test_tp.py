@@ -30,16 +30,14 @@ def test_tp_gives_each_model_device_whole_heads():
     case = make_case('transformer', TP_TRANSFORMER)  # 8 heads of 4 dims, width 32
     _, _, state = fresh_state(case=case)
     placed = place_state(state, make_mesh(shape=(4, 2)), 'tp')
-    attn = placed.params['blocks'][0]['attn']
+    attn = placed.params['blocks']['attn']  # stacked: [L, in, out], L = 1, never split
     shard = lambda x: x.addressable_shards[0].data.shape  # noqa: E731
-    assert shard(attn['query']['kernel'][...]) == (32, 16)  # column-parallel: 4 of 8 heads
-    assert shard(attn['key_value']['kernel'][...]) == (32, 32)  # [k|v] of the same 4 heads
-    assert shard(attn['out']['kernel'][...]) == (16, 32)  # row-parallel: their 16 features
-    ffn = placed.params['blocks'][0]['ffn']
-    assert shard(ffn['up']['kernel'][...]) == (32, 64) and shard(ffn['down']['kernel'][...]) == (
-        64,
-        32,
-    )
+    assert shard(attn['query']['kernel'][...]) == (1, 32, 16)  # column-parallel: 4 of 8 heads
+    assert shard(attn['key_value']['kernel'][...]) == (1, 32, 32)  # [k|v] of the same 4 heads
+    assert shard(attn['out']['kernel'][...]) == (1, 16, 32)  # row-parallel: their 16 features
+    ffn = placed.params['blocks']['ffn']
+    assert shard(ffn['up']['kernel'][...]) == (1, 32, 64)
+    assert shard(ffn['down']['kernel'][...]) == (1, 64, 32)
     assert shard(placed.params['embed']['embedding'][...]) == (256, 32)  # whole: not split
 
 
@@ -100,7 +98,13 @@ def test_inspector_pins_the_explicit_fsdp_tp_collectives():
     assert by_kind['all-reduce', 4] == odd + 8  # + the two metrics
 
 
-QUERY_SPEC = {'dp': P(), 'fsdp': P(DATA), 'tp': P(None, MODEL), 'fsdp_tp': P(DATA, MODEL)}
+# the stacked query kernel f32[L, C, C]: the layer dimension is never split
+QUERY_SPEC = {
+    'dp': P(),
+    'fsdp': P(None, DATA),
+    'tp': P(None, None, MODEL),
+    'fsdp_tp': P(None, DATA, MODEL),
+}
 MOVES = {  # saved under, restored under, onto the mesh
     'dp-to-fsdp': ('dp', 'fsdp', (8, 1)),
     'fsdp-to-dp': ('fsdp', 'dp', (8, 1)),
@@ -120,9 +124,9 @@ def test_checkpoints_move_between_strategies(saved_as, restored_as, shape, tmp_p
     one = jax.devices()[0]  # logits on one device: both sides run the very same program
     before = logits(graphdef, state.params, tokens, one)
     _, graphdef2, restored = checkpoint.restore(tmp_path, make_mesh(shape=shape), restored_as)
-    query = restored.params['blocks'][0]['attn']['query']['kernel'][...]
+    query = restored.params['blocks']['attn']['query']['kernel'][...]
     assert query.sharding.spec == QUERY_SPEC[restored_as]  # placed as restored_as places it
-    saved_query = state.params['blocks'][0]['attn']['query']['kernel'][...]
+    saved_query = state.params['blocks']['attn']['query']['kernel'][...]
     assert saved_query.sharding.spec != query.sharding.spec  # ...which is not how it was saved
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -128,7 +128,7 @@ def test_each_head_layout_trains_in_both_twins(kv_heads, mesh8):
             losses[twin].append(float(metrics['loss']))
     assert losses[auto][-1] < losses[auto][0] - 0.3
     np.testing.assert_allclose(losses[auto], losses[explicit], rtol=1e-6)
-    kernel = nnx.merge(graphdef, state.params).blocks[0].attn.key_value.kernel
+    kernel = nnx.merge(graphdef, state.params).layers()[0].attn.key_value.kernel
     assert kernel.shape == (32, 2 * kv_heads * 8)  # K heads of size 8, for keys and values
 
 

@@ -11,6 +11,11 @@ device computes some of them, no communication) with a row-parallel one (its inp
 split the same way: each device computes a partial sum of every output, and one all-reduce adds
 them). In attention the column split falls between heads, so each device runs whole heads.
 
+The transformer's blocks are stacked (shard_parity/model/transformer.py): `blocks.*` arrays have a
+leading [L] layer dimension, which no strategy splits: each spec above applies to the dimensions
+after it (fsdp splits a stacked kernel f32[L, C, 4C] as P(None, 'data'), so that every device
+holds 1/n of every layer and a scan over the layers gathers one layer at a time).
+
 Context parallelism splits each sequence instead: its mesh's second axis is SEQ, not MODEL
 (`mesh_axes`), and its tokens are placed SEQUENCE, rows over 'data' and positions over 'seq'.
 """
@@ -35,8 +40,14 @@ BATCH = P(DATA)  # split the leading (example) dimension across the 'data' axis
 SEQUENCE = P(DATA, SEQ)  # cp: rows across 'data', each row's positions across 'seq'
 REPLICATED = P()  # no axis named: every device holds the whole array
 
+STACKED = 'blocks'  # the transformer's stacked blocks: arrays with a leading [L] layer dimension
 COLUMN = ('query', 'key_value', 'up')  # transformer layers whose outputs are split
 ROW = ('out', 'down')  # ...and the layers that take those split features in
+
+
+def layer_dims(path) -> int:
+    """1 for an array of the stacked blocks (its leading dimension is the layer), else 0."""
+    return int(any(getattr(k, 'key', None) == STACKED for k in path))
 
 
 def tp_role(path) -> str | None:
@@ -54,20 +65,22 @@ def tp_role(path) -> str | None:
 
 
 def tp_spec(path, x) -> P:
-    role, is_kernel = tp_role(path), x.ndim == 2
+    role, stacked = tp_role(path), (None,) * layer_dims(path)  # never split the layer dim
+    is_kernel = x.ndim - len(stacked) == 2
     if role == 'column':  # kernel [in, out/m], bias [out/m]
-        return P(None, MODEL) if is_kernel else P(MODEL)
+        return P(*stacked, None, MODEL) if is_kernel else P(*stacked, MODEL)
     if role == 'row' and is_kernel:  # kernel [in/m, out]; its bias is added after the all-reduce
-        return P(MODEL, None)
+        return P(*stacked, MODEL, None)
     return P()
 
 
-def fsdp_spec(shape: tuple[int, ...], n: int, taken: P = P()) -> P:
-    """Adds 'data' to the first dimension that `taken` leaves free and n divides (else leaves
-    the array as it is: a bias of odd size, a scalar)."""
+def fsdp_spec(shape: tuple[int, ...], n: int, taken: P = P(), skip: int = 0) -> P:
+    """Adds 'data' to the first dimension after the first `skip` (the layer dimension of a
+    stacked array) that `taken` leaves free and n divides (else leaves the array as it is: a
+    bias of odd size, a scalar)."""
     dims = list(taken) + [None] * (len(shape) - len(taken))
     for i, size in enumerate(shape):
-        if dims[i] is None and size % n == 0 and size >= n:
+        if i >= skip and dims[i] is None and size % n == 0 and size >= n:
             dims[i] = DATA
             break
     while dims and dims[-1] is None:
@@ -80,9 +93,9 @@ def state_specs(state, strategy: str, mesh):
     n = mesh.shape[DATA]
     rules = {
         'dp': lambda path, x: P(),
-        'fsdp': lambda path, x: fsdp_spec(x.shape, n),
+        'fsdp': lambda path, x: fsdp_spec(x.shape, n, skip=layer_dims(path)),
         'tp': tp_spec,
-        'fsdp_tp': lambda path, x: fsdp_spec(x.shape, n, tp_spec(path, x)),
+        'fsdp_tp': lambda path, x: fsdp_spec(x.shape, n, tp_spec(path, x), layer_dims(path)),
         'cp': lambda path, x: P(),
     }
     return jax.tree_util.tree_map_with_path(
@@ -110,7 +123,12 @@ def mesh_axes(strategy: str) -> tuple[str, str]:
 
 def state_shardings(state, mesh, strategy: str):
     """`state_specs` as NamedShardings on `mesh`: where Orbax restores and jit keeps each array."""
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), state_specs(state, strategy, mesh))
+    return named(mesh, state_specs(state, strategy, mesh))
+
+
+def named(mesh, specs):
+    """A PartitionSpec, or a tree of them, as NamedShardings on `mesh`."""
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
 
 
 def reduced_shardings(params, mesh, strategy: str):
@@ -119,16 +137,39 @@ def reduced_shardings(params, mesh, strategy: str):
     'data' device, as replicated; but its gradient comes out `unreduced` (each device's partial
     sum), for the strategy to add once. Vectors (biases, LayerNorm scales) stay replicated: jax
     (0.10 to 0.12 at least) refuses a reduced operand beside one split on the same axis in an
-    elementwise op (x + b), so their gradients are summed where they are formed."""
-
+    elementwise op (x + b), so their gradients are summed where they are formed. Under cp the
+    batch is split over 'seq' too, so the gradients are partial over both axes."""
     axes = {DATA, SEQ} if strategy == 'cp' else {DATA}  # the axes the batch is split over
     split = axes if any(mesh.shape[a] > 1 for a in axes) else set()
 
-    def cast(x, spec):  # cp splits the batch over 'seq' too: its gradients are partial there
-        return P(*spec, reduced=split) if x.ndim >= 2 and split else spec
+    def cast(path, x, spec):  # a matrix: 2 dimensions after a stacked array's layer dimension
+        matrix = x.ndim - layer_dims(path) >= 2
+        return P(*spec, reduced=split) if matrix and split else spec
 
-    specs = jax.tree.map(cast, params, state_specs(params, strategy, mesh))
+    specs = jax.tree_util.tree_map_with_path(cast, params, state_specs(params, strategy, mesh))
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+
+
+def layer_specs(specs):
+    """One layer's specs: the stacked blocks' without their layer dimension; None without
+    stacked blocks (the MLP, whose FSDP gathers every weight once, at the top of the step)."""
+    if STACKED not in specs:
+        return None
+    return jax.tree.map(lambda s: P(*s[1:]), specs[STACKED], is_leaf=lambda s: isinstance(s, P))
+
+
+def without(specs, axis: str):
+    """A PartitionSpec, or a tree of them, split over `axis` no more: without DATA, an FSDP
+    shard's layout once gathered (dp's; tp's under fsdp_tp)."""
+    return jax.tree.map(lambda spec: P(*(None if d == axis else d for d in spec)), specs)
+
+
+def outside_layers(fn, tree, *rest):
+    """`fn(x, *r)` on every array of `tree` outside the stacked blocks (embeddings, final norm:
+    what FSDP gathers once per step); the blocks' arrays as they are (gathered per layer)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x, *r: x if layer_dims(p) else fn(x, *r), tree, *rest
+    )
 
 
 def place_state(state, mesh, strategy: str):

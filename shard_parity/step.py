@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from shard_parity.placement import state_shardings
+from shard_parity.placement import layer_dims, state_shardings
 from shard_parity.runtime.config import TrainConfig
 
 
@@ -40,7 +40,8 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     """AdamW on the averaged gradient, after clipping its global norm (when grad_clip is set)."""
 
     def matrices_only(params):  # decay weight matrices and embeddings, not biases or norms
-        return jax.tree.map(lambda p: p.ndim >= 2, params)
+        # (per layer: a stacked LayerNorm scale f32[L, C] is a vector of each layer)
+        return jax.tree_util.tree_map_with_path(lambda k, p: p.ndim - layer_dims(k) >= 2, params)
 
     adamw = optax.adamw(
         learning_rate(config),

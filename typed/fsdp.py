@@ -1,27 +1,66 @@
 """FSDP in JAX's Explicit mode: parameters and optimizer state split over 'data' too.
 
-The same step as typed/dp.py, with the weights at rest split on their first dimension
-(`f32[784@data, 512]`, shard_parity/placement.py). Two reshards are the two collectives: the
-weights to dp's layout, `reduced` over 'data' (an all-gather; a type JAX's all_gather_reduced
-gives, so their gradients come out `unreduced`), and those gradients back to the split layout
-(a reduce-scatter in the types: unreduced -> split). What XLA:CPU compiles that to is in
-docs/typed.md (python -m parity_tests.collectives --strategy=fsdp). Compare explicit/fsdp.py.
+The same step as typed/dp.py, with the weights at rest split (`f32[784@data, 512]`,
+shard_parity/placement.py). Two reshards are the two collectives: the weights to dp's layout,
+`reduced` over 'data' (an all-gather; a type JAX's all_gather_reduced gives, so their
+gradients come out `unreduced`), and those gradients back to the split layout (a reduce-scatter
+in the types: unreduced -> split). The transformer's blocks are stacked and run under a scan
+(shard_parity/model/transformer.py): `layer_weights` does both reshards for one layer where it
+runs, forward and backward; the checkpoint policy keeps no gathered weight for the backward,
+which gathers each layer again. Embeddings, the final norm and the MLP's weights are gathered
+once, at the top. What XLA:CPU compiles that to is in docs/typed.md. Compare explicit/fsdp.py.
 """
 
 import jax
 from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from shard_parity.placement import BATCH, reduced_shardings, state_shardings
+from shard_parity.mesh import DATA
+from shard_parity.placement import (
+    BATCH,
+    layer_specs,
+    outside_layers,
+    reduced_shardings,
+    state_shardings,
+    state_specs,
+    without,
+)
 from shard_parity.step import bind, make_train_step
 
 STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'data'
 
 
+def reshard(x, mesh, spec):  # x: this layout, here; the data moves only at a reshard
+    return jax.reshard(x, NamedSharding(mesh, spec))
+
+
+def reduced(w, spec):  # f32[C@data, 4C] -> f32[C, 4C]{R:data}; a vector: whole (reduced_shardings)
+    return P(*without(spec, DATA), reduced={DATA}) if w.ndim >= 2 else without(spec, DATA)
+
+
+def gather_layer(specs, mesh):
+    """`layer_weights` for the model (none without stacked layers): one layer's shards -> its
+    whole weights, where the layer runs; their gradient -> the shards' sum, in the backward."""
+
+    @jax.custom_vjp
+    def layer_weights(shards):  # the layer's all-gathers
+        return jax.tree.map(lambda w, s: reshard(w, mesh, reduced(w, s)), shards, specs)
+
+    def backward(_, grads):  # {U:data} -> split: the layer's reduce-scatters, in the backward
+        return (jax.tree.map(lambda g, s: reshard(g, mesh, s), grads, specs),)
+
+    layer_weights.defvjp(lambda shards: (layer_weights(shards), None), backward)
+    return {} if specs is None else {'layer_weights': layer_weights}
+
+
 def loss_and_grads(graphdef, loss_fn, mesh):
-    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
     def fn(params, batch):  # params: f32[784@data, 512] (1/n of each); batch: x f32[B@data, 784]
-        params = jax.reshard(params, reduced_shardings(params, mesh, 'dp'))  # the all-gather
+        specs = state_specs(params, STRATEGY, mesh)
+        call = gather_layer(layer_specs(specs), mesh)  # the per-layer gather, if stacked layers
+        grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
+        # the all-gather of every weight outside the stacked layers (all of the MLP's)
+        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, 'dp'))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[784, 512]{U:data}
         # unreduced -> split over 'data': the reduce-scatter, each device keeps its shard's sum
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))

@@ -4,7 +4,9 @@ Each weight carries both splits at rest (shard_parity/placement.py), e.g. a colu
 kernel `f32[in@data, out@model]`. The step reshards the weights to tp's layout, `reduced` over
 'data' (the all-gather over 'data'), runs typed/tp.py's model call (the activations' all-reduces
 over 'model' through `sum_partials`), and reshards the `unreduced` gradients back to the split
-layout (the reduce-scatter in the types). Compare explicit/fsdp_tp.py.
+layout (the reduce-scatter in the types). As in typed/fsdp.py, the transformer's stacked blocks
+do both reshards one layer at a time where the layer runs (`gather_layer`), forward and
+backward. Compare explicit/fsdp_tp.py.
 """
 
 import jax
@@ -12,8 +14,16 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import DATA
-from shard_parity.placement import BATCH, reduced_shardings, state_shardings
+from shard_parity.placement import (
+    BATCH,
+    layer_specs,
+    outside_layers,
+    reduced_shardings,
+    state_shardings,
+    state_specs,
+)
 from shard_parity.step import bind, make_train_step
+from typed.fsdp import gather_layer
 
 STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'data'
 
@@ -24,10 +34,14 @@ def sum_partials(y):  # y: f32[B@data, T, C]{U:model}, the partial sums of a row
 
 
 def loss_and_grads(graphdef, loss_fn, mesh):
-    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, sum_partials=sum_partials), has_aux=True)
 
     def fn(params, batch):  # params: f32[in@data, out@model] etc.; batch: x f32[B@data, ...]
-        params = jax.reshard(params, reduced_shardings(params, mesh, 'tp'))  # all-gather 'data'
+        specs = state_specs(params, STRATEGY, mesh)
+        call = gather_layer(layer_specs(specs), mesh)  # over 'data' per layer, if stacked layers
+        model_fn = bind(graphdef, loss_fn, sum_partials=sum_partials, **call)
+        grad_fn = jax.value_and_grad(model_fn, has_aux=True)
+        # the all-gather over 'data' of every weight outside the stacked layers
+        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, 'tp'))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:data}
         # unreduced -> split over 'data': the reduce-scatter, each device keeps its shard's sum
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))

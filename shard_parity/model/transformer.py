@@ -4,10 +4,18 @@ Pre-norm blocks (LayerNorm -> causal self-attention -> residual; LayerNorm -> GE
 residual), learned position embeddings, a final LayerNorm, and an output head tied to the byte
 embedding. No biases and no dropout, as nanoGPT's shakespeare_char configuration; nanoGPT's init.
 Like the MLP, it knows nothing of meshes.
+
+The blocks are stored stacked: one Block whose every parameter has a leading [L] layer dimension
+(`blocks.attn.query.kernel`: f32[L, C, C]), initialised block by block exactly as a list of L
+blocks would be, so a given seed gives the same values. Layer i is a static slice of them
+(`layers()`). A strategy that passes `layer_weights=` (FSDP's per-layer all-gather) gets the
+blocks run under one `lax.scan` instead, each layer under `jax.checkpoint`: one layer's weights
+are live at a time, and the backward calls `layer_weights` again rather than keep its output.
 """
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -146,6 +154,12 @@ class Block(nnx.Module):
         return x + self.ffn(self.norm2(x), sum_partials), cache
 
 
+def stack(blocks: list[Block]) -> Block:
+    """One Block whose params are `blocks`' params stacked on a new leading [L] dimension."""
+    graphdef, states = nnx.split(blocks[0])[0], [nnx.split(b)[1] for b in blocks]
+    return nnx.merge(graphdef, jax.tree.map(lambda *w: jnp.stack(w), *states))
+
+
 class Transformer(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -163,11 +177,18 @@ class Transformer(nnx.Module):
             dtype=cfg.compute_dtype,
             rngs=rngs,
         )
-        self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.blocks = stack([Block(cfg, rngs) for _ in range(cfg.num_layers)])  # params [L, ...]
         self.norm = LayerNorm(cfg.embed_dim, dtype=cfg.compute_dtype, rngs=rngs)
 
     def __call__(
-        self, tokens, caches=None, index=0, sum_partials=None, attention=None, positions=None
+        self,
+        tokens,
+        caches=None,
+        index=0,
+        sum_partials=None,
+        attention=None,
+        positions=None,
+        layer_weights=None,
     ):
         """tokens: i32[B, T] at positions index..index+T-1 -> (logits f32[B, T, 256], caches).
         `sum_partials`: explicit tensor parallelism's psum over 'model' (explicit/tp.py), which
@@ -175,26 +196,60 @@ class Transformer(nnx.Module):
         `attention`: `(q, k, v) -> y` in place of cfg.attention's, without a cache: explicit
         context parallelism's ring (explicit/cp.py), where `tokens` are this device's part of
         each sequence and `positions`, i32[T], their positions (not contiguous in cp's zigzag
-        layout: shard_parity/model/ring.py), may be traced values."""
+        layout: shard_parity/model/ring.py), may be traced values.
+        `layer_weights`: one layer's params as stored -> as the layer uses them, called where
+        the layer runs (FSDP's per-layer all-gather, explicit/fsdp.py); the layers then run
+        under a scan, without caches."""
         if positions is None:
             positions = index + jnp.arange(tokens.shape[1])  # [T]
         if typed(tokens) is not None:  # Explicit mode: look positions up per row, as tokens
             positions = jax.reshard(jnp.broadcast_to(positions, tokens.shape), typed(tokens))
         x = lookup(self.embed, tokens) + lookup(self.pos, positions)  # [B, T, C]
         new_caches = []
-        for i, block in enumerate(self.blocks):
-            cache = None if caches is None else caches[i]
-            x, cache = block(x, cache, index, sum_partials, attention)
-            new_caches.append(cache)
+        if layer_weights is not None:  # FSDP: one layer's weights whole at a time
+            x = self.scan_layers(x, layer_weights, index, sum_partials, attention)
+        else:  # layer by layer, unrolled
+            for i, block in enumerate(self.layers()):
+                cache = None if caches is None else caches[i]
+                x, cache = block(x, cache, index, sum_partials, attention)
+                new_caches.append(cache)
         x = self.norm(x)
         table = self.embed.embedding[...].astype(x.dtype)
         logits = product(x, table, transposed=True)  # the head, tied to the embedding
         logits = logits.astype(wide(logits.dtype))  # float64 only under the bisector's --x64
         return logits, (None if caches is None else new_caches)
 
+    def layers(self) -> list[Block]:
+        """The L blocks, each a slice of the stacked params (the bisector names them blocks.i).
+        One split per array, not L slices: its gradient is one concatenation, where L slices'
+        would be L zero-padded arrays of the whole stack to add (auto's dp doubled its temp)."""
+        graphdef, weights = nnx.split(self.blocks)
+        leaves, treedef = jax.tree.flatten(weights)
+        parts = [jnp.split(w, self.cfg.num_layers) for w in leaves]  # each [1, ...]
+        return [
+            nnx.merge(graphdef, jax.tree.unflatten(treedef, [jnp.squeeze(p[i], 0) for p in parts]))
+            for i in range(self.cfg.num_layers)
+        ]
+
+    def scan_layers(self, x, layer_weights: Callable, index, sum_partials, attention):
+        """The blocks under one `lax.scan` over their stacked params. Each step sees one layer's
+        params as stored (under FSDP its shard) and passes them through `layer_weights`. The
+        checkpoint keeps only each layer's input x for the backward (`nothing_saveable`: a
+        policy that saved all but `layer_weights`' outputs would still keep what the layer
+        derives from them, a reshaped or cast kernel), so the backward calls `layer_weights`
+        again and recomputes the layer: one layer's weights are whole at a time."""
+        graphdef, weights = nnx.split(self.blocks)
+
+        def body(x, w):  # x: [B, T, C]; w: one layer's params, as stored
+            block = nnx.merge(graphdef, layer_weights(w))
+            return block(x, None, index, sum_partials, attention)[0], None
+
+        policy = jax.checkpoint_policies.nothing_saveable
+        return jax.lax.scan(jax.checkpoint(body, policy=policy), x, weights)[0]
+
     def init_caches(self, batch: int):
         """Empty KV caches: per layer two [B, seq_len, K, D] arrays in the compute dtype, the
         keys' and values' own (cuDNN refuses a bf16 query beside float32 keys)."""
         shape = (batch, self.cfg.seq_len, self.cfg.num_kv_heads, self.cfg.head_dim)
         dtype = self.cfg.compute_dtype
-        return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.blocks]
+        return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))] * self.cfg.num_layers

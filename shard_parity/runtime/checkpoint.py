@@ -28,6 +28,7 @@ from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import state_shardings
 from shard_parity.runtime import config as cfg
+from shard_parity.runtime import legacy
 from shard_parity.runtime.integrity import Damaged, verify, write_checksums
 from shard_parity.step import TrainState, make_optimizer
 
@@ -150,7 +151,10 @@ def read_config(mngr: ocp.CheckpointManager, step: int) -> dict:
 
 
 def restore_state(mngr: ocp.CheckpointManager, step: int, target: TrainState) -> TrainState:
-    """Reads step `step` into `target`'s shapes, dtypes and shardings (ShapeDtypeStructs)."""
+    """Reads step `step` into `target`'s shapes, dtypes and shardings (ShapeDtypeStructs); a
+    transformer's written before its blocks were stacked is converted on read (legacy.py)."""
+    if _guarded(mngr, step, lambda: legacy.per_layer(mngr, step)):
+        return _guarded(mngr, step, lambda: legacy.restore(mngr, step, target))
     args = ocp.args.Composite(state=ocp.args.StandardRestore(target))
     return _guarded(mngr, step, lambda: mngr.restore(step, args=args)['state'])
 

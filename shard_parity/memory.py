@@ -1,0 +1,80 @@
+"""What a compiled train step holds per device, from XLA's own `memory_analysis()`, beside the
+formula it should follow. Compile-time figures: deterministic, no step is run.
+
+    arguments  the state and batch each device holds on entry (params/n under FSDP)
+    temp       XLA's scratch during the step: gradients, gathered weights, activations
+    peak       arguments + temp + outputs, less the outputs that reuse donated arguments
+               (XLA:CPU's own peak_memory_in_bytes counts the arguments only)
+
+The formula's terms (`expected`), per device, in bytes of float32:
+
+    params_n     all the parameters / the devices that split them (n = the mesh's size under
+                 fsdp and fsdp_tp; the 'model' axis size under tp; 1 under dp)
+    layer        one block's parameters, whole: what FSDP gathers at a time
+    activations  each layer's input x [B/d, T, C], kept for the backward by the scan's
+                 checkpoint (B/d: this device's rows)
+
+FSDP's temp: its gradient shards (params_n) + one layer gathered and that layer's whole
+gradient before the reduce-scatter (2 x layer, at most) + activations; per added layer:
+layer / n + one layer's input. dp's and tp's temp hold the whole (or 1/m) gradient.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from shard_parity.mesh import DATA, MODEL
+from shard_parity.placement import state_shardings
+from shard_parity.step import TrainState
+
+MiB = 2**20
+
+
+def abstract_state(make_model, tx, mesh, strategy: str):
+    """(graphdef, TrainState of ShapeDtypeStructs placed as `strategy` places them): no array is
+    made, so the issue's 101M-parameter model compiles without being initialised."""
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: make_model(nnx.Rngs(0))))
+    state = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, jax.eval_shape(tx.init, params))
+    return graphdef, jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        state,
+        state_shardings(state, mesh, strategy),
+    )
+
+
+def compiled_step(module, make_model, loss_fn, tx, mesh, batch: dict):
+    """`module.train_step` (a twin's strategy file), lowered and compiled for `batch` (a dict
+    of ShapeDtypeStructs with their shardings); nothing runs."""
+    graphdef, state = abstract_state(make_model, tx, mesh, module.STRATEGY)
+    return module.train_step(graphdef, loss_fn, tx, mesh).lower(state, batch).compile()
+
+
+def measured(compiled) -> dict:
+    """Per-device arguments, temp and peak of a compiled program, in MiB."""
+    m = compiled.memory_analysis()
+    peak = (
+        m.argument_size_in_bytes
+        + m.temp_size_in_bytes
+        + m.output_size_in_bytes
+        - m.alias_size_in_bytes
+    )
+    return {
+        'arguments': m.argument_size_in_bytes / MiB,
+        'temp': m.temp_size_in_bytes / MiB,
+        'peak': peak / MiB,
+    }
+
+
+def expected(model_config, strategy: str, mesh, batch_size: int) -> dict:
+    """The formula's terms for a transformer (module docstring), per device, in MiB."""
+    c, n_layers = model_config.embed_dim, model_config.num_layers
+    kv = 2 * model_config.num_kv_heads * model_config.head_dim
+    layer = 4 * (c * c + c * kv + c * c + 8 * c * c + 2 * c)  # q, kv, out, up+down, 2 norms
+    outside = 4 * (model_config.vocab_size * c + model_config.seq_len * c + c)
+    split = {'dp': 1, 'tp': mesh.shape[MODEL], 'fsdp': mesh.size, 'fsdp_tp': mesh.size}
+    rows = batch_size // mesh.shape[DATA]
+    return {
+        'params_n': (n_layers * layer + outside) / split[strategy] / MiB,
+        'layer': layer / MiB,
+        'activations': 4 * n_layers * rows * model_config.seq_len * c / MiB,
+    }
