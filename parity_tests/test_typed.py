@@ -25,7 +25,7 @@ from parity_tests.helpers import (
     twin_loss_and_grads,
 )
 from shard_parity.mesh import DATA, MODEL, make_mesh
-from shard_parity.placement import place_batch, place_state
+from shard_parity.placement import layer_dims, place_batch, place_state
 from shard_parity.step import one_device_loss_and_grads
 
 
@@ -80,8 +80,9 @@ def test_dp_types_read_while_tracing(reshards, case):
     inside, _, grad_types = traced_dp_types(reshards, case, mesh)
     for t in jax.tree.leaves(inside['batch']):
         assert t.sharding.spec.partitions[0] == DATA  # the batch: P('data')
-    for t, g in zip(jax.tree.leaves(inside['params']), jax.tree.leaves(grad_types), strict=True):
-        matrix = t.ndim >= 2
+    params = jax.tree_util.tree_leaves_with_path(inside['params'])
+    for (path, t), g in zip(params, jax.tree.leaves(grad_types), strict=True):
+        matrix = t.ndim - layer_dims(path) >= 2  # a stacked LayerNorm scale [L, C]: a vector
         # a matrix is whole on every device, reduced over 'data': its gradient comes out
         # unreduced (partial sums) until the strategy's one reshard adds them
         assert t.sharding.spec.reduced == (frozenset({DATA}) if matrix else frozenset())
