@@ -342,7 +342,7 @@ ROWS = [
         'test_cli.test_the_transformer_defaults_run_on_8_emulated_devices',
     ),
     (
-        'a strategy the twin does not have (typed/ without cp)',
+        'a strategy the twin does not have, or none of that name',
         'value should be one of <dp|fsdp|tp|fsdp_tp',
         'test_cli.test_each_train_cli_offers_exactly_its_twins_strategies',
     ),
