@@ -77,7 +77,9 @@ def test_inspector_pins_the_transformer_collectives():
     auto/ all-reduces each term, moving one extra [256, 128] float32 (131,072 bytes). typed/'s
     `reduced` table gets one `unreduced` gradient, both terms summed before its one reduction.
     The blocks are stacked ([L, ...] arrays, L = 4): explicit/ all-reduces each stacked gradient
-    once; auto/ all-reduces each layer's slice where it is formed, L ops of 1/L the size."""
+    once; auto/ all-reduces each layer's slice where it is formed, L ops of 1/L the size, and so
+    does typed/ for the LayerNorm scales ([L, C]: vectors of each layer, not `reduced`, so their
+    gradients are summed where they are formed), in the same bytes as explicit/."""
     r = inspect_collectives('transformer', batch_size=16)
     grads = r['expected']['gradient_bytes']
     assert grads == 828_544 * 4
@@ -94,7 +96,10 @@ def test_inspector_pins_the_transformer_collectives():
         'explicit has all-reduce of 262,144 elements over 8 devices that auto lacks (x2)',
         'explicit has all-reduce of 131,072 elements over 8 devices that auto lacks (x1)',
     ]
-    assert r['typed_differences'] == []
+    assert r['typed_differences'] == [
+        'typed has all-reduce of 128 elements over 8 devices that explicit lacks (x8)',
+        'explicit has all-reduce of 512 elements over 8 devices that typed lacks (x2)',
+    ]
     for twin in twins:
         assert {op['kind'] for op in r['programs'][twin]} == {'all-reduce'}
 
