@@ -496,6 +496,7 @@ def test_cli_row(row, mlp_workdir):
     assert len([line for line in lines if message(row) in line]) == 1
 
 
+@pytest.mark.slow  # trains and saves: 17 s
 def test_disk_full_while_saving_keeps_the_earlier_checkpoints(mesh8, tmp_path, monkeypatch):
     case = make_case('transformer')
     config = dataclasses.replace(case.config, steps=10, eval_every=5, batch_size=16)

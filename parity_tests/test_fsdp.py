@@ -62,6 +62,10 @@ def test_fsdp_gradients_match_the_one_device_run(twin, mesh8, case):
     assert all(not g.sharding.is_fully_replicated for g in kernels)  # they stay sharded
 
 
+# The transformer's trajectory in the full suite (36 s); test_mesh_parity trains it fast on 2x4.
+@pytest.mark.parametrize(
+    'case', ['mlp', pytest.param('transformer', marks=pytest.mark.slow)], indirect=True
+)
 def test_fsdp_trains_like_the_one_device_run(mesh8, case):
     """float32: the loss at every step; float64: every loss and parameter (helpers.py)."""
     graphdef, tx, state = fresh_state(case=case)

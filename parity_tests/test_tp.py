@@ -65,7 +65,7 @@ def test_state_per_device_falls_with_each_axis(model):
     assert held['fsdp_tp', (4, 2)] < held['tp', (4, 2)] / 3  # and fsdp splits what is left 4 ways
 
 
-@pytest.mark.parametrize('model', ['mlp', 'transformer'])
+@pytest.mark.parametrize('model', ['mlp', pytest.param('transformer', marks=pytest.mark.slow)])
 def test_inspector_pins_the_tp_collectives(model):
     shape = {'num_layers': 2, 'num_heads': 4, 'num_kv_heads': 4} if model == 'transformer' else {}
     r = inspect_collectives(model, 'tp', (4, 2), batch_size=16, **shape)
