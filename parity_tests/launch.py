@@ -28,13 +28,14 @@ import math
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 from absl import app, flags
+
+from parity_tests.net import free_port
 
 NUM = flags.DEFINE_integer('num_processes', 2, 'How many processes.', lower_bound=1)
 DEVICES = flags.DEFINE_integer(
@@ -58,12 +59,6 @@ TIMEOUT = flags.DEFINE_integer(
 )
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 received: list[int] = []  # the signals the launcher got, in order
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def describe(code: int) -> str:

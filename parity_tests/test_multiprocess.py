@@ -147,7 +147,7 @@ def test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise(tmp_
     stopped or saved, and the launcher killed both. Now a scheduler's SIGTERM (to each process,
     by hand) and the launcher's both stop every process at one step, saved, exit 143; the
     resumed run ends bitwise where an undisturbed one does."""
-    from parity_tests.launch import free_port
+    from parity_tests.net import free_port  # not from launch.py: its flags would clash
 
     flags = [*FLAGS['mlp'], '--log_every=5', '--eval_every=1000', '--checkpoint_every=1000']
     flags += ['--decay_steps=1000']
