@@ -19,6 +19,17 @@ from parity_tests import helpers
 from parity_tests.helpers import make_case
 from shard_parity.mesh import configure_jax, make_mesh
 
+# The suite's time is XLA:CPU compiling (85% of the fast tier's; its programs then run for
+# milliseconds), and most of a compile is LLVM optimising machine code at XLA's default level 3.
+# Tests compare programs, not machine code, so they compile at level 0: less than half the CPU per
+# compile (docs/determinism.md, "The suite's time"). The transformer's last bits can differ from
+# level 3, as from another processor's, which the tolerances allow for (helpers.py); the MLP twins
+# stay bitwise equal. Subprocesses inherit it, so a CLI run and an in-process run compile alike.
+# XLA_FLAGS naming a level of your own (3: the CLIs' default) wins.
+OPT_LEVEL = '--xla_backend_optimization_level'
+if OPT_LEVEL not in os.environ.get('XLA_FLAGS', ''):
+    os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {OPT_LEVEL}=0".strip()
+
 # Importing JAX does not start its backend; the first computation does. None has run yet.
 configure_jax(8)
 
@@ -51,7 +62,8 @@ def pytest_report_header(config):
 
     return [
         f'processor: {cpu_model()} ({platform.machine()}; host has {host_isa()})',
-        f'XLA:CPU: XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r} (AVX: no fused multiply-add)',
+        f'XLA:CPU: XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r} (AVX: no fused multiply-add;'
+        ' level 0: the tests compile fast, conftest.py)',
         f'jax {jax.__version__}, jaxlib {jaxlib.__version__}, Python {platform.python_version()}'
         f', {jax.config.jax_num_cpu_devices} emulated CPU devices',
     ]

@@ -216,6 +216,24 @@ def one_device_x64(case: Case, seed=0):
         return train(step, state, Wide(case.batches))
 
 
+_ONE_DEVICE_RUNS: dict = {}
+
+
+def one_device_runs(case: Case, seed=0):
+    """The one-device run's STEPS steps in float32 and in float64, ((losses, params), (losses,
+    params)), computed once per test process for each case: test_training_parity, test_fsdp,
+    test_cp and test_mesh_parity all compare against them. The key holds everything the
+    one-device run depends on; a test that patches the model itself must not use this."""
+    from shard_parity.model import attention
+
+    key = case.name, case.model_config, seed, attention.KEY_BLOCK
+    if key not in _ONE_DEVICE_RUNS:
+        graphdef, tx, state = fresh_state(seed, case)
+        float32 = train(one_device_train_step(graphdef, case.loss_fn, tx), state, case.batches)
+        _ONE_DEVICE_RUNS[key] = float32, one_device_x64(case, seed)
+    return _ONE_DEVICE_RUNS[key]
+
+
 def train_twin_x64(twin, mesh, case, seed=0, strategy='dp'):
     """`train_twin` in float64: (losses, params)."""
     with jax.enable_x64(True):

@@ -29,11 +29,10 @@ from parity_tests.helpers import (
     inspect_collectives,
     logits,
     make_case,
-    one_device_x64,
+    one_device_runs,
     read_metrics,
     run_cli,
     save_checkpoint,
-    train,
     train_twin,
     train_twin_x64,
     twin_loss_and_grads,
@@ -43,7 +42,7 @@ from shard_parity.model import ring as ring_module
 from shard_parity.placement import check_cp, mesh_axes, place_batch, place_state
 from shard_parity.runtime import checkpoint, tasks
 from shard_parity.runtime import config as cfg
-from shard_parity.step import bind, one_device_loss_and_grads, one_device_train_step
+from shard_parity.step import bind, one_device_loss_and_grads
 
 # 16 positions: 2 per device on a sequence axis of 8. One block: every layer kind, fast compiles.
 MHA = cfg.TransformerConfig(seq_len=16, num_layers=1, num_heads=4, num_kv_heads=4, embed_dim=32)
@@ -75,10 +74,7 @@ def one_device():
             grads_fn = one_device_loss_and_grads(graphdef, case.loss_fn)
             cache[name] = (case, *grads_fn(state.params, case.batches.batch(0)))
         if steps and (name, 'steps') not in cache:
-            case = cache[name][0]
-            graphdef, tx, state = fresh_state(case=case)
-            one = one_device_train_step(graphdef, case.loss_fn, tx)
-            cache[name, 'steps'] = train(one, state, case.batches), one_device_x64(case)
+            cache[name, 'steps'] = one_device_runs(cache[name][0])
         return (*cache[name], cache[name, 'steps']) if steps else cache[name]
 
     return get

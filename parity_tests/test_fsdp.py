@@ -19,10 +19,9 @@ from parity_tests.helpers import (
     assert_trees_close,
     device0_bytes,
     fresh_state,
-    one_device_x64,
+    one_device_runs,
     read_metrics,
     run_cli,
-    train,
     train_twin,
     train_twin_x64,
     twin_loss_and_grads,
@@ -30,7 +29,7 @@ from parity_tests.helpers import (
 from parity_tests.hlo import collectives, compiled_text
 from shard_parity.placement import layer_dims, place_batch, place_state
 from shard_parity.runtime.tasks import classification_loss
-from shard_parity.step import one_device_loss_and_grads, one_device_train_step
+from shard_parity.step import one_device_loss_and_grads
 
 TWINS = [auto, explicit]
 IDS = ['auto', 'explicit']
@@ -68,10 +67,8 @@ def test_fsdp_gradients_match_the_one_device_run(twin, mesh8, case):
 )
 def test_fsdp_trains_like_the_one_device_run(mesh8, case):
     """float32: the loss at every step; float64: every loss and parameter (helpers.py)."""
-    graphdef, tx, state = fresh_state(case=case)
-    want_losses, _ = train(one_device_train_step(graphdef, case.loss_fn, tx), state, case.batches)
+    (want_losses, _), (want_losses_64, want_params_64) = one_device_runs(case)
     assert not np.allclose(want_losses, want_losses[::-1])  # the run moved: the test can fail
-    want_losses_64, want_params_64 = one_device_x64(case)
     for twin in TWINS:
         losses, _ = train_twin(twin, mesh8, case, strategy='fsdp')
         assert_close(losses, want_losses, 'float32 losses', **LOSS_TOL)

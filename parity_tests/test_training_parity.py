@@ -19,24 +19,21 @@ from parity_tests.helpers import (
     assert_close,
     assert_params_close,
     fresh_state,
-    one_device_x64,
-    train,
+    one_device_runs,
     train_twin,
     train_twin_x64,
 )
 from shard_parity.mesh import make_mesh
-from shard_parity.step import one_device_train_step
 
 
 @pytest.fixture(scope='module')
 def one_device(case):
-    graphdef, tx, state = fresh_state(case=case)
-    return train(one_device_train_step(graphdef, case.loss_fn, tx), state, case.batches)
+    return one_device_runs(case)[0]
 
 
 @pytest.fixture(scope='module')
 def one_device_64(case):
-    return one_device_x64(case)
+    return one_device_runs(case)[1]
 
 
 def test_float64_resolves_float32_round_off(one_device, one_device_64):
