@@ -5,8 +5,9 @@
 
 Each process gets --coordinator_address (a free loopback port), --num_processes, --process_id
 and --cpu_devices appended; JAX's own runtime (jax.distributed) does the rest, with gloo for the
-CPU collectives. Process 0's output comes through; the others' goes to log files in a temporary
-folder, and the end of a failed process's log is shown.
+CPU collectives. Process 0's output comes through, without gloo's `[Gloo] Rank 0 is connected`
+lines and the launcher's own notes (each process's pid) unless --verbose; the others' goes to log
+files in a temporary folder, and the end of a failed process's log is shown.
 
 It never hangs on a process that exits or on a signal (and with --timeout, not on processes that
 all hang either), and none of the processes it started outlives it (unless the launcher itself is
@@ -25,12 +26,14 @@ removed: the run was stopped on purpose.
 """
 
 import math
+import os
 import pathlib
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from absl import app, flags
@@ -57,6 +60,9 @@ TIMEOUT = flags.DEFINE_integer(
     'process hangs, which nothing else notices.',
     lower_bound=1,
 )
+VERBOSE = flags.DEFINE_bool(
+    'verbose', False, "Also show each process's pid and gloo's connection lines."
+)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 received: list[int] = []  # the signals the launcher got, in order
 
@@ -69,10 +75,23 @@ def say(message: str) -> None:
     print(f'[launch] {message}', file=sys.stderr, flush=True)
 
 
+def relay(stream, verbose: bool) -> None:
+    """Copies process 0's stdout to ours as it comes, line by line, leaving out gloo's
+    connection lines (printed by its C++ in the middle of the progress bar) unless `verbose`."""
+    for line in iter(stream.readline, b''):
+        if verbose or not line.startswith(b'[Gloo] '):
+            try:
+                sys.stdout.buffer.write(line)
+                sys.stdout.buffer.flush()
+            except OSError:  # our stdout is gone (a closed pipe): keep draining theirs
+                pass
+
+
 def launch(command: list[str], n: int, devices: int, logs: pathlib.Path, procs: list) -> list:
     """Starts the n processes, appending each to `procs` as it starts (so that whoever called
-    can end those already started if a later one cannot start)."""
-    port = free_port()
+    can end those already started if a later one cannot start). Returns the thread that relays
+    process 0's stdout."""
+    port, relayed = free_port(), None
     for i in range(n):
         extra = [
             f'--coordinator_address=127.0.0.1:{port}',
@@ -80,13 +99,17 @@ def launch(command: list[str], n: int, devices: int, logs: pathlib.Path, procs: 
             f'--process_id={i}',
             f'--cpu_devices={devices}',
         ]
-        if i == 0:
-            procs.append(subprocess.Popen(command + extra))
+        if i == 0:  # unbuffered (if Python), so that its lines come through as they are printed
+            env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
+            procs.append(subprocess.Popen(command + extra, stdout=subprocess.PIPE, env=env))
+            relayed = threading.Thread(target=relay, args=(procs[0].stdout, VERBOSE.value))
+            relayed.start()
         else:
             with open(logs / f'process_{i}.log', 'w') as out:  # the child keeps its own copy
                 procs.append(subprocess.Popen(command + extra, stdout=out, stderr=out))
-        say(f'process {i}: pid {procs[-1].pid}')
-    return procs
+        if VERBOSE.value:
+            say(f'process {i}: pid {procs[-1].pid}')
+    return relayed
 
 
 def kill_all(procs) -> None:
@@ -181,10 +204,10 @@ def main(argv):
     for s in FORWARDED:
         signal.signal(s, on_signal)
     logs = pathlib.Path(tempfile.mkdtemp(prefix='shard-parity-launch-'))
-    procs, code = [], None
+    procs, code, relayed = [], None, None
     try:
         try:
-            launch(command, NUM.value, DEVICES.value, logs, procs)
+            relayed = launch(command, NUM.value, DEVICES.value, logs, procs)
         except OSError as e:
             say(f'error: cannot run {command[0]}: {e.strerror}')
             kill_all(procs)
@@ -194,6 +217,8 @@ def main(argv):
             code = supervise(procs, logs, GRACE.value, TIMEOUT.value)
     finally:
         kill_all(procs)  # only if the launcher itself failed is any left
+        if relayed:
+            relayed.join(timeout=5)  # the last lines; not forever: a grandchild may hold the pipe
         if code is None:
             shutil.rmtree(logs, ignore_errors=True)
     sys.exit(code)

@@ -1,5 +1,7 @@
-"""`python -m parity_tests.launch`: it never hangs, passes signals on, names a missing program in
-one line, and leaves no process and no temporary folder behind (except a failed process's log).
+"""`python -m parity_tests.launch`: it never hangs on a process that exits or on a signal (and,
+given --timeout, not on processes that all hang), passes signals on, names a missing program in
+one line, keeps gloo's lines and its own notes off the progress bar unless --verbose, and leaves no
+process and no temporary folder behind (except a failed process's log).
 
 The launched programs are tiny `python -c` scripts, not training: each reads its --process_id
 from the flags the launcher appends and does what its part of the plan says."""
@@ -14,7 +16,8 @@ import pytest
 
 from parity_tests.helpers import REPO
 
-# What process i does is the i-th item of argv[1]: 'exit:N' exits N at once; 'sleep' sleeps,
+# What process i does is the i-th item of argv[1]: 'exit:N' exits N at once; 'gloo' prints what
+# gloo prints on connecting and a line of its own, and exits 0; 'sleep' sleeps,
 # leaving quietly (exit 3) on SIGINT or SIGTERM; 'deaf' sleeps and ignores both. Each sleeper
 # first writes <READY>/ready_<i>, and on a signal <READY>/got_<i>_<signal>.
 CHILD = """
@@ -23,6 +26,10 @@ i = int(next(a for a in sys.argv if a.startswith('--process_id=')).split('=')[1]
 plan = sys.argv[1].split(',')[i]
 if plan.startswith('exit:'):
     sys.exit(int(plan[5:]))
+if plan == 'gloo':
+    print(f'[Gloo] Rank {i} is connected to 1 peer ranks. Expected number of connected peer ranks is : 1')
+    print(f'process {i} says hello')
+    sys.exit(0)
 def leave(signum, frame):
     open(os.path.join(os.environ['READY'], f'got_{i}_{signum}'), 'w').close()
     sys.exit(3)
@@ -45,7 +52,7 @@ def alive(pid: int) -> bool:
 class Launch:
     """One launcher, in its own session, so that whatever it leaves can be found and killed."""
 
-    def __init__(self, tmp_path, *args, plan=None, grace=1, extra=()):
+    def __init__(self, tmp_path, *args, plan=None, grace=1, extra=('--verbose',)):
         self.tmp = tmp_path / 'tmp'  # the launcher's TMPDIR: where its log folder goes
         self.ready = tmp_path / 'ready'
         self.tmp.mkdir()
@@ -184,7 +191,7 @@ def test_a_missing_program_is_named_in_one_line(launcher):
 def test_timeout_stops_processes_that_all_hang(launcher):
     """Every process hanging (a deadlocked collective) was noticed by nothing: --timeout stops
     them as a SIGTERM would, then kills what is left, and exits 124."""
-    done = launcher(plan='sleep,deaf', extra=['--timeout=3'])
+    done = launcher(plan='sleep,deaf', extra=['--verbose', '--timeout=3'])
     done.finish()
     assert done.proc.returncode == 124, done.err
     assert '[launch] error: --timeout=3 s passed; stopping the processes' in done.err
@@ -203,3 +210,15 @@ def test_a_forgotten_double_dash_is_named():
         'error: put -- before the command: python -m parity_tests.launch [--num_processes=N] '
         '-- python -m auto.train --steps=5'
     ]
+
+
+@pytest.mark.parametrize('verbose', [False, True])
+def test_gloo_lines_and_pids_only_with_verbose(launcher, verbose):
+    """Gloo's connection lines (process 0's stdout) and the launcher's pid notes landed in the
+    middle of the progress bar: they now show only with --verbose. Process 0's own lines stay."""
+    done = launcher(plan='gloo,gloo', extra=['--verbose'] if verbose else []).finish()
+    assert done.proc.returncode == 0, done.err
+    gloo = '[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1'
+    assert done.out.splitlines() == ([gloo] if verbose else []) + ['process 0 says hello']
+    assert len(done.pids) == (2 if verbose else 0), done.err
+    assert done.err == '' or verbose, done.err
