@@ -71,27 +71,54 @@ def describe(code: int) -> str:
     return f'was killed by {signal.Signals(-code).name}' if code < 0 else f'exited with {code}'
 
 
+open_line = [False]  # process 0's stderr ends mid-line (its progress bar): say() starts a new one
+
+
 def say(message: str) -> None:
-    print(f'[launch] {message}', file=sys.stderr, flush=True)
+    print(('\n' if open_line[0] else '') + f'[launch] {message}', file=sys.stderr, flush=True)
+    open_line[0] = False
 
 
-def relay(stream, verbose: bool) -> None:
-    """Copies process 0's stdout to ours as it comes, line by line, leaving out gloo's
-    connection lines (printed by its C++ in the middle of the progress bar) unless `verbose`."""
-    for line in iter(stream.readline, b''):
-        if verbose or not line.startswith(b'[Gloo] '):
-            try:
-                sys.stdout.buffer.write(line)
-                sys.stdout.buffer.flush()
-            except OSError:  # our stdout is gone (a closed pipe): keep draining theirs
-                pass
+def relay(stream, out, keep) -> None:
+    """Copies a stream of process 0 to `out` (ours) as it comes; `keep(line)` says which whole
+    lines pass (None: every byte passes at once, as a progress bar's carriage returns need)."""
+    read = stream.readline if keep else (lambda: os.read(stream.fileno(), 1 << 16))
+    for chunk in iter(read, b''):
+        if keep and not keep(chunk):
+            continue
+        try:
+            out.write(chunk)
+            out.flush()
+        except OSError:  # ours is gone (a closed pipe): keep draining theirs
+            pass
+        if not keep:
+            open_line[0] = not chunk.endswith(b'\n')
+
+
+def start_0(command: list[str]) -> tuple[subprocess.Popen, list[threading.Thread]]:
+    """Process 0, its output relayed: without gloo's connection lines (printed by its C++ over
+    the progress bar) and with JAX's C++ warnings (`W1202 ... SIGTERM caught`) off, unless
+    --verbose; unbuffered (if Python), so that its lines come as they are printed."""
+    env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
+    if not VERBOSE.value:
+        env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(command, stdout=pipe, stderr=pipe, env=env)
+    keep = (lambda line: True) if VERBOSE.value else (lambda line: not line.startswith(b'[Gloo] '))
+    threads = [
+        threading.Thread(target=relay, args=(proc.stdout, sys.stdout.buffer, keep), daemon=True),
+        threading.Thread(target=relay, args=(proc.stderr, sys.stderr.buffer, None), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    return proc, threads
 
 
 def launch(command: list[str], n: int, devices: int, logs: pathlib.Path, procs: list) -> list:
     """Starts the n processes, appending each to `procs` as it starts (so that whoever called
-    can end those already started if a later one cannot start). Returns the thread that relays
-    process 0's stdout."""
-    port, relayed = free_port(), None
+    can end those already started if a later one cannot start). Returns the threads that relay
+    process 0's output."""
+    port, relayed = free_port(), []
     for i in range(n):
         extra = [
             f'--coordinator_address=127.0.0.1:{port}',
@@ -99,11 +126,9 @@ def launch(command: list[str], n: int, devices: int, logs: pathlib.Path, procs: 
             f'--process_id={i}',
             f'--cpu_devices={devices}',
         ]
-        if i == 0:  # unbuffered (if Python), so that its lines come through as they are printed
-            env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
-            procs.append(subprocess.Popen(command + extra, stdout=subprocess.PIPE, env=env))
-            relayed = threading.Thread(target=relay, args=(procs[0].stdout, VERBOSE.value))
-            relayed.start()
+        if i == 0:
+            proc, relayed = start_0(command + extra)
+            procs.append(proc)
         else:
             with open(logs / f'process_{i}.log', 'w') as out:  # the child keeps its own copy
                 procs.append(subprocess.Popen(command + extra, stdout=out, stderr=out))
@@ -175,11 +200,7 @@ def supervise(procs, logs: pathlib.Path, grace: int, timeout: int | None = None)
         if code and i:
             log = logs / f'process_{i}.log'
             tail = log.read_bytes().decode(errors='replace').splitlines()[-5:]
-            print(
-                f'[launch] process {i} {describe(code)}; its log ({log}) ends:\n  '
-                + '\n  '.join(tail),
-                file=sys.stderr,
-            )
+            say(f'process {i} {describe(code)}; its log ({log}) ends:\n  ' + '\n  '.join(tail))
     bad = [i for i, c in enumerate(codes) if c]
     if any(bad_i > 0 for bad_i in bad):
         say(f'the logs stay in {logs}')
@@ -204,7 +225,7 @@ def main(argv):
     for s in FORWARDED:
         signal.signal(s, on_signal)
     logs = pathlib.Path(tempfile.mkdtemp(prefix='shard-parity-launch-'))
-    procs, code, relayed = [], None, None
+    procs, code, relayed = [], None, []
     try:
         try:
             relayed = launch(command, NUM.value, DEVICES.value, logs, procs)
@@ -217,8 +238,8 @@ def main(argv):
             code = supervise(procs, logs, GRACE.value, TIMEOUT.value)
     finally:
         kill_all(procs)  # only if the launcher itself failed is any left
-        if relayed:
-            relayed.join(timeout=5)  # the last lines; not forever: a grandchild may hold the pipe
+        for thread in relayed:  # the last lines; not forever: a grandchild may hold the pipe
+            thread.join(timeout=5)
         if code is None:
             shutil.rmtree(logs, ignore_errors=True)
     sys.exit(code)

@@ -17,7 +17,8 @@ import pytest
 from parity_tests.helpers import REPO
 
 # What process i does is the i-th item of argv[1]: 'exit:N' exits N at once; 'gloo' prints what
-# gloo prints on connecting and a line of its own, and exits 0; 'sleep' sleeps,
+# gloo prints on connecting and a line of its own, and exits 0; 'sleep' draws a progress bar
+# (no newline) and sleeps,
 # leaving quietly (exit 3) on SIGINT or SIGTERM; 'deaf' sleeps and ignores both. Each sleeper
 # first writes <READY>/ready_<i>, and on a signal <READY>/got_<i>_<signal>.
 CHILD = """
@@ -28,16 +29,19 @@ if plan.startswith('exit:'):
     sys.exit(int(plan[5:]))
 if plan == 'gloo':
     print(f'[Gloo] Rank {i} is connected to 1 peer ranks. Expected number of connected peer ranks is : 1')
-    print(f'process {i} says hello')
+    print(f"process {i} says hello ({os.environ.get('TF_CPP_MIN_LOG_LEVEL')})")
     sys.exit(0)
 def leave(signum, frame):
     open(os.path.join(os.environ['READY'], f'got_{i}_{signum}'), 'w').close()
     sys.exit(3)
 for s in (signal.SIGINT, signal.SIGTERM):
     signal.signal(s, signal.SIG_IGN if plan == 'deaf' else leave)
+sys.stderr.write('\\rstep 1/10')
+sys.stderr.flush()
 open(os.path.join(os.environ['READY'], f'ready_{i}'), 'w').close()
 time.sleep(600)
 """
+CLEAN_ENV = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}  # as a user's
 TIMEOUT = 30  # far more than any of these needs; the old launcher hung past it
 
 
@@ -71,7 +75,7 @@ class Launch:
                 *program,
             ],
             cwd=REPO,
-            env={**os.environ, 'TMPDIR': str(self.tmp), 'READY': str(self.ready)},
+            env={**CLEAN_ENV, 'TMPDIR': str(self.tmp), 'READY': str(self.ready)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -166,6 +170,8 @@ def test_a_signal_is_passed_on_and_the_processes_waited_for(launcher, sig, code)
     assert got == [f'got_0_{int(sig)}', f'got_1_{int(sig)}']
     assert 'Traceback' not in done.err and 'killed' not in done.err, done.err
     assert done.folders() == [] and not done.left_running()
+    ours = [line for line in done.err.split('\n') if '[launch]' in line]  # not on the bar
+    assert ours and all(line.startswith('[launch]') for line in ours), done.err
 
 
 def test_a_process_that_ignores_the_signal_is_killed_after_the_grace(launcher):
@@ -219,6 +225,7 @@ def test_gloo_lines_and_pids_only_with_verbose(launcher, verbose):
     done = launcher(plan='gloo,gloo', extra=['--verbose'] if verbose else []).finish()
     assert done.proc.returncode == 0, done.err
     gloo = '[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1'
-    assert done.out.splitlines() == ([gloo] if verbose else []) + ['process 0 says hello']
+    hello = f'process 0 says hello ({None if verbose else 2})'  # JAX's C++ warnings off too
+    assert done.out.splitlines() == ([gloo] if verbose else []) + [hello]
     assert len(done.pids) == (2 if verbose else 0), done.err
     assert done.err == '' or verbose, done.err
