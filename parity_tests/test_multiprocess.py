@@ -89,6 +89,7 @@ def test_a_killed_process_stops_the_run_in_bounded_time(tmp_path):
         '--num_processes=2',
         '--cpu_devices_per_process=4',
         '--grace_seconds=30',
+        '--verbose',  # to name each process's pid
         '--',
         sys.executable,
         '-m',
