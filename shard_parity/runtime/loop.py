@@ -45,15 +45,19 @@ class Interrupted(Exception):
         self.exit_code = 128 + signum  # 130 for Ctrl-C, 143 for SIGTERM, as the shell reports
 
 
-SIGNALS = []  # the signals received so far; the loop polls it between steps
+SIGNALS = []  # why the run stops (a signal here, or JAX's sync point); the loop polls it
+RECEIVED = []  # the signals this handler got (JAX's notifier takes SIGTERM before the sync point)
 AGAIN = ['interrupted again: stopped at once']  # what a second signal prints (stop_on_signals)
 
 
 def on_signal(signum, frame):
-    if SIGNALS:  # the second: the user insists. Exit here: a KeyboardInterrupt raised now can
+    if RECEIVED:  # the second: the user insists. Exit here: a KeyboardInterrupt raised now can
         # land in a callback from XLA's C++ during a compile, which prints it and goes on, or crashes
         os.write(2, f'\n{AGAIN[0]}\n'.encode())
         os._exit(128 + signum)
+    RECEIVED.append(signum)
+    if SIGNALS:  # already stopping at JAX's sync point: the scheduler's SIGTERM reaching us late
+        return
     SIGNALS.append(signum)
     if signum != signal.SIGTERM and jax.distributed.is_initialized():
         signal.raise_signal(signal.SIGTERM)  # to JAX's notifier, which tells every process
