@@ -24,6 +24,7 @@ from absl import app, flags, logging
 
 from shard_parity import UsageError
 from shard_parity.runtime import flags as F
+from shard_parity.runtime import plain_warnings
 
 TWINS = flags.DEFINE_list(
     'twins',
@@ -49,6 +50,8 @@ DEFAULT_STEPS = 20
 def main(argv):
     if not flags.FLAGS['verbosity'].present:  # Orbax and XLA log a lot at INFO
         logging.set_verbosity(logging.WARNING)
+    if not F.VERBOSE.value:  # `warning: ...` (a checkpoint read unverified), not absl's format
+        plain_warnings()
     try:
         import jax
 
