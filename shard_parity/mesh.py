@@ -110,7 +110,7 @@ def wait_for_coordinator(address: str, seconds: int) -> None:
     from shard_parity.runtime.loop import SIGNALS
 
     host, _, port = address.rpartition(':')
-    deadline = time.monotonic() + seconds
+    deadline, note = time.monotonic() + seconds, time.monotonic() + 5
     while True:
         try:
             socket.create_connection((host.strip('[]'), int(port)), timeout=1).close()
@@ -118,6 +118,14 @@ def wait_for_coordinator(address: str, seconds: int) -> None:
         except (OSError, ValueError) as e:
             if SIGNALS:
                 raise KeyboardInterrupt from None
+            if time.monotonic() > note and time.monotonic() < deadline:
+                note = float('inf')
+                print(
+                    f'waiting for process 0 to answer at --coordinator_address={address} '
+                    f'(up to {seconds} s, --heartbeat_timeout; Ctrl-C stops)',
+                    file=sys.stderr,
+                    flush=True,
+                )
             if time.monotonic() > deadline or isinstance(e, ValueError):
                 raise UsageError(
                     f'--coordinator_address={address}: nobody answered within {seconds} s '
