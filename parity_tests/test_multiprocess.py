@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -199,6 +200,8 @@ def test_ctrl_c_works_while_process_0_waits_for_the_others(tmp_path):
     command += [f'--coordinator_address=127.0.0.1:{free_port()}', '--num_processes=2']
     command += ['--process_id=0', f'--workdir={tmp_path}']
     proc = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(90, proc.kill)  # the old process never spoke: fail, never hang
+    watchdog.start()
     try:
         line = ''
         for line in proc.stderr:  # past anything JAX says first
@@ -208,6 +211,7 @@ def test_ctrl_c_works_while_process_0_waits_for_the_others(tmp_path):
         proc.send_signal(signal.SIGINT)
         err = proc.communicate(timeout=10)[1]
     finally:
+        watchdog.cancel()
         proc.kill()
     assert proc.returncode == 130
     assert err.strip() == 'interrupted while the processes were joining: nothing was started'
