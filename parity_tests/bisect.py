@@ -24,7 +24,7 @@ from absl import app, flags, logging
 
 from shard_parity import UsageError
 from shard_parity.runtime import flags as F
-from shard_parity.runtime import plain_warnings
+from shard_parity.runtime import declare_key_flags, plain_warnings
 
 TWINS = flags.DEFINE_list(
     'twins',
@@ -178,4 +178,9 @@ def render(r) -> str:
 
 
 if __name__ == '__main__':
+    declare_key_flags(  # the train CLI's flags it reads: listed by --help, which exits 0
+        [F.MODEL, F.STRATEGY, F.MESH, F.NUM_DEVICES, *F.TRAIN.values(), *F.TRANSFORMER_SHAPE]
+        + [F.CPU_DEVICES, F.CPU_FMA, F.DATA_DIR, F.DOWNLOAD, F.VERBOSE]
+    )
+    flags.FLAGS['steps'].help = f'How many steps to compare. Default: {DEFAULT_STEPS}.'
     app.run(main)
