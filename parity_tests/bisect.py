@@ -24,6 +24,7 @@ from absl import app, flags, logging
 
 from shard_parity import UsageError
 from shard_parity.runtime import flags as F
+from shard_parity.runtime import declare_key_flags, plain_warnings
 
 TWINS = flags.DEFINE_list(
     'twins',
@@ -49,6 +50,8 @@ DEFAULT_STEPS = 20
 def main(argv):
     if not flags.FLAGS['verbosity'].present:  # Orbax and XLA log a lot at INFO
         logging.set_verbosity(logging.WARNING)
+    if not F.VERBOSE.value:  # `warning: ...` (a checkpoint read unverified), not absl's format
+        plain_warnings()
     try:
         import jax
 
@@ -175,4 +178,9 @@ def render(r) -> str:
 
 
 if __name__ == '__main__':
+    declare_key_flags(  # the train CLI's flags it reads: listed by --help, which exits 0
+        [F.MODEL, F.STRATEGY, F.MESH, F.NUM_DEVICES, *F.TRAIN.values(), *F.TRANSFORMER_SHAPE]
+        + [F.CPU_DEVICES, F.CPU_FMA, F.DATA_DIR, F.DOWNLOAD, F.VERBOSE]
+    )
+    flags.FLAGS['steps'].help = f'How many steps to compare. Default: {DEFAULT_STEPS}.'
     app.run(main)

@@ -32,6 +32,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from parity_tests.leaves import compare, compare_trees, hints
 from shard_parity import UsageError
 from shard_parity.mesh import DATA, MODEL, with_axis_type
 from shard_parity.model.ops import varying
@@ -44,8 +45,6 @@ from shard_parity.step import (
 )
 
 INTERFACE = ('loss_and_grads', 'train_step', 'eval_step')
-# (rtol, atol as a fraction of the leaf's largest magnitude) per --tolerance
-TOLERANCES = {'f32': (1e-5, 1e-6), 'bitwise': (0.0, 0.0), 'x64': (1e-9, 1e-11)}
 
 
 class Side(NamedTuple):
@@ -162,109 +161,6 @@ def recorded(loss_fn, names: list):
         return tuple(x for _, x in outputs)
 
     return capture
-
-
-# --- comparing ---
-
-
-@dataclasses.dataclass
-class Leaf:
-    path: str
-    max_abs: float
-    max_rel: float
-    ratio: float | None = None  # B / A, when constant over the leaf
-    shapes: tuple | None = None  # (A's, B's) when they differ
-    blocks: list | None = None  # which devices' rows differ, when only some do
-
-
-def compare(path, a, b, tolerance, n_rows=1) -> Leaf | None:
-    """None when a and b agree under `tolerance`; else how they differ."""
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape:
-        return Leaf(path, float('inf'), float('inf'), shapes=(a.shape, b.shape))
-    if tolerance == 'bitwise' and np.array_equal(a, b, equal_nan=True):
-        return None
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    diff = np.abs(a64 - b64)
-    rtol, atol = TOLERANCES[tolerance]
-    scale = max(np.abs(a64).max(initial=0), np.abs(b64).max(initial=0))
-    bad = ~(diff <= atol * scale + rtol * np.abs(a64))  # NaN counts as differing
-    if tolerance != 'bitwise' and not bad.any():
-        return None
-    rel = diff / np.maximum(np.abs(a64), np.finfo(np.float64).tiny)
-    leaf = Leaf(path, float(np.nanmax(diff)), float(np.nanmax(rel)), _ratio(a64, b64, scale))
-    if n_rows > 1 and a.ndim and a.shape[0] % n_rows == 0:
-        per_block = bad.reshape(n_rows, -1).any(1)
-        if 0 < per_block.sum() < n_rows:
-            leaf.blocks = [int(i) for i in np.flatnonzero(per_block)]
-    return leaf
-
-
-def _ratio(a, b, scale) -> float | None:
-    """B / A where it is the same number everywhere A is not negligible."""
-    big = np.abs(a) > 1e-3 * scale
-    if big.sum() < 1:
-        return None
-    r = b[big] / a[big]
-    mid = float(np.median(r))
-    return mid if np.all(np.abs(r - mid) <= 1e-3 * abs(mid) + 1e-12) else None
-
-
-def named_leaves(tree) -> list:
-    def name(k):
-        return str(getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k))))
-
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return [('.'.join(name(k) for k in path if name(k) != 'value'), x) for path, x in flat]
-
-
-def compare_trees(prefix, a, b, tolerance) -> list[Leaf]:
-    out = []
-    for (path, x), (_, y) in zip(named_leaves(a), named_leaves(b), strict=True):
-        leaf = compare(f'{prefix}{path}', x, y, tolerance)
-        if leaf:
-            out.append(leaf)
-    return out
-
-
-# --- what a constant ratio or a per-device pattern points to ---
-
-
-def hints(leaf: Leaf, a: Side, b: Side) -> list[str]:
-    sizes = {ax: sorted({s.mesh.shape[ax] for s in (a, b) if s.mesh} - {1}) for ax in (DATA, MODEL)}
-    out = []
-    if leaf.shapes and len(leaf.shapes[0]) and leaf.shapes[0][1:] == leaf.shapes[1][1:]:
-        k = leaf.shapes[1][0] / leaf.shapes[0][0]
-        for big, n in (('B', k), ('A', 1 / k)):
-            if n in sizes[DATA]:
-                out.append(
-                    f"{big} has {int(n)}x the rows, the 'data' axis size: in {big} the batch is "
-                    "replicated where it should be split (an in_spec P() for the batch, not "
-                    "P('data')): every device works on the whole batch"
-                )
-    r = leaf.ratio
-    for n in sizes[DATA] if r else ():
-        for big, k in (('B', r), ('A', 1 / r)):
-            if abs(k - n) <= 1e-3 * n:
-                out.append(
-                    f"{big} is {n}x the other, the 'data' axis size: in {big} a sum where a mean "
-                    'belongs (psum for pmean, or a reduce-scatter without its division by n), or '
-                    'a missing pcast(..., to=\'varying\') before grad, whose transpose is a psum'
-                )
-    for m in sizes[MODEL] if r else ():
-        for small, k in (('B', r), ('A', 1 / r)):
-            if abs(k * m - 1) <= 1e-3:
-                out.append(
-                    f"{small} is the other / {m}, the 'model' axis size: in {small} a mean where "
-                    "a psum belongs (pmean over 'model' for tensor parallelism's psum)"
-                )
-    if leaf.blocks:
-        out.append(
-            f'only the rows of devices {leaf.blocks} differ: a per-device random key (a dropout '
-            'or init key that is the same on every device where each needs its own rows, or '
-            'folded with axis_index where the global draw was meant)'
-        )
-    return out
 
 
 # --- the step-by-step run ---

@@ -5,8 +5,9 @@
 
 Each process gets --coordinator_address (a free loopback port), --num_processes, --process_id
 and --cpu_devices appended; JAX's own runtime (jax.distributed) does the rest, with gloo for the
-CPU collectives. Process 0's output comes through; the others' goes to log files in a temporary
-folder, and the end of a failed process's log is shown.
+CPU collectives. Process 0's output comes through, without gloo's `[Gloo] Rank 0 is connected`
+lines and the launcher's own notes (each process's pid) unless --verbose; the others' goes to log
+files in a temporary folder, and the end of a failed process's log is shown.
 
 It never hangs on a process that exits or on a signal (and with --timeout, not on processes that
 all hang either), and none of the processes it started outlives it (unless the launcher itself is
@@ -25,12 +26,14 @@ removed: the run was stopped on purpose.
 """
 
 import math
+import os
 import pathlib
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from absl import app, flags
@@ -57,6 +60,9 @@ TIMEOUT = flags.DEFINE_integer(
     'process hangs, which nothing else notices.',
     lower_bound=1,
 )
+VERBOSE = flags.DEFINE_bool(
+    'verbose', False, "Also show each process's pid and gloo's connection lines."
+)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 received: list[int] = []  # the signals the launcher got, in order
 
@@ -65,14 +71,54 @@ def describe(code: int) -> str:
     return f'was killed by {signal.Signals(-code).name}' if code < 0 else f'exited with {code}'
 
 
+open_line = [False]  # process 0's stderr ends mid-line (its progress bar): say() starts a new one
+
+
 def say(message: str) -> None:
-    print(f'[launch] {message}', file=sys.stderr, flush=True)
+    print(('\n' if open_line[0] else '') + f'[launch] {message}', file=sys.stderr, flush=True)
+    open_line[0] = False
+
+
+def relay(stream, out, keep) -> None:
+    """Copies a stream of process 0 to `out` (ours) as it comes; `keep(line)` says which whole
+    lines pass (None: every byte passes at once, as a progress bar's carriage returns need)."""
+    read = stream.readline if keep else (lambda: os.read(stream.fileno(), 1 << 16))
+    for chunk in iter(read, b''):
+        if keep and not keep(chunk):
+            continue
+        try:
+            out.write(chunk)
+            out.flush()
+        except OSError:  # ours is gone (a closed pipe): keep draining theirs
+            pass
+        if not keep:
+            open_line[0] = not chunk.endswith(b'\n')
+
+
+def start_0(command: list[str]) -> tuple[subprocess.Popen, list[threading.Thread]]:
+    """Process 0, its output relayed: without gloo's connection lines (printed by its C++ over
+    the progress bar) and with JAX's C++ warnings (`W1202 ... SIGTERM caught`) off, unless
+    --verbose; unbuffered (if Python), so that its lines come as they are printed."""
+    env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
+    if not VERBOSE.value:
+        env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(command, stdout=pipe, stderr=pipe, env=env)
+    keep = (lambda line: True) if VERBOSE.value else (lambda line: not line.startswith(b'[Gloo] '))
+    threads = [
+        threading.Thread(target=relay, args=(proc.stdout, sys.stdout.buffer, keep), daemon=True),
+        threading.Thread(target=relay, args=(proc.stderr, sys.stderr.buffer, None), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    return proc, threads
 
 
 def launch(command: list[str], n: int, devices: int, logs: pathlib.Path, procs: list) -> list:
     """Starts the n processes, appending each to `procs` as it starts (so that whoever called
-    can end those already started if a later one cannot start)."""
-    port = free_port()
+    can end those already started if a later one cannot start). Returns the threads that relay
+    process 0's output."""
+    port, relayed = free_port(), []
     for i in range(n):
         extra = [
             f'--coordinator_address=127.0.0.1:{port}',
@@ -81,12 +127,14 @@ def launch(command: list[str], n: int, devices: int, logs: pathlib.Path, procs: 
             f'--cpu_devices={devices}',
         ]
         if i == 0:
-            procs.append(subprocess.Popen(command + extra))
+            proc, relayed = start_0(command + extra)
+            procs.append(proc)
         else:
             with open(logs / f'process_{i}.log', 'w') as out:  # the child keeps its own copy
                 procs.append(subprocess.Popen(command + extra, stdout=out, stderr=out))
-        say(f'process {i}: pid {procs[-1].pid}')
-    return procs
+        if VERBOSE.value:
+            say(f'process {i}: pid {procs[-1].pid}')
+    return relayed
 
 
 def kill_all(procs) -> None:
@@ -152,11 +200,7 @@ def supervise(procs, logs: pathlib.Path, grace: int, timeout: int | None = None)
         if code and i:
             log = logs / f'process_{i}.log'
             tail = log.read_bytes().decode(errors='replace').splitlines()[-5:]
-            print(
-                f'[launch] process {i} {describe(code)}; its log ({log}) ends:\n  '
-                + '\n  '.join(tail),
-                file=sys.stderr,
-            )
+            say(f'process {i} {describe(code)}; its log ({log}) ends:\n  ' + '\n  '.join(tail))
     bad = [i for i, c in enumerate(codes) if c]
     if any(bad_i > 0 for bad_i in bad):
         say(f'the logs stay in {logs}')
@@ -181,10 +225,10 @@ def main(argv):
     for s in FORWARDED:
         signal.signal(s, on_signal)
     logs = pathlib.Path(tempfile.mkdtemp(prefix='shard-parity-launch-'))
-    procs, code = [], None
+    procs, code, relayed = [], None, []
     try:
         try:
-            launch(command, NUM.value, DEVICES.value, logs, procs)
+            relayed = launch(command, NUM.value, DEVICES.value, logs, procs)
         except OSError as e:
             say(f'error: cannot run {command[0]}: {e.strerror}')
             kill_all(procs)
@@ -194,6 +238,8 @@ def main(argv):
             code = supervise(procs, logs, GRACE.value, TIMEOUT.value)
     finally:
         kill_all(procs)  # only if the launcher itself failed is any left
+        for thread in relayed:  # the last lines; not forever: a grandchild may hold the pipe
+            thread.join(timeout=5)
         if code is None:
             shutil.rmtree(logs, ignore_errors=True)
     sys.exit(code)

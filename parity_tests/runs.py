@@ -12,6 +12,7 @@ import pathlib
 import sys
 
 from parity_tests import divergence as D
+from parity_tests import leaves
 from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
 from shard_parity.placement import mesh_axes
@@ -83,7 +84,7 @@ def first_difference(lines_a: dict, lines_b: dict, tolerance: str) -> tuple[int 
     for step in sorted(set(lines_a) & set(lines_b)):
         keys = sorted((set(lines_a[step]) & set(lines_b[step])) - {'step'})
         for key in keys:
-            if D.compare(key, [lines_a[step][key]], [lines_b[step][key]], tolerance):
+            if leaves.compare(key, [lines_a[step][key]], [lines_b[step][key]], tolerance):
                 return step, agreed
         agreed = step
     return None, agreed

@@ -401,6 +401,26 @@ ROWS = [
         'interrupted at step',
         'test_multiprocess.test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise',
     ),
+    (
+        'a second Ctrl-C or SIGTERM, even during the first compile (exit 130 or 143 at once)',
+        'interrupted again: stopped at once, saving nothing new',
+        'test_faults.test_a_second_ctrl_c_during_the_first_compile_exits_at_once',
+    ),
+    (
+        'processes that do not all join (a note after 5 s; Ctrl-C exits 130 at once)',
+        'waiting for all 2 processes to join at',
+        'test_multiprocess.test_ctrl_c_works_while_process_0_waits_for_the_others',
+    ),
+    (
+        "launch: gloo's connection lines and each pid: printed only with --verbose (not an error)",
+        '[Gloo] Rank 0 is connected',
+        'test_launch.test_gloo_lines_and_pids_only_with_verbose',
+    ),
+    (
+        "Orbax's notice about a step a kill -9 left without _CHECKPOINT_METADATA: never printed (not an error)",
+        'Metadata file does not exist',
+        'test_faults.test_a_step_cut_short_by_a_kill_leaks_no_orbax_notice',
+    ),
 ]
 
 TINY = ['--model=transformer', '--batch_size=16', '--cpu_devices=8']

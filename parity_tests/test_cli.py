@@ -197,6 +197,7 @@ def test_settings_that_change_nothing_warn_once(tmp_path):
         ('auto.generate', '--[no]kv_cache'),
         ('explicit.generate', '--max_new_bytes'),
         ('parity_tests.collectives', '--strategy'),
+        ('parity_tests.bisect', '--num_layers'),  # the train CLI's flags it reads, too
         ('benchmarks.run', '--sections'),
     ],
 )

@@ -272,3 +272,53 @@ def test_flipped_bits_in_a_checkpoint_are_refused_naming_the_intact_ones(tmp_pat
         assert str(e.value).startswith(expected)
     _, _, older = checkpoint.restore(tmp_path, make_mesh(1), step=5)
     assert int(older.step) == 5
+
+
+@pytest.mark.slow
+def test_a_step_cut_short_by_a_kill_leaks_no_orbax_notice(tmp_path, monkeypatch, caplog):
+    """A kill -9 while --keep deleted an old step left it without _CHECKPOINT_METADATA; every
+    later start printed Orbax's `Metadata file does not exist` (shown first), which now stays
+    quiet: Orbax goes on without the file."""
+    case = make_case('transformer')
+    _, _, state = fresh_state(case=case)
+    for step in (5, 10):
+        save_checkpoint(tmp_path, state._replace(step=np.int32(step)), case)
+    (tmp_path / 'checkpoints' / '5' / '_CHECKPOINT_METADATA').unlink()
+
+    def start():  # what a resuming trainer and a reader do first
+        caplog.clear()
+        with caplog.at_level('WARNING'), checkpoint.manager(tmp_path) as mngr:
+            assert mngr.latest_step() == 10
+        checkpoint.restore(tmp_path, make_mesh(1))
+        return caplog.text
+
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, 'ORBAX_NOISE', ('Given directory is read only',))
+        assert 'Metadata file does not exist' in start()
+    assert 'Metadata file does not exist' not in start()
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_during_the_first_compile_exits_at_once(tmp_path):
+    """The second signal raised a KeyboardInterrupt, which landed in a callback from XLA's C++
+    during the compile: a traceback, then the run went on to save step 1 (or crashed)."""
+    proc = subprocess.Popen(
+        [sys.executable, '-u', '-m', 'auto.train', *FLAGS, '--steps=60', f'--workdir={tmp_path}'],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = ''
+    while 'auto:' not in seen:  # the bar: the first step is compiling
+        seen += proc.stderr.read(1)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)  # the first handler has run (two at once would count as one)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert 'Traceback' not in err and 'saved checkpoint' not in err, err[-2000:]
+    assert err.strip().splitlines()[-1] == (
+        'interrupted again: stopped at once, saving nothing new; rerun the same command to '
+        'resume from the last checkpoint'
+    )

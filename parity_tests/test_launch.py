@@ -1,5 +1,7 @@
-"""`python -m parity_tests.launch`: it never hangs, passes signals on, names a missing program in
-one line, and leaves no process and no temporary folder behind (except a failed process's log).
+"""`python -m parity_tests.launch`: it never hangs on a process that exits or on a signal (and,
+given --timeout, not on processes that all hang), passes signals on, names a missing program in
+one line, keeps gloo's lines and its own notes off the progress bar unless --verbose, and leaves no
+process and no temporary folder behind (except a failed process's log).
 
 The launched programs are tiny `python -c` scripts, not training: each reads its --process_id
 from the flags the launcher appends and does what its part of the plan says."""
@@ -14,7 +16,9 @@ import pytest
 
 from parity_tests.helpers import REPO
 
-# What process i does is the i-th item of argv[1]: 'exit:N' exits N at once; 'sleep' sleeps,
+# What process i does is the i-th item of argv[1]: 'exit:N' exits N at once; 'gloo' prints what
+# gloo prints on connecting and a line of its own, and exits 0; 'sleep' draws a progress bar
+# (no newline) and sleeps,
 # leaving quietly (exit 3) on SIGINT or SIGTERM; 'deaf' sleeps and ignores both. Each sleeper
 # first writes <READY>/ready_<i>, and on a signal <READY>/got_<i>_<signal>.
 CHILD = """
@@ -23,14 +27,21 @@ i = int(next(a for a in sys.argv if a.startswith('--process_id=')).split('=')[1]
 plan = sys.argv[1].split(',')[i]
 if plan.startswith('exit:'):
     sys.exit(int(plan[5:]))
+if plan == 'gloo':
+    print(f'[Gloo] Rank {i} is connected to 1 peer ranks. Expected number of connected peer ranks is : 1')
+    print(f"process {i} says hello ({os.environ.get('TF_CPP_MIN_LOG_LEVEL')})")
+    sys.exit(0)
 def leave(signum, frame):
     open(os.path.join(os.environ['READY'], f'got_{i}_{signum}'), 'w').close()
     sys.exit(3)
 for s in (signal.SIGINT, signal.SIGTERM):
     signal.signal(s, signal.SIG_IGN if plan == 'deaf' else leave)
+sys.stderr.write('\\rstep 1/10')
+sys.stderr.flush()
 open(os.path.join(os.environ['READY'], f'ready_{i}'), 'w').close()
 time.sleep(600)
 """
+CLEAN_ENV = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}  # as a user's
 TIMEOUT = 30  # far more than any of these needs; the old launcher hung past it
 
 
@@ -45,7 +56,7 @@ def alive(pid: int) -> bool:
 class Launch:
     """One launcher, in its own session, so that whatever it leaves can be found and killed."""
 
-    def __init__(self, tmp_path, *args, plan=None, grace=1, extra=()):
+    def __init__(self, tmp_path, *args, plan=None, grace=1, extra=('--verbose',)):
         self.tmp = tmp_path / 'tmp'  # the launcher's TMPDIR: where its log folder goes
         self.ready = tmp_path / 'ready'
         self.tmp.mkdir()
@@ -64,7 +75,7 @@ class Launch:
                 *program,
             ],
             cwd=REPO,
-            env={**os.environ, 'TMPDIR': str(self.tmp), 'READY': str(self.ready)},
+            env={**CLEAN_ENV, 'TMPDIR': str(self.tmp), 'READY': str(self.ready)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -159,6 +170,8 @@ def test_a_signal_is_passed_on_and_the_processes_waited_for(launcher, sig, code)
     assert got == [f'got_0_{int(sig)}', f'got_1_{int(sig)}']
     assert 'Traceback' not in done.err and 'killed' not in done.err, done.err
     assert done.folders() == [] and not done.left_running()
+    ours = [line for line in done.err.split('\n') if '[launch]' in line]  # not on the bar
+    assert ours and all(line.startswith('[launch]') for line in ours), done.err
 
 
 def test_a_process_that_ignores_the_signal_is_killed_after_the_grace(launcher):
@@ -184,7 +197,7 @@ def test_a_missing_program_is_named_in_one_line(launcher):
 def test_timeout_stops_processes_that_all_hang(launcher):
     """Every process hanging (a deadlocked collective) was noticed by nothing: --timeout stops
     them as a SIGTERM would, then kills what is left, and exits 124."""
-    done = launcher(plan='sleep,deaf', extra=['--timeout=3'])
+    done = launcher(plan='sleep,deaf', extra=['--verbose', '--timeout=3'])
     done.finish()
     assert done.proc.returncode == 124, done.err
     assert '[launch] error: --timeout=3 s passed; stopping the processes' in done.err
@@ -203,3 +216,16 @@ def test_a_forgotten_double_dash_is_named():
         'error: put -- before the command: python -m parity_tests.launch [--num_processes=N] '
         '-- python -m auto.train --steps=5'
     ]
+
+
+@pytest.mark.parametrize('verbose', [False, True])
+def test_gloo_lines_and_pids_only_with_verbose(launcher, verbose):
+    """Gloo's connection lines (process 0's stdout) and the launcher's pid notes landed in the
+    middle of the progress bar: they now show only with --verbose. Process 0's own lines stay."""
+    done = launcher(plan='gloo,gloo', extra=['--verbose'] if verbose else []).finish()
+    assert done.proc.returncode == 0, done.err
+    gloo = '[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1'
+    hello = f'process 0 says hello ({None if verbose else 2})'  # JAX's C++ warnings off too
+    assert done.out.splitlines() == ([gloo] if verbose else []) + [hello]
+    assert len(done.pids) == (2 if verbose else 0), done.err
+    assert done.err == '' or verbose, done.err

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -89,6 +90,7 @@ def test_a_killed_process_stops_the_run_in_bounded_time(tmp_path):
         '--num_processes=2',
         '--cpu_devices_per_process=4',
         '--grace_seconds=30',
+        '--verbose',  # to name each process's pid
         '--',
         sys.executable,
         '-m',
@@ -187,3 +189,29 @@ def test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise(tmp_
     for x, y in zip(*map(jax.tree.leaves, ends), strict=True):
         np.testing.assert_array_equal(x, y)
     assert read_metrics(run)[-1]['eval_loss'] == read_metrics(straight)[-1]['eval_loss']
+
+
+def test_ctrl_c_works_while_process_0_waits_for_the_others(tmp_path):
+    """Process 0 alone waited 5 minutes in JAX's C++ for the others, silent and deaf to Ctrl-C:
+    now it says what it waits for within seconds, and Ctrl-C ends it at once."""
+    from parity_tests.net import free_port
+
+    command = [sys.executable, '-m', 'explicit.train', *FLAGS['mlp'], '--cpu_devices=1']
+    command += [f'--coordinator_address=127.0.0.1:{free_port()}', '--num_processes=2']
+    command += ['--process_id=0', f'--workdir={tmp_path}']
+    proc = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(90, proc.kill)  # the old process never spoke: fail, never hang
+    watchdog.start()
+    try:
+        line = ''
+        for line in proc.stderr:  # past anything JAX says first
+            if line.startswith('waiting for'):
+                break
+        assert line.startswith('waiting for all 2 processes to join at 127.0.0.1:'), line
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=10)[1]
+    finally:
+        watchdog.cancel()
+        proc.kill()
+    assert proc.returncode == 130
+    assert err.strip() == 'interrupted while the processes were joining: nothing was started'

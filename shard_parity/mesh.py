@@ -1,7 +1,10 @@
 """Devices and the mesh. The caller (CLI or test fixture) builds the mesh and passes it down."""
 
 import os
+import signal
 import socket
+import sys
+import threading
 import time
 
 import jax
@@ -97,9 +100,7 @@ def start_processes(
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')  # ignored off the CPU
     if coordinator and process_id:
         wait_for_coordinator(coordinator, heartbeat_timeout)
-    jax.distributed.initialize(
-        coordinator, num_processes, process_id, heartbeat_timeout_seconds=heartbeat_timeout
-    )
+    join(coordinator, num_processes, process_id, heartbeat_timeout)
 
 
 def wait_for_coordinator(address: str, seconds: int) -> None:
@@ -109,7 +110,7 @@ def wait_for_coordinator(address: str, seconds: int) -> None:
     from shard_parity.runtime.loop import SIGNALS
 
     host, _, port = address.rpartition(':')
-    deadline = time.monotonic() + seconds
+    deadline, note = time.monotonic() + seconds, time.monotonic() + 5
     while True:
         try:
             socket.create_connection((host.strip('[]'), int(port)), timeout=1).close()
@@ -117,12 +118,64 @@ def wait_for_coordinator(address: str, seconds: int) -> None:
         except (OSError, ValueError) as e:
             if SIGNALS:
                 raise KeyboardInterrupt from None
+            if time.monotonic() > note and time.monotonic() < deadline:
+                note = float('inf')
+                print(
+                    f'waiting for process 0 to answer at --coordinator_address={address} '
+                    f'(up to {seconds} s, --heartbeat_timeout; Ctrl-C stops)',
+                    file=sys.stderr,
+                    flush=True,
+                )
             if time.monotonic() > deadline or isinstance(e, ValueError):
                 raise UsageError(
                     f'--coordinator_address={address}: nobody answered within {seconds} s '
                     '(--heartbeat_timeout): start process 0 first, or check the host and port'
                 ) from None
             time.sleep(0.5)
+
+
+def join(coordinator, num_processes, process_id, heartbeat_timeout: int) -> None:
+    """jax.distributed.initialize, which blocks in C++ until every process has joined (JAX gives
+    up after 5 minutes), deaf to Ctrl-C. A thread runs it while this one waits where signals are
+    seen: after 5 s it says what it waits for, and Ctrl-C or SIGTERM end the process at once
+    (nothing has started). SIGTERM keeps the train CLI's handler, which JAX's notifier replaces
+    once joined; SIGINT is caught here meanwhile."""
+    from shard_parity.runtime.loop import SIGNALS
+
+    failed, got = [], []
+
+    def initialize():
+        try:
+            jax.distributed.initialize(
+                coordinator, num_processes, process_id, heartbeat_timeout_seconds=heartbeat_timeout
+            )
+        except Exception as e:  # raised again below, in the main thread
+            failed.append(e)
+
+    before = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    thread = threading.Thread(target=initialize, daemon=True)
+    thread.start()
+    note = time.monotonic() + 5
+    while thread.is_alive():
+        thread.join(0.1)
+        if got or SIGNALS:  # exit without Python's shutdown, which would wait on JAX's client
+            os.write(2, b'interrupted while the processes were joining: nothing was started\n')
+            os._exit(128 + (got + SIGNALS)[0])
+        if time.monotonic() > note:
+            note = float('inf')
+            where = coordinator or 'the coordinator JAX detected'
+            print(
+                f'waiting for all {num_processes or "the"} processes to join at {where} '
+                '(JAX gives up after 5 minutes; Ctrl-C stops)',
+                file=sys.stderr,
+                flush=True,
+            )
+    signal.signal(signal.SIGINT, before)
+    if failed:
+        first = str(failed[0]).strip().split('\n')[0][:300]
+        raise UsageError(
+            f'--coordinator_address={coordinator}: the processes did not all join ({first})'
+        ) from failed[0]
 
 
 def local_rows(mesh, batch_size: int) -> slice:

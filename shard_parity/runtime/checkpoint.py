@@ -100,11 +100,17 @@ def manager(workdir, keep: int | None = None) -> Manager:
     return Manager(folder, options=options, item_names=('state', 'config'))
 
 
-def _not_read_only_notice(record) -> bool:  # Orbax warns each time a reader opens a folder
-    return not record.getMessage().startswith('Given directory is read only')
+# Orbax's notices that say nothing to the user: each reader's read-only folder, and a step's
+# missing _CHECKPOINT_METADATA (Orbax goes on without it), which a kill -9 while --keep deleted
+# an old step, or a save older than that file, leaves.
+ORBAX_NOISE = ('Given directory is read only', 'Metadata file does not exist')
 
 
-logging.get_absl_logger().addFilter(_not_read_only_notice)
+def _not_orbax_noise(record) -> bool:
+    return not record.getMessage().startswith(ORBAX_NOISE)
+
+
+logging.get_absl_logger().addFilter(_not_orbax_noise)
 
 
 def reader(workdir) -> ocp.CheckpointManager:

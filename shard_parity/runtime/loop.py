@@ -8,12 +8,14 @@ i-1. Evaluation and checkpoint time is left out of the measured throughput.
 
 Ctrl-C and SIGTERM (a preemption) only set a flag (`stop_on_signals`, installed before anything
 compiles: a KeyboardInterrupt raised inside XLA's compiler crashed the process); the loop stops
-at the next step boundary, saves that step and raises Interrupted. A second signal stops at once.
+at the next step boundary, saves that step and raises Interrupted. A second signal exits at once
+(os._exit: a save in flight is left as a temporary folder, which the next start removes).
 With several processes (jax.distributed), JAX's preemption notifier owns SIGTERM: a signal to any
 process reaches every other through the coordination service, which picks the step all stop at
 (`reached_preemption_sync_point`, asked after every step); Ctrl-C is handed to it as a SIGTERM.
 """
 
+import os
 import signal
 import time
 
@@ -43,18 +45,27 @@ class Interrupted(Exception):
         self.exit_code = 128 + signum  # 130 for Ctrl-C, 143 for SIGTERM, as the shell reports
 
 
-SIGNALS = []  # the signals received so far; the loop polls it between steps
+SIGNALS = []  # why the run stops (a signal here, or JAX's sync point); the loop polls it
+RECEIVED = []  # the signals this handler got (JAX's notifier takes SIGTERM before the sync point)
+AGAIN = ['interrupted again: stopped at once']  # what a second signal prints (stop_on_signals)
 
 
 def on_signal(signum, frame):
-    if SIGNALS:  # the second: the user insists
-        raise KeyboardInterrupt
+    if RECEIVED:  # the second: the user insists. Exit here: a KeyboardInterrupt raised now can
+        # land in a callback from XLA's C++ during a compile, which prints it and goes on, or crashes
+        os.write(2, f'\n{AGAIN[0]}\n'.encode())
+        os._exit(128 + signum)
+    RECEIVED.append(signum)
+    if SIGNALS:  # already stopping at JAX's sync point: the scheduler's SIGTERM reaching us late
+        return
     SIGNALS.append(signum)
     if signum != signal.SIGTERM and jax.distributed.is_initialized():
         signal.raise_signal(signal.SIGTERM)  # to JAX's notifier, which tells every process
 
 
-def stop_on_signals() -> None:
+def stop_on_signals(again: str | None = None) -> None:
+    """Ctrl-C and SIGTERM set a flag; a second one prints `again` and exits."""
+    AGAIN[:] = [again or AGAIN[0]]
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
 

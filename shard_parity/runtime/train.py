@@ -195,7 +195,10 @@ def main(twin):
 
     declare_key_flags(F.TRAIN_CLI)
     F.offer_strategies(twin.STRATEGIES)  # typed/ has no cp: --strategy=cp is refused at parsing
-    stop_on_signals()  # before anything compiles: see shard_parity/runtime/loop.py
+    stop_on_signals(  # before anything compiles: see shard_parity/runtime/loop.py
+        'interrupted again: stopped at once, saving nothing new; rerun the same command to '
+        'resume from the last checkpoint'
+    )
 
     def _main(argv):
         if len(argv) > 1:
@@ -249,7 +252,7 @@ def main(twin):
         except Interrupted as e:
             print(e, file=sys.stderr)
             sys.exit(e.exit_code)
-        except KeyboardInterrupt:  # a second signal, or one before the first step
+        except KeyboardInterrupt:  # a signal before the first step
             print(
                 'interrupted: nothing saved since the last checkpoint; rerun the same command '
                 'to resume',
