@@ -101,6 +101,22 @@ DTYPE = flags.DEFINE_enum(
     ['float32', 'bfloat16'],
     'Compute dtype; parameters and the optimizer stay float32.',
 )
+NUM_EXPERTS = flags.DEFINE_integer(
+    'num_experts',
+    _T.num_experts,
+    'Mixture of experts: this many expert feed-forward networks per block, each token routed '
+    'to its top --experts_per_token (shard_parity/model/moe.py); 0: the dense model.',
+    lower_bound=0,
+)
+EXPERTS_PER_TOKEN = flags.DEFINE_integer(
+    'experts_per_token', _T.experts_per_token, 'K: the experts each token goes to.'
+)
+CAPACITY_FACTOR = flags.DEFINE_float(
+    'capacity_factor',
+    _T.capacity_factor,
+    'Each expert takes ceil(factor * seq_len * K / num_experts) tokens per sequence; the rest '
+    'are dropped (first choices before second, then by position).',
+)
 
 # Devices, data and outputs.
 CPU_DEVICES = flags.DEFINE_integer(
@@ -241,10 +257,14 @@ def transformer_config() -> cfg.TransformerConfig:
         embed_dim=EMBED_DIM.value,
         attention=ATTENTION.value,
         dtype=DTYPE.value,
+        num_experts=NUM_EXPERTS.value,
+        experts_per_token=EXPERTS_PER_TOKEN.value,
+        capacity_factor=CAPACITY_FACTOR.value,
     )
 
 
 TRANSFORMER_SHAPE = [SEQ_LEN, NUM_LAYERS, NUM_HEADS, NUM_KV_HEADS, EMBED_DIM, ATTENTION, DTYPE]
+TRANSFORMER_SHAPE += [NUM_EXPERTS, EXPERTS_PER_TOKEN, CAPACITY_FACTOR]
 
 
 # Generation (python -m <twin>.generate): it also reads --workdir, --seed (the sampling's),
