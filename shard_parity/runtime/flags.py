@@ -25,6 +25,8 @@ STRATEGY_HELP = {
     'tp': "layers split over 'model', Megatron style (<twin>/tp.py)",
     'fsdp_tp': 'both (<twin>/fsdp_tp.py)',
     'cp': "each sequence split over the mesh's second axis, 'seq' (<twin>/cp.py, transformer only)",
+    'ep': "experts split over the mesh's second axis, 'expert', the batch over both (<twin>/ep.py, "
+    'transformer with --num_experts only)',
 }
 
 
@@ -38,7 +40,8 @@ MESH = flags.DEFINE_string(
     'mesh',
     None,
     "DATAxMODEL devices, e.g. 4x2: the batch is split over 'data', tensor parallelism over "
-    "'model' (with --strategy=cp, DATAxSEQ: each sequence over 'seq'). Default: all devices "
+    "'model' (with --strategy=cp, DATAxSEQ: each sequence over 'seq'; with --strategy=ep, "
+    "DATAxEXPERT: the experts over 'expert'). Default: all devices "
     '(or --num_devices) x 1.',
 )
 
