@@ -5,12 +5,14 @@ On a DATA x EXPERT mesh (`--mesh=2x4`) the rows are split over both axes (`P(('d
 'expert')` of the stacked f32[L, E, ...]: E/n experts each), and every other weight is whole
 on every device, as in dp. The model routes the tokens and gathers them per expert with one
 einsum (shard_parity/model/moe.py), xe: [E, B, cap, C], split like the rows. `exchange` below
-asks for it split by expert instead (`P('expert', 'data')`), runs the experts there, and asks
-for the outputs split like the rows again: between the two constraints the partitioner must
-move every slot to its expert's device and back, and it picks the collectives
-(python -m parity_tests.collectives --strategy=ep shows them; docs/experts.md says what it
-chose). The gradients of the experts stay split; the others are all-reduced. Compare
-explicit/ep.py.
+asks for it split by expert instead (`P('expert', 'data')`), runs the experts there, keeps
+their outputs there, and asks for them split like the rows again: between the constraints the
+partitioner must move every slot to its expert's device and back, and it picks the collectives
+(python -m parity_tests.collectives --strategy=ep shows them). What it chose (jax 0.10.2, CPU):
+the same two all-to-alls per layer forward and two backward as explicit/ep.py; without the
+middle constraint it ran the experts' second matmul in the rows' layout and all-gathered the
+experts' weights for it (docs/experts.md). The experts' gradients stay split; the others are
+all-reduced. Compare explicit/ep.py.
 """
 
 import jax
@@ -29,7 +31,9 @@ BY_ROW = P(None, (DATA, EXPERT))  # [E, B, cap, C]: every expert's slots of my B
 def exchange(xe, experts, mesh):  # xe: [E, B, cap, C] @ P(None, ('data', 'expert'))
     # to the experts' devices: XLA inserts the exchange (an all-to-all over 'expert')
     x = jax.lax.with_sharding_constraint(xe, NamedSharding(mesh, BY_EXPERT))
-    y = experts(x)  # each device runs its E/n experts on their slots
+    # each device runs its E/n experts on their slots; the outputs stay there (unpinned, XLA
+    # computed them in the rows' layout and all-gathered the experts' weights for it)
+    y = jax.lax.with_sharding_constraint(experts(x), NamedSharding(mesh, BY_EXPERT))
     # back to the tokens' devices: the second exchange
     return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, BY_ROW))
 
@@ -43,8 +47,9 @@ def loss_and_grads(graphdef, loss_fn, mesh):
         (_, metrics), grads = grad_fn(params, batch)
         # metrics @ P(), grads as the params: each device saw only its rows, so XLA all-reduces
         # the replicated weights' gradients over both axes, the experts' over 'data'
-        specs = (REPLICATED, state_specs(grads, STRATEGY, mesh))
-        return jax.lax.with_sharding_constraint((metrics, grads), named(mesh, specs))
+        return jax.lax.with_sharding_constraint(
+            (metrics, grads), named(mesh, (REPLICATED, state_specs(grads, STRATEGY, mesh)))
+        )
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
 

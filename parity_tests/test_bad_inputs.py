@@ -209,6 +209,16 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
+        '--num_experts not divisible by the expert axis (ep)',
+        "--num_experts=6 is not divisible by the mesh's expert axis (4)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--strategy=ep without experts',
+        '--strategy=ep splits the experts of a mixture-of-experts transformer',
+        'test_ep.test_bad_expert_settings_are_refused',
+    ),
+    (
         '--capacity_factor of 0 or below with experts on',
         '--capacity_factor=0.0 must be above 0 with --num_experts=4',
         'test_bad_inputs.test_cli_row',
@@ -447,6 +457,10 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     '--experts_per_token above --num_experts': (
         'auto.train',
         [*TINY, '--num_experts=4', '--experts_per_token=5'],
+    ),
+    '--num_experts not divisible by the expert axis (ep)': (
+        'explicit.train',
+        [*TINY, '--strategy=ep', '--mesh=2x4', '--num_experts=6'],
     ),
     '--capacity_factor of 0 or below with experts on': (
         'explicit.train',

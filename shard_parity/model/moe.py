@@ -74,7 +74,9 @@ def route(x, router, k: int, cap: int) -> Routing:
     gates, choice = jax.lax.top_k(probs, k)  # [B, T, K] each
     # One row per (choice rank, position): all first choices, then all second, by position.
     picks = jax.nn.one_hot(choice, e, dtype=f).transpose(0, 2, 1, 3).reshape(b, k * t, e)
-    slot = jnp.cumsum(picks, 1) - 1  # the place in the expert's queue, counted in that order
+    slot = (
+        jnp.cumsum(picks, 1).astype(jnp.int32) - 1
+    )  # the place in the expert's queue, counted in that order
     kept = picks * (slot < cap)
     slots = jax.nn.one_hot(slot, cap, dtype=f) * kept[..., None]  # [B, K*T, E, cap]
     slots = slots.reshape(b, k, t, e, cap)
