@@ -1,7 +1,7 @@
 """Claim: expert parallelism (--strategy=ep) splits the experts of a mixture-of-experts
 transformer over the mesh's 'expert' axis and gives the one-device run's loss, auxiliary loss,
 dropped share and every gradient leaf, in all three twins, with E = 4 and 8 experts, K = 1 and
-2, with drops (capacity factor 1.0) and without; 20 AdamW steps track it; the one-device
+2, with drops (capacity factor 1.0) and without; 20 AdamW steps track it (explicit, auto); the one-device
 reference (a plain loop over the experts) equals the batched dispatch; the dense model is the
 dense model; a variant whose all_to_alls run over the wrong mesh axis is caught; checkpoints
 move between dp and ep with bitwise logits; the train CLI runs it."""
@@ -55,17 +55,15 @@ def moe_config(e, k, drops):
 
 
 TWINS = {'auto': auto, 'explicit': explicit, 'typed': typed}
-# (twin, E, K, drops, mesh): each twin runs the fast case and some of the grid, the grid whole
-# across them (E = 4 and 8, K = 1 and 2, with and without drops).
+# (twin, E, K, drops, mesh): every twin runs both settings, which between them take E = 4 and
+# 8, K = 2 and 1, with drops and without, on the meshes 2x4, 4x2 and 1x8.
 FAST = [('explicit', 4, 2, True, (2, 4))]  # the fast tier's one case
 SLOW = [
     ('auto', 4, 2, True, (2, 4)),
     ('typed', 4, 2, True, (2, 4)),
-    ('explicit', 8, 1, True, (2, 4)),
-    ('explicit', 4, 1, False, (4, 2)),
-    ('auto', 8, 2, False, (2, 4)),
-    ('typed', 8, 1, False, (4, 2)),
-    ('explicit', 8, 2, True, (1, 8)),
+    ('explicit', 8, 1, False, (4, 2)),
+    ('auto', 8, 1, False, (2, 4)),
+    ('typed', 8, 1, False, (1, 8)),
 ]
 GRID = [pytest.param(*c, marks=[] if c in FAST else [pytest.mark.slow]) for c in FAST + SLOW]
 IDS = [f'{t}-E{e}-K{k}-{"drops" if d else "all"}-{m[0]}x{m[1]}' for t, e, k, d, m in FAST + SLOW]
@@ -120,9 +118,7 @@ def test_ep_matches_the_one_device_run(name, e, k, drops, shape, one_device):
     assert up.sharding.shard_shape(up.shape)[1] == e // shape[1]  # E/n experts per device
 
 
-TRAINED = [
-    pytest.param(t, marks=pytest.mark.slow) for t in ('explicit', 'auto', 'typed')
-]  # fmt: skip
+TRAINED = [pytest.param(t, marks=pytest.mark.slow) for t in ('explicit', 'auto')]
 
 
 @pytest.mark.parametrize('name', TRAINED)
@@ -265,12 +261,18 @@ def test_cli_trains_with_ep_and_logs_the_experts(tmp_path):
     assert 0 <= lines[0]['train_moe_dropped'] < 1
 
 
-@pytest.mark.slow
 def test_the_dense_model_logs_no_expert_metrics():
+    """--num_experts=0: the feed-forward network as it was, and the loss's metrics as they were
+    (traced only: jax.eval_shape compiles nothing)."""
     case = make_case('transformer', BASE)
     graphdef, _, state = fresh_state(case=case)
-    metrics, _ = one_device_loss_and_grads(graphdef, tasks.lm_loss)(
-        state.params, case.batches.batch(0)
+    metrics, grads = jax.eval_shape(
+        one_device_loss_and_grads(graphdef, tasks.lm_loss), state.params, case.batches.batch(0)
     )
-    assert set(metrics) == {'loss'} and 'ffn' in state.params['blocks']
-    assert set(state.params['blocks']['ffn']) == {'up', 'down'}
+    assert set(metrics) == {'loss'} and set(grads['blocks']['ffn']) == {'up', 'down'}
+    moe_case = make_case('transformer', moe_config(4, 2, True))
+    graphdef, _, state = fresh_state(case=moe_case)
+    metrics, _ = jax.eval_shape(
+        one_device_loss_and_grads(graphdef, tasks.lm_loss), state.params, case.batches.batch(0)
+    )
+    assert set(metrics) == {'loss', 'moe_aux_loss', 'moe_dropped'}
