@@ -124,10 +124,12 @@ def ep_expectation(params, mesh, batch_size: int, c) -> dict:
     reversed). Each moves this device's slots, f32[E, B/(d n), capacity, C]: (n-1)/n of them
     over the wire. No expert weight is ever gathered."""
     d, n = mesh.shape[DATA], mesh.shape[EXPERT]
-    leaves = jax.tree_util.tree_leaves_with_path(params)
-    size = lambda x: int(np.prod(x.shape)) * x.dtype.itemsize  # noqa: E731
-    grad_bytes = sum(size(x) for p, x in leaves if not is_expert(p))
-    expert_bytes = sum(size(x) for p, x in leaves if is_expert(p)) // n  # my E/n experts'
+    sizes = [
+        (is_expert(p), int(np.prod(x.shape)) * x.dtype.itemsize)
+        for p, x in jax.tree_util.tree_leaves_with_path(params)
+    ]
+    grad_bytes = sum(size for expert, size in sizes if not expert)
+    expert_bytes = sum(size for expert, size in sizes if expert) // n  # my E/n experts'
     slots = (c.num_experts, batch_size // (d * n), capacity(c, c.seq_len), c.embed_dim)
     each = int(np.prod(slots)) * 4
     return {
