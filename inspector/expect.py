@@ -5,8 +5,9 @@ all-reduces, context parallelism's ring)."""
 import jax
 import numpy as np
 
-from shard_parity.mesh import DATA, MODEL, SEQ
-from shard_parity.placement import state_specs
+from shard_parity.mesh import DATA, EXPERT, MODEL, SEQ
+from shard_parity.model.moe import capacity
+from shard_parity.placement import is_expert, state_specs
 
 
 def expectation(strategy: str, model: str, params, mesh, batch_size: int, model_config) -> dict:
@@ -14,6 +15,8 @@ def expectation(strategy: str, model: str, params, mesh, batch_size: int, model_
     'model' (tensor parallelism only), the keys' and values' round the 'seq' ring (cp only)."""
     if strategy == 'cp':
         return cp_expectation(params, mesh, batch_size, model_config)
+    if strategy == 'ep':
+        return ep_expectation(params, mesh, batch_size, model_config)
     d, m = mesh.shape[DATA], mesh.shape[MODEL]
     specs = jax.tree.leaves(state_specs(params, strategy, mesh))
     # each device's share of the gradient after tensor parallelism's split (all of it without)
@@ -109,5 +112,48 @@ def cp_expectation(params, mesh, batch_size: int, c) -> dict:
             'gradients so far (backward, one loop), and one more of the gradients, home; one '
             'collective-permute per array and pass; each device sends and receives one block '
             'per permute.',
+        },
+    }
+
+
+def ep_expectation(params, mesh, batch_size: int, c) -> dict:
+    """Expert parallelism: the gradient all-reduce of the replicated weights over both axes
+    (every device's loss is a different term), the experts' over 'data' alone (each device holds
+    E/n of them), and per MoE layer two all-to-alls over 'expert' forward (each device's slots
+    to the experts' devices, the outputs back) and two backward (their gradients, the same ways
+    reversed). Each moves this device's slots, f32[E, B/(d n), capacity, C]: (n-1)/n of them
+    over the wire. No expert weight is ever gathered."""
+    d, n = mesh.shape[DATA], mesh.shape[EXPERT]
+    sizes = [
+        (is_expert(p), int(np.prod(x.shape)) * x.dtype.itemsize)
+        for p, x in jax.tree_util.tree_leaves_with_path(params)
+    ]
+    grad_bytes = sum(size for expert, size in sizes if not expert)
+    expert_bytes = sum(size for expert, size in sizes if expert) // n  # my E/n experts'
+    slots = (c.num_experts, batch_size // (d * n), capacity(c, c.seq_len), c.embed_dim)
+    each = int(np.prod(slots)) * 4
+    return {
+        'kind': 'all-reduce',
+        'group_size': d * n,
+        'gradient_bytes': grad_bytes,
+        'expert_gradient_bytes': expert_bytes,
+        'ring_bytes_per_device': 2 * (d * n - 1) / (d * n) * grad_bytes
+        + 2 * (d - 1) / d * expert_bytes,
+        'note': "one all-reduce of the replicated weights' gradients over 'data' and 'expert' "
+        "together (plus the averaged metrics), and one of this device's experts' over 'data' "
+        'alone (none on a mesh of one data row). A ring moves 2(N-1)/N of each.',
+        'activations': None,
+        'all_to_all': {
+            'kind': 'all-to-all',
+            'group_size': n,
+            'per_layer': 4,
+            'count': 4 * c.num_layers,
+            'shape': slots,
+            'bytes_each': each,
+            'bytes': 4 * c.num_layers * each,
+            'wire_bytes_per_device': 4 * c.num_layers * each * (n - 1) / n,
+            'note': "per MoE layer: forward, every device's slots to the experts' devices and "
+            'the outputs back; backward, the gradients of both, reversed. Each device keeps '
+            '1/n of its slots (its own experts) and sends the rest.',
         },
     }

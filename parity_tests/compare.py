@@ -127,6 +127,7 @@ def other_settings(a: dict, b: dict) -> list[str]:
             from shard_parity.runtime import config as cfg
 
             defaults['train'] = cfg.to_dict(cfg.TrainConfig())
+            defaults['model_config'] = cfg.to_dict(cfg.TransformerConfig())  # num_experts...
         for key in sorted(set(a[group]) | set(b[group])):
             x, y = (r[group].get(key, defaults[group].get(key)) for r in (a, b))
             if key not in LOGGING_ONLY and x != y:

@@ -82,7 +82,10 @@ def compare_trees(prefix, a, b, tolerance) -> list[Leaf]:
 
 def hints(leaf: Leaf, a, b) -> list[str]:
     """What `leaf`'s difference between sides a and b (divergence.Side) points to."""
-    sizes = {ax: sorted({s.mesh.shape[ax] for s in (a, b) if s.mesh} - {1}) for ax in (DATA, MODEL)}
+    sizes = {  # a cp or ep mesh has no 'model' axis: size 1
+        ax: sorted({s.mesh.shape.get(ax, 1) for s in (a, b) if s.mesh} - {1})
+        for ax in (DATA, MODEL)
+    }
     out = []
     if leaf.shapes and len(leaf.shapes[0]) and leaf.shapes[0][1:] == leaf.shapes[1][1:]:
         k = leaf.shapes[1][0] / leaf.shapes[0][0]

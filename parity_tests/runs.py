@@ -73,8 +73,9 @@ def different_settings(a: dict, b: dict) -> list[str]:
     diffs = [f"--model: A {a['model']}, B {b['model']}"] if a['model'] != b['model'] else []
     for group in SAME[1:]:
         for key in sorted(set(a[group]) | set(b[group])):
-            if key not in checkpoint.RESUMABLE and a[group].get(key) != b[group].get(key):
-                diffs.append(f'--{key}: A {a[group].get(key)}, B {b[group].get(key)}')
+            x, y = (r[group].get(key, checkpoint.DEFAULTS[group].get(key)) for r in (a, b))
+            if key not in checkpoint.RESUMABLE and x != y:  # a field one lacks: its default
+                diffs.append(f'--{key}: A {x}, B {y}')
     return diffs
 
 

@@ -204,6 +204,26 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
+        '--experts_per_token above --num_experts',
+        '--experts_per_token=5 must be between 1 and --num_experts=4',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--num_experts not divisible by the expert axis (ep)',
+        "--num_experts=6 is not divisible by the mesh's expert axis (4)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--strategy=ep without experts',
+        '--strategy=ep splits the experts of a mixture-of-experts transformer',
+        'test_ep.test_bad_expert_settings_are_refused',
+    ),
+    (
+        '--capacity_factor of 0 or below with experts on',
+        '--capacity_factor=0.0 must be above 0 with --num_experts=4',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
         'a sequence axis of 1 (cp; a warning, not an error)',
         'splits no sequence: it runs as dp',
         'test_cp.test_a_sequence_axis_of_1_warns_and_bad_inputs_are_refused',
@@ -453,6 +473,18 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     '--strategy=cp with the MLP': (
         'auto.train',
         ['--strategy=cp', '--mesh=2x4', '--cpu_devices=8'],
+    ),
+    '--experts_per_token above --num_experts': (
+        'auto.train',
+        [*TINY, '--num_experts=4', '--experts_per_token=5'],
+    ),
+    '--num_experts not divisible by the expert axis (ep)': (
+        'explicit.train',
+        [*TINY, '--strategy=ep', '--mesh=2x4', '--num_experts=6'],
+    ),
+    '--capacity_factor of 0 or below with experts on': (
+        'explicit.train',
+        [*TINY, '--num_experts=4', '--capacity_factor=0'],
     ),
     '--learning_rate nan or inf': ('explicit.train', ['--learning_rate=nan']),
     '--batch_size beyond the training split': ('auto.train', ['--batch_size=100000']),

@@ -17,7 +17,7 @@ from parity_tests import runs
 from parity_tests.helpers import REPO, fresh_state, make_case
 from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
-from shard_parity.placement import place_batch, place_state
+from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.step import make_optimizer, one_device_loss_and_grads, one_device_train_step
 
 DATA_HINT = "the 'data' axis size: in B a sum where a mean belongs"
@@ -44,6 +44,21 @@ def run(a, b, strategy, shape, model='mlp', steps=1):
     mesh = make_mesh(shape=shape)
     sides = [D.load_side(name, strategy, mesh) for name in (a, b)]
     return D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, steps)
+
+
+@pytest.mark.slow
+def test_the_zoo_names_the_expert_layer_of_all_to_alls_over_the_wrong_axis():
+    """ep_swapped_axes (explicit/ep.py with its all_to_alls over 'data', on a 2x2 mesh): the
+    first output to part is the first block's mixture-of-experts feed-forward, at step 0."""
+    moe = dataclasses.replace(
+        make_case('transformer').model_config, num_experts=4, experts_per_token=2
+    )
+    case = make_case('transformer', moe)
+    graphdef, tx, state = fresh_state(0, case)
+    mesh = make_mesh(shape=(2, 2), axes=mesh_axes('ep'))
+    sides = [D.load_side(n, 'ep', mesh) for n in ('explicit', 'parity_tests.zoo.ep_swapped_axes')]
+    report = D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, 1)
+    assert (report.step, report.phase, report.layer) == (0, 'forward', 'blocks.0.ffn')
 
 
 def test_agreeing_twins_pass_and_a_bug_does_not():

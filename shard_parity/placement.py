@@ -5,6 +5,8 @@
     tp       Megatron's plan over 'model' (below), or whole   P(None, 'model'), P('model', None)
     fsdp_tp  tp's spec, plus 'data' on the first free dim     P('data', 'model'), P('model', 'data')
     cp       every array whole, as dp; on a DATA x SEQ mesh   P()   (tokens: P('data', 'seq'))
+    ep       the experts' weights split over 'expert', the     P(None, 'expert') (stacked [L, E, ...])
+             rest whole; on a DATA x EXPERT mesh              (the batch: P(('data', 'expert')))
 
 Tensor parallelism pairs a column-parallel layer (its output features split over 'model': each
 device computes some of them, no communication) with a row-parallel one (its input features
@@ -26,7 +28,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity import UsageError
-from shard_parity.mesh import DATA, MODEL, SEQ
+from shard_parity.mesh import DATA, EXPERT, MODEL, SEQ
 from shard_parity.model.mlp import TP_PLAN
 
 STRATEGIES = (
@@ -35,14 +37,17 @@ STRATEGIES = (
     'tp',
     'fsdp_tp',
     'cp',
+    'ep',
 )  # each twin has one file per name: <twin>/<name>.py
 BATCH = P(DATA)  # split the leading (example) dimension across the 'data' axis
 SEQUENCE = P(DATA, SEQ)  # cp: rows across 'data', each row's positions across 'seq'
 REPLICATED = P()  # no axis named: every device holds the whole array
+EXPERT_BATCH = P((DATA, EXPERT))  # ep: the rows split over both axes, d x n ways
 
 STACKED = 'blocks'  # the transformer's stacked blocks: arrays with a leading [L] layer dimension
 COLUMN = ('query', 'key_value', 'up')  # transformer layers whose outputs are split
 ROW = ('out', 'down')  # ...and the layers that take those split features in
+EXPERTS = 'experts'  # the MoE layers' stacked expert weights, [E, ...] (shard_parity/model/moe.py)
 
 
 def layer_dims(path) -> int:
@@ -74,6 +79,16 @@ def tp_spec(path, x) -> P:
     return P()
 
 
+def is_expert(path) -> bool:
+    """Whether a parameter's (or its optimizer moment's) tree path is an MoE layer's experts'."""
+    return any(getattr(k, 'key', None) == EXPERTS for k in path)
+
+
+def ep_spec(path, x) -> P:
+    """ep: an expert weight ([L, E, ...] under the stacked blocks) split on E over 'expert'."""
+    return P(*(None,) * layer_dims(path), EXPERT) if is_expert(path) else P()
+
+
 def fsdp_spec(shape: tuple[int, ...], n: int, taken: P = P(), skip: int = 0) -> P:
     """Adds 'data' to the first dimension after the first `skip` (the layer dimension of a
     stacked array) that `taken` leaves free and n divides (else leaves the array as it is: a
@@ -97,6 +112,7 @@ def state_specs(state, strategy: str, mesh):
         'tp': tp_spec,
         'fsdp_tp': lambda path, x: fsdp_spec(x.shape, n, tp_spec(path, x), layer_dims(path)),
         'cp': lambda path, x: P(),
+        'ep': ep_spec,
     }
     return jax.tree_util.tree_map_with_path(
         lambda path, x: as_returned(rules[strategy](path, x), len(x.shape), mesh), state
@@ -117,8 +133,9 @@ def as_returned(spec: P, ndim: int, mesh) -> P:
 
 def mesh_axes(strategy: str) -> tuple[str, str]:
     """The mesh's axis names for `strategy`: context parallelism's second axis splits the
-    sequence ('seq'); every other strategy's splits layers ('model'), or holds copies."""
-    return (DATA, SEQ) if strategy == 'cp' else (DATA, MODEL)
+    sequence ('seq'), expert parallelism's the experts ('expert'); every other strategy's
+    splits layers ('model'), or holds copies."""
+    return {'cp': (DATA, SEQ), 'ep': (DATA, EXPERT)}.get(strategy, (DATA, MODEL))
 
 
 def state_shardings(state, mesh, strategy: str):
@@ -138,13 +155,15 @@ def reduced_shardings(params, mesh, strategy: str):
     sum), for the strategy to add once. Vectors (biases, LayerNorm scales) stay replicated: jax
     (0.10 to 0.12 at least) refuses a reduced operand beside one split on the same axis in an
     elementwise op (x + b), so their gradients are summed where they are formed. Under cp the
-    batch is split over 'seq' too, so the gradients are partial over both axes."""
-    axes = {DATA, SEQ} if strategy == 'cp' else {DATA}  # the axes the batch is split over
+    batch is split over 'seq' too, so the gradients are partial over both axes; under ep over
+    'expert' too, but for the experts' own, which are split over it (partial over 'data')."""
+    axes = {'cp': {DATA, SEQ}, 'ep': {DATA, EXPERT}}.get(strategy, {DATA})  # the batch's axes
     split = axes if any(mesh.shape[a] > 1 for a in axes) else set()
 
     def cast(path, x, spec):  # a matrix: 2 dimensions after a stacked array's layer dimension
         matrix = x.ndim - layer_dims(path) >= 2
-        return P(*spec, reduced=split) if matrix and split else spec
+        partial = split - set(spec)  # not over an axis the array itself is split over
+        return P(*spec, reduced=partial) if matrix and partial else spec
 
     specs = jax.tree_util.tree_map_with_path(cast, params, state_specs(params, strategy, mesh))
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
@@ -228,4 +247,20 @@ def check_cp(model_config, mesh, layout='zigzag') -> None:
             "--strategy=cp on a sequence axis of 1 (--mesh=%dx1) splits no sequence: it runs "
             'as dp; give the second number of --mesh to split each sequence that many ways',
             mesh.shape[DATA],
+        )
+
+
+def check_ep(model_config, mesh) -> None:
+    """Expert parallelism gives each of the n devices of the 'expert' axis E/n whole experts."""
+    n, e = mesh.shape[EXPERT], getattr(model_config, 'num_experts', 0)
+    if not e:
+        raise UsageError(
+            '--strategy=ep splits the experts of a mixture-of-experts transformer: use '
+            '--model=transformer --num_experts=E (a multiple of the mesh\'s expert axis)'
+        )
+    if e % n:
+        raise UsageError(
+            f"--num_experts={e} is not divisible by the mesh's expert axis ({n}): each of its "
+            f'devices holds num_experts/{n} whole experts; use a multiple of {n}, or a --mesh '
+            f'whose second number divides {e}'
         )

@@ -8,6 +8,8 @@ asserts what the bisector says about each.
     no_pcast        explicit/dp.py without the pcast before grad
     replicated_batch  explicit/dp.py with the batch's in_spec P(): every device takes all of it
     scatter_no_div  explicit/fsdp.py, the reduce-scatter without its division by n
+    ep_swapped_axes explicit/ep.py, the all_to_alls over 'data' where 'expert' belongs (a 2x2
+                    mesh, so that the shapes fit)
     dropout         input dropout drawn per global row: correct, the reference for...
     dropout_key     ...the same, with the key folded with the device's local row index
 """

@@ -24,6 +24,7 @@ from flax import nnx
 from shard_parity import UsageError
 from shard_parity.model.attention import ATTENTION
 from shard_parity.model.mlp import linear
+from shard_parity.model.moe import MoE, check_experts
 from shard_parity.model.ops import LayerNorm, dot_general, gelu, lookup, product, typed, wide
 
 normal = nnx.initializers.normal
@@ -41,6 +42,10 @@ class TransformerConfig:
     embed_dim: int = 128
     attention: str = 'naive'  # 'naive' or 'fused' (shard_parity/model/attention.py)
     dtype: str = 'float32'  # compute dtype; parameters stay float32
+    # Mixture of experts (shard_parity/model/moe.py): 0 experts is the dense feed-forward.
+    num_experts: int = 0
+    experts_per_token: int = 1  # K: each token's top-K experts
+    capacity_factor: float = 1.25  # each expert's slots per sequence: ceil(factor * T * K / E)
 
     def __post_init__(self):
         for name in ('seq_len', 'num_layers', 'num_heads', 'num_kv_heads', 'embed_dim'):
@@ -55,6 +60,8 @@ class TransformerConfig:
             raise UsageError(
                 f'--embed_dim={self.embed_dim} is not divisible by --num_heads={self.num_heads}'
             )
+
+        check_experts(self)
 
     @property
     def head_dim(self) -> int:
@@ -145,12 +152,16 @@ class Block(nnx.Module):
         )
         self.norm2, self.ffn = (
             LayerNorm(cfg.embed_dim, dtype=cfg.compute_dtype, rngs=rngs),
-            FeedForward(cfg, rngs),
+            MoE(cfg, rngs) if cfg.num_experts else FeedForward(cfg, rngs),
         )
 
-    def __call__(self, x, cache=None, index=0, sum_partials=None, attention=None):
+    def __call__(
+        self, x, cache=None, index=0, sum_partials=None, attention=None, experts=None, stats=None
+    ):
         y, cache = self.attn(self.norm1(x), cache, index, sum_partials, attention)
         x = x + y
+        if isinstance(self.ffn, MoE):  # `experts`: expert parallelism's hook; stats: the loss's
+            return x + self.ffn(self.norm2(x), experts, stats), cache
         return x + self.ffn(self.norm2(x), sum_partials), cache
 
 
@@ -189,6 +200,8 @@ class Transformer(nnx.Module):
         attention=None,
         positions=None,
         layer_weights=None,
+        experts=None,
+        moe_stats=None,
     ):
         """tokens: i32[B, T] at positions index..index+T-1 -> (logits f32[B, T, 256], caches).
         `sum_partials`: explicit tensor parallelism's psum over 'model' (explicit/tp.py), which
@@ -199,7 +212,10 @@ class Transformer(nnx.Module):
         layout: shard_parity/model/ring.py), may be traced values.
         `layer_weights`: one layer's params as stored -> as the layer uses them, called where
         the layer runs (FSDP's per-layer all-gather, explicit/fsdp.py); the layers then run
-        under a scan, without caches."""
+        under a scan, without caches.
+        With --num_experts: `experts`, expert parallelism's hook (shard_parity/model/moe.py;
+        explicit/ep.py's all_to_all); `moe_stats`, a list each MoE layer appends its auxiliary
+        loss and dropped share to (tasks.lm_loss)."""
         if positions is None:
             positions = index + jnp.arange(tokens.shape[1])  # [T]
         if typed(tokens) is not None:  # Explicit mode: look positions up per row, as tokens
@@ -207,11 +223,11 @@ class Transformer(nnx.Module):
         x = lookup(self.embed, tokens) + lookup(self.pos, positions)  # [B, T, C]
         new_caches = []
         if layer_weights is not None:  # FSDP: one layer's weights whole at a time
-            x = self.scan_layers(x, layer_weights, index, sum_partials, attention)
+            x = self.scan_layers(x, layer_weights, index, sum_partials, attention, moe_stats)
         else:  # layer by layer, unrolled
             for i, block in enumerate(self.layers()):
                 cache = None if caches is None else caches[i]
-                x, cache = block(x, cache, index, sum_partials, attention)
+                x, cache = block(x, cache, index, sum_partials, attention, experts, moe_stats)
                 new_caches.append(cache)
         x = self.norm(x)
         table = self.embed.embedding[...].astype(x.dtype)
@@ -231,21 +247,26 @@ class Transformer(nnx.Module):
             for i in range(self.cfg.num_layers)
         ]
 
-    def scan_layers(self, x, layer_weights: Callable, index, sum_partials, attention):
+    def scan_layers(self, x, layer_weights: Callable, index, sum_partials, attention, stats=None):
         """The blocks under one `lax.scan` over their stacked params. Each step sees one layer's
         params as stored (under FSDP its shard) and passes them through `layer_weights`. The
         checkpoint keeps only each layer's input x for the backward (`nothing_saveable`: a
         policy that saved all but `layer_weights`' outputs would still keep what the layer
         derives from them, a reshaped or cast kernel), so the backward calls `layer_weights`
-        again and recomputes the layer: one layer's weights are whole at a time."""
+        again and recomputes the layer: one layer's weights are whole at a time. MoE layers'
+        `stats` come out of the scan stacked, [L] each."""
         graphdef, weights = nnx.split(self.blocks)
 
         def body(x, w):  # x: [B, T, C]; w: one layer's params, as stored
-            block = nnx.merge(graphdef, layer_weights(w))
-            return block(x, None, index, sum_partials, attention)[0], None
+            block, layer_stats = nnx.merge(graphdef, layer_weights(w)), []
+            x = block(x, None, index, sum_partials, attention, None, layer_stats)[0]
+            return x, layer_stats
 
         policy = jax.checkpoint_policies.nothing_saveable
-        return jax.lax.scan(jax.checkpoint(body, policy=policy), x, weights)[0]
+        x, layer_stats = jax.lax.scan(jax.checkpoint(body, policy=policy), x, weights)
+        if stats is not None:
+            stats.extend(layer_stats)
+        return x
 
     def init_caches(self, batch: int):
         """Empty KV caches: per layer two [B, seq_len, K, D] arrays in the compute dtype, the

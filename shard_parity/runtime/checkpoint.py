@@ -181,7 +181,10 @@ def _guarded(mngr, step, read):
         ) from e
 
 
-DEFAULTS = {'model_config': {}, 'train': cfg.to_dict(cfg.TrainConfig())}
+DEFAULTS = {
+    'model_config': cfg.to_dict(cfg.TransformerConfig()),  # fields added since (num_experts)
+    'train': cfg.to_dict(cfg.TrainConfig()),
+}
 
 
 def check_compatible(saved: dict, requested: dict) -> None:

@@ -25,6 +25,8 @@ STRATEGY_HELP = {
     'tp': "layers split over 'model', Megatron style (<twin>/tp.py)",
     'fsdp_tp': 'both (<twin>/fsdp_tp.py)',
     'cp': "each sequence split over the mesh's second axis, 'seq' (<twin>/cp.py, transformer only)",
+    'ep': "experts split over the mesh's second axis, 'expert', the batch over both (<twin>/ep.py, "
+    'transformer with --num_experts only)',
 }
 
 
@@ -38,7 +40,8 @@ MESH = flags.DEFINE_string(
     'mesh',
     None,
     "DATAxMODEL devices, e.g. 4x2: the batch is split over 'data', tensor parallelism over "
-    "'model' (with --strategy=cp, DATAxSEQ: each sequence over 'seq'). Default: all devices "
+    "'model' (with --strategy=cp, DATAxSEQ: each sequence over 'seq'; with --strategy=ep, "
+    "DATAxEXPERT: the experts over 'expert'). Default: all devices "
     '(or --num_devices) x 1.',
 )
 
@@ -100,6 +103,22 @@ DTYPE = flags.DEFINE_enum(
     _T.dtype,
     ['float32', 'bfloat16'],
     'Compute dtype; parameters and the optimizer stay float32.',
+)
+NUM_EXPERTS = flags.DEFINE_integer(
+    'num_experts',
+    _T.num_experts,
+    'Mixture of experts: this many expert feed-forward networks per block, each token routed '
+    'to its top --experts_per_token (shard_parity/model/moe.py); 0: the dense model.',
+    lower_bound=0,
+)
+EXPERTS_PER_TOKEN = flags.DEFINE_integer(
+    'experts_per_token', _T.experts_per_token, 'K: the experts each token goes to.'
+)
+CAPACITY_FACTOR = flags.DEFINE_float(
+    'capacity_factor',
+    _T.capacity_factor,
+    'Each expert takes ceil(factor * seq_len * K / num_experts) tokens per sequence; the rest '
+    'are dropped (first choices before second, then by position).',
 )
 
 # Devices, data and outputs.
@@ -241,10 +260,14 @@ def transformer_config() -> cfg.TransformerConfig:
         embed_dim=EMBED_DIM.value,
         attention=ATTENTION.value,
         dtype=DTYPE.value,
+        num_experts=NUM_EXPERTS.value,
+        experts_per_token=EXPERTS_PER_TOKEN.value,
+        capacity_factor=CAPACITY_FACTOR.value,
     )
 
 
 TRANSFORMER_SHAPE = [SEQ_LEN, NUM_LAYERS, NUM_HEADS, NUM_KV_HEADS, EMBED_DIM, ATTENTION, DTYPE]
+TRANSFORMER_SHAPE += [NUM_EXPERTS, EXPERTS_PER_TOKEN, CAPACITY_FACTOR]
 
 
 # Generation (python -m <twin>.generate): it also reads --workdir, --seed (the sampling's),

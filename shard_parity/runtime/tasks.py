@@ -16,6 +16,7 @@ import datasets
 from datasets import batches, mnist, shakespeare
 from shard_parity import UsageError
 from shard_parity.model.mlp import MLP
+from shard_parity.model.moe import AUX_WEIGHT
 from shard_parity.model.ops import cross_entropy
 from shard_parity.model.transformer import Transformer
 from shard_parity.runtime import config as cfg
@@ -89,9 +90,15 @@ def mnist_task(config: cfg.TrainConfig, data_dir: str | None = None, download=Tr
 
 
 def lm_loss(model, batch):
-    logits, _ = model(batch['x'])  # f32[B, T, 256]
+    stats = []  # with --num_experts, each MoE layer's auxiliary loss and dropped share
+    logits, _ = model(batch['x'], moe_stats=stats)  # f32[B, T, 256]
     loss = cross_entropy(logits, batch['y']).mean()
-    return loss, {'loss': loss}
+    if not stats:
+        return loss, {'loss': loss}
+    aux = jnp.mean(jnp.stack([jnp.mean(s['aux']) for s in stats]))  # the mean over layers
+    dropped = jnp.mean(jnp.stack([jnp.mean(s['dropped']) for s in stats]))
+    loss = loss + AUX_WEIGHT * aux  # the train loss: next-byte loss plus the balancing term
+    return loss, {'loss': loss, 'moe_aux_loss': aux, 'moe_dropped': dropped}
 
 
 def lm_eval(model, batch):

@@ -20,8 +20,15 @@ from flax import nnx
 
 import datasets
 from shard_parity import UsageError
-from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh, start_processes
-from shard_parity.placement import check_cp, check_tp, mesh_axes, place_state, state_shardings
+from shard_parity.mesh import DATA, EXPERT, MODEL, configure_jax, make_mesh, start_processes
+from shard_parity.placement import (
+    check_cp,
+    check_ep,
+    check_tp,
+    mesh_axes,
+    place_state,
+    state_shardings,
+)
 from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings, report, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import flags as F
@@ -31,6 +38,12 @@ from shard_parity.step import create_state, make_optimizer
 
 def check_batch(batch_size: int, mesh) -> None:
     n = mesh.shape[DATA]
+    if EXPERT in mesh.shape and batch_size % (n * mesh.shape[EXPERT]):  # ep: rows over both axes
+        n = n * mesh.shape[EXPERT]
+        raise UsageError(
+            f'--batch_size={batch_size} is not divisible by the {n} devices of the mesh: '
+            f"--strategy=ep splits the rows over both axes; use a multiple of {n}"
+        )
     if batch_size % n:
         fits = [k for k in (1, 2, 4, 8) if batch_size % k == 0 and k < n]
         raise UsageError(
@@ -60,6 +73,8 @@ def check_strategy(strategy: str, model_config, mesh, module=None, layout='zigza
                 "--attention=fused is ignored: this twin's cp.py runs its own ring attention "
                 "in place of the model's"
             )
+    elif strategy == 'ep':
+        check_ep(model_config, mesh)
     elif mesh.shape[MODEL] > 1:
         logging.warning(
             "--strategy=%s splits nothing over 'model': the %d devices of each model group "

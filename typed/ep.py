@@ -1,0 +1,61 @@
+"""Expert parallelism in JAX's Explicit mode: the experts' slots change type, by expert.
+
+On a DATA x EXPERT mesh the rows' type is `i32[B@(data,expert), T]`, each expert's weights are
+split on E over 'expert' (`f32[L, E@expert, C, 4C]`: E/n experts per device), and the other
+weights are whole on every device (`reduced` over both axes, a free cast, so their gradients
+come out `unreduced` and one `reshard` adds them: the all-reduce, as typed/dp.py). The model
+gathers each expert's tokens with one einsum (shard_parity/model/moe.py), xe:
+`f32[E, B@(data,expert), cap, C]`; `exchange` below reshards it to `f32[E@expert, B@data, cap,
+C]`, where each device holds its experts' slots (the exchange: data moves only at a reshard),
+runs the experts there, and reshards the outputs back. Compare explicit/ep.py's all_to_all.
+"""
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shard_parity.mesh import DATA, EXPERT
+from shard_parity.placement import EXPERT_BATCH, reduced_shardings, state_shardings
+from shard_parity.step import bind, make_train_step
+
+STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
+BY_EXPERT = P(EXPERT, DATA)  # [E, B, cap, C]: E/n experts' slots of B/d rows per device
+BY_ROW = P(None, (DATA, EXPERT))  # [E, B, cap, C]: every expert's slots of my B/(d n) rows
+
+
+def exchange(xe, experts, mesh):  # xe: f32[E, B@(data,expert), cap, C]
+    # to the experts' devices: f32[E@expert, B@data, cap, C], an all-to-all over 'expert'
+    x = jax.reshard(xe, NamedSharding(mesh, BY_EXPERT))
+    y = experts(x)  # each device runs its E/n experts on their slots
+    # back to the tokens' devices: the second exchange
+    return jax.reshard(y, NamedSharding(mesh, BY_ROW))
+
+
+def loss_and_grads(graphdef, loss_fn, mesh):
+    hook = bind(graphdef, loss_fn, experts=lambda xe, experts: exchange(xe, experts, mesh))
+    grad_fn = jax.value_and_grad(hook, has_aux=True)
+
+    def fn(params, batch):  # params: whole, experts f32[L, E@expert, ...]; batch: x[B@data, T]
+        batch = jax.reshard(batch, NamedSharding(mesh, EXPERT_BATCH))
+        # Free: reduced (experts over 'data' only), so the gradients come out unreduced.
+        params = jax.reshard(params, reduced_shardings(params, mesh, STRATEGY))
+        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[C, E]{U:(data, expert)}
+        return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))  # all-reduce
+
+    return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
+
+
+def train_step(graphdef, loss_fn, tx, mesh):
+    # the gradients, then the shared update: each device updates the arrays or experts it holds
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
+    return make_train_step(grads_fn, tx, mesh, STRATEGY, place=jax.reshard)  # moves: reshard
+
+
+def eval_step(graphdef, eval_fn, mesh):
+    fn = bind(graphdef, eval_fn, experts=lambda xe, experts: exchange(xe, experts, mesh))
+
+    def evaluate(params, batch):  # per-example outputs f32[B@(data,expert)]
+        batch = jax.reshard(batch, NamedSharding(mesh, EXPERT_BATCH))
+        return jax.reshard(fn(params, batch), NamedSharding(mesh, EXPERT_BATCH))
+
+    return jax.jit(evaluate)
