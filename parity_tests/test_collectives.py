@@ -71,6 +71,7 @@ def test_inspector_pins_the_mlp_collectives():
     assert r['differences'] == [] and r['typed_differences'] == []
 
 
+@pytest.mark.slow  # four transformer programs, 30 s of CPU: the MLP's pins above run fast
 def test_inspector_pins_the_transformer_collectives():
     """Pinned compiler behaviour (jax 0.10.2): the tied embedding gets two gradient terms, the
     lookup and the output head. explicit/ adds them on each device and all-reduces the sum once;

@@ -122,8 +122,9 @@ def test_forgetting_the_psum_is_refused_by_shard_map(one_device, monkeypatch):
 @pytest.mark.parametrize('name', ['auto', 'explicit', pytest.param('typed', marks=SLOW)])
 @pytest.mark.parametrize('model, strategy, shape', PARAMS)
 def test_strategy_matches_the_one_device_run(name, model, strategy, shape, one_device, monkeypatch):
+    """One step in float32: the loss and every gradient leaf."""
     monkeypatch.setattr(attention, 'KEY_BLOCK', 8)  # two blocks of keys for 'fused'
-    case, want_metrics, want_grads, (want_losses, want_params) = one_device(model)
+    case, want_metrics, want_grads, _ = one_device(model)
     twin = TWINS[name]
     mesh = make_mesh(shape=shape, axis_type=twin.AXIS_TYPE)
     graphdef, _, state = fresh_state(case=case)
@@ -132,6 +133,31 @@ def test_strategy_matches_the_one_device_run(name, model, strategy, shape, one_d
     assert_close(metrics['loss'], want_metrics['loss'], 'loss', **TOL)
     assert_trees_close(grads, want_grads, **TOL)
 
+
+# 20 steps cost a second compile of each case, so the fast tier trains the reference twin alone
+# (explicit: every collective written out) on its meshes; auto and typed train in the full suite,
+# and test_training_parity trains auto fast (dp on 8).
+TRAIN_PARAMS = [
+    pytest.param(
+        name,
+        *c,
+        id=f'{name}-{c[0]}-{c[1]}-{c[2][0]}x{c[2][1]}',
+        marks=[] if c in FAST and name == 'explicit' else [SLOW],
+    )
+    for name in TWINS
+    for c in CASES
+]
+
+
+@pytest.mark.parametrize('name, model, strategy, shape', TRAIN_PARAMS)
+def test_strategy_trains_like_the_one_device_run(
+    name, model, strategy, shape, one_device, monkeypatch
+):
+    """20 AdamW steps in float64: every loss and parameter (helpers.py's error model)."""
+    monkeypatch.setattr(attention, 'KEY_BLOCK', 8)
+    case, _, _, (want_losses, want_params) = one_device(model)
+    twin = TWINS[name]
+    mesh = make_mesh(shape=shape, axis_type=twin.AXIS_TYPE)
     losses, params = train_twin_x64(twin, mesh, case, strategy=strategy)
     assert_close(losses, want_losses, 'float64 losses', **X64_TOL)
     assert_params_close(params, want_params, **X64_TOL)

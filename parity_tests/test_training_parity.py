@@ -61,10 +61,15 @@ def test_another_seed_trains_differently(mesh8, case, one_device):
     assert not np.allclose(losses, one_device[0], **LOSS_TOL)
 
 
-# 2 and 4 devices in the full suite; the fast tier keeps 1 (exactly equal) and 8 (every split).
-@pytest.mark.parametrize(
-    'n', [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow), 8]
-)
+# The fast tier keeps 8 devices (every split) for both models and 1 (no split at all) for the
+# MLP; 2 and 4 devices, and the transformer on 1, run in the full suite.
+SLOW = pytest.mark.slow
+SLOW_DEVICES = [('mlp', 2), ('mlp', 4), ('transformer', 1), ('transformer', 2), ('transformer', 4)]
+DEVICES = [('mlp', 1), ('mlp', 8), ('transformer', 8)]
+DEVICES += [pytest.param(m, n, marks=SLOW) for m, n in SLOW_DEVICES]
+
+
+@pytest.mark.parametrize('case, n', DEVICES, indirect=['case'])
 @pytest.mark.parametrize('twin', [auto, explicit], ids=['auto', 'explicit'])
 def test_twin_on_n_devices_tracks_the_one_device_run(twin, n, case, one_device, one_device_64):
     losses, _ = train_twin(twin, make_mesh(n), case)
