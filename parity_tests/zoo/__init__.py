@@ -8,6 +8,7 @@ asserts what the bisector says about each.
     no_pcast        explicit/dp.py without the pcast before grad
     replicated_batch  explicit/dp.py with the batch's in_spec P(): every device takes all of it
     scatter_no_div  explicit/fsdp.py, the reduce-scatter without its division by n
+    pp_wrong_way    explicit/pp.py, the stages' ppermute from i + 1 to i, not i to i + 1
     dropout         input dropout drawn per global row: correct, the reference for...
     dropout_key     ...the same, with the key folded with the device's local row index
 """

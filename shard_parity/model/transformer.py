@@ -189,6 +189,7 @@ class Transformer(nnx.Module):
         attention=None,
         positions=None,
         layer_weights=None,
+        pipeline=None,
     ):
         """tokens: i32[B, T] at positions index..index+T-1 -> (logits f32[B, T, 256], caches).
         `sum_partials`: explicit tensor parallelism's psum over 'model' (explicit/tp.py), which
@@ -199,14 +200,19 @@ class Transformer(nnx.Module):
         layout: shard_parity/model/ring.py), may be traced values.
         `layer_weights`: one layer's params as stored -> as the layer uses them, called where
         the layer runs (FSDP's per-layer all-gather, explicit/fsdp.py); the layers then run
-        under a scan, without caches."""
+        under a scan, without caches.
+        `pipeline`: `(x, run_stack, weights) -> x` in place of the layer loop: pipeline
+        parallelism's schedule (<twin>/pp.py), which runs `run_stack` on each stage's share of
+        the stacked `weights`, microbatch by microbatch."""
         if positions is None:
             positions = index + jnp.arange(tokens.shape[1])  # [T]
         if typed(tokens) is not None:  # Explicit mode: look positions up per row, as tokens
             positions = jax.reshard(jnp.broadcast_to(positions, tokens.shape), typed(tokens))
         x = lookup(self.embed, tokens) + lookup(self.pos, positions)  # [B, T, C]
         new_caches = []
-        if layer_weights is not None:  # FSDP: one layer's weights whole at a time
+        if pipeline is not None:  # pipeline parallelism: the strategy runs the blocks
+            x = pipeline(x, self.run_stack, nnx.split(self.blocks)[1])
+        elif layer_weights is not None:  # FSDP: one layer's weights whole at a time
             x = self.scan_layers(x, layer_weights, index, sum_partials, attention)
         else:  # layer by layer, unrolled
             for i, block in enumerate(self.layers()):
@@ -246,6 +252,16 @@ class Transformer(nnx.Module):
 
         policy = jax.checkpoint_policies.nothing_saveable
         return jax.lax.scan(jax.checkpoint(body, policy=policy), x, weights)[0]
+
+    def run_stack(self, weights, x):
+        """x: [b, T, C] through the layers whose stacked params are `weights` ([k, ...]: a
+        pipeline stage's k consecutive layers), in order, under a scan."""
+        graphdef = nnx.split(self.blocks)[0]
+
+        def body(x, w):  # w: one layer's params
+            return nnx.merge(graphdef, w)(x)[0], None
+
+        return jax.lax.scan(body, x, weights)[0]
 
     def init_caches(self, batch: int):
         """Empty KV caches: per layer two [B, seq_len, K, D] arrays in the compute dtype, the

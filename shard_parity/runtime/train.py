@@ -21,6 +21,7 @@ from flax import nnx
 import datasets
 from shard_parity import UsageError
 from shard_parity.mesh import DATA, MODEL, configure_jax, make_mesh, start_processes
+from shard_parity.pipeline import check_pp
 from shard_parity.placement import check_cp, check_tp, mesh_axes, place_state, state_shardings
 from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings, report, tasks
 from shard_parity.runtime import config as cfg
@@ -60,7 +61,7 @@ def check_strategy(strategy: str, model_config, mesh, module=None, layout='zigza
                 "--attention=fused is ignored: this twin's cp.py runs its own ring attention "
                 "in place of the model's"
             )
-    elif mesh.shape[MODEL] > 1:
+    elif strategy != 'pp' and mesh.shape[MODEL] > 1:  # pp: shard_parity/pipeline.py checks
         logging.warning(
             "--strategy=%s splits nothing over 'model': the %d devices of each model group "
             'hold the same shards and compute the same thing (use tp or fsdp_tp to split)',
@@ -101,6 +102,7 @@ def run(
     keep=3,
     save_initial=False,
     cp_layout='zigzag',
+    microbatches=4,
 ) -> dict | None:
     """Trains `task` with `twin.STRATEGIES[strategy]` (e.g. auto's dp.py); returns the last line,
     or None when `workdir` already holds step --steps (then nothing is written). Saves a
@@ -109,6 +111,8 @@ def run(
     for its lifetime."""
     check_batch(config.batch_size, mesh)
     check_strategy(strategy, task.model_config, mesh, twin.STRATEGIES[strategy], cp_layout)
+    if strategy == 'pp':  # pipeline parallelism: equal stages, equal microbatches
+        check_pp(task.model_config, mesh, config.batch_size, microbatches)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = place_state(state, mesh, strategy)
@@ -121,6 +125,7 @@ def run(
         'devices': mesh.size,
         'mesh': dict(mesh.shape),
         **({'cp_layout': cp_layout} if strategy == 'cp' else {}),
+        **({'microbatches': microbatches} if strategy == 'pp' else {}),
     }
     report.ensure_writable(workdir)
     main = jax.process_index() == 0  # with several processes, process 0 writes and prints
@@ -237,6 +242,7 @@ def main(twin):
                 F.KEEP.value,
                 F.SAVE_INITIAL.value,
                 F.CP_LAYOUT.value,
+                F.MICROBATCHES.value,
             )
         except FloatingPointError as e:  # raised by JAX's checks under --debug_nans
             if F.VERBOSE.value:
