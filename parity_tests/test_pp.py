@@ -103,15 +103,22 @@ def test_the_ppermute_turning_the_wrong_way_is_caught(one_device):
     assert not np.isclose(float(got['loss']), float(want['loss']), **TOL), (got, want)
 
 
+@pytest.fixture(scope='module')
+def one_device_steps():
+    """The one-device run's 20 AdamW steps of GQA, in float32 and in float64: computed once."""
+    case = make_case('transformer', GQA)
+    graphdef, tx, state = fresh_state(case=case)
+    one = one_device_train_step(graphdef, case.loss_fn, tx)
+    return case, train(one, state, case.batches), one_device_x64(case)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('name', TWINS)
-def test_20_steps_of_pp_track_the_one_device_run(name):
+def test_20_steps_of_pp_track_the_one_device_run(name, one_device_steps):
     """20 AdamW steps on 2x4 (S = 4, M = 4): the float32 losses step by step, and every loss and
     parameter of the float64 rerun (helpers.py's error model)."""
-    case, twin, mesh = make_case('transformer', GQA), TWINS[name], pp_mesh(4, TWINS[name])
-    graphdef, tx, state = fresh_state(case=case)
-    want_32 = train(one_device_train_step(graphdef, case.loss_fn, tx), state, case.batches)
-    want_64 = one_device_x64(case)
+    case, want_32, want_64 = one_device_steps
+    twin, mesh = TWINS[name], pp_mesh(4, TWINS[name])
     losses, _ = train_twin(twin, mesh, case, strategy='pp')
     assert_close(losses, want_32[0], 'float32 losses', **LOSS_TOL)
     losses, params = train_twin_x64(twin, mesh, case, strategy='pp')
@@ -162,7 +169,9 @@ def test_cli_trains_with_pp(tmp_path):
     config.json records it."""
     flags = ['--model=transformer', '--strategy=pp', '--mesh=2x4', '--microbatches=4']
     shape = ['--num_layers=4', '--seq_len=16', '--embed_dim=32', '--batch_size=16']
-    result = run_cli('auto', *flags, *shape, '--steps=2', '--cpu_devices=8', f'--workdir={tmp_path}')
+    result = run_cli(
+        'auto', *flags, *shape, '--steps=1', '--cpu_devices=8', f'--workdir={tmp_path}'
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert read_metrics(tmp_path)[-1]['step'] == 2
+    assert read_metrics(tmp_path)[-1]['step'] == 1
     assert '"microbatches": 4' in (tmp_path / 'config.json').read_text()

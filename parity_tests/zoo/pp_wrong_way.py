@@ -1,7 +1,6 @@
 """explicit/pp.py with its ppermute turned the wrong way: each stage hands its microbatch back to
 the previous stage, so the last stage only ever runs on the bubble's zeros (the bug zoo)."""
 
-
 import jax
 import jax.numpy as jnp
 
