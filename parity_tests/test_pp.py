@@ -2,7 +2,8 @@
 stages over the mesh's 'stage' axis, runs M microbatches through them on the GPipe schedule,
 and gives the one-device run's loss and every gradient leaf, and 20 AdamW steps track it, in all
 three twins, for S = 2 and 4, M = S and 2S, MHA and GQA; a ppermute turned the wrong way is
-caught (parity_tests/zoo/pp_wrong_way.py); checkpoints move between dp and pp with bitwise
+caught (parity_tests/zoo/pp_wrong_way.py); explicit's compiled step holds one collective-permute
+per tick each way and no gathered weight; checkpoints move between dp and pp with bitwise
 logits; the train CLI runs it. Bad input: shard_parity/pipeline.py's check_pp."""
 
 import dataclasses
@@ -23,6 +24,7 @@ from parity_tests.helpers import (
     assert_params_close,
     assert_trees_close,
     fresh_state,
+    inspect_collectives,
     logits,
     make_case,
     one_device_x64,
@@ -175,3 +177,31 @@ def test_cli_trains_with_pp(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert read_metrics(tmp_path)[-1]['step'] == 1
     assert '"microbatches": 4' in (tmp_path / 'config.json').read_text()
+
+
+@pytest.mark.slow  # compiles four programs
+def test_inspector_pins_the_pp_collectives():
+    """explicit: two collective-permutes of one microbatch's activations f32[B/dM, T, C], the
+    forward's (stage i -> i + 1) and the backward's (i + 1 -> i), each run M + S - 1 times;
+    the outputs' all-reduce over 'stage' once each way; the gradient all-reduce over 'data' of
+    each device's share. No twin gathers a stage's weights. auto: the compiler's collective-
+    permutes (jax 0.10.2, CPU: beside all-to-alls and per-tick all-reduces, docs/pipeline.md)."""
+    shape = {'seq_len': 16, 'num_layers': 4, 'num_heads': 4, 'num_kv_heads': 2, 'embed_dim': 32}
+    r = inspect_collectives('transformer', 'pp', (2, 4), batch_size=16, **shape)
+    stages, grads = r['expected']['stages'], r['expected']['gradient_bytes']
+    assert stages['shape'] == [2, 16, 32] and stages['bytes_each'] == 2 * 16 * 32 * 4
+    assert stages['ticks'] == 4 + 4 - 1 and stages['bytes'] == 2 * 7 * 4_096
+    ops = r['programs']['explicit']
+    permutes = [op for op in ops if op['kind'] == 'collective-permute']
+    assert [op['shapes'] for op in permutes] == [[list(stages['shape'])]] * stages['count']
+    assert [op['trip_count'] for op in permutes] == [stages['ticks']] * 2
+    assert {op['group_size'] for op in permutes} == {6}  # 2 pipelines of 4: 3 pairs each
+    assert sum(op['bytes'] * op['trip_count'] for op in permutes) == stages['bytes']
+    reduces = [op for op in ops if op['kind'] == 'all-reduce']
+    assert all(op['trip_count'] == 1 for op in reduces)  # none inside the ticks' loops
+    over_data = [op for op in reduces if op['group_size'] == 2]
+    assert sum(op['bytes'] for op in over_data) == grads + 4  # + the mean loss
+    for twin in ('auto', 'explicit', 'typed'):
+        kinds = {op['kind'] for op in r['programs'][twin]}
+        assert 'all-gather' not in kinds and 'collective-permute' in kinds, (twin, kinds)
+    assert r['programs']['one_device'] == []
