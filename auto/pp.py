@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import DATA, STAGE
-from shard_parity.pipeline import feed, join, split, ticks
+from shard_parity.pipeline import feed, join, split
 from shard_parity.placement import BATCH, REPLICATED, state_shardings
 from shard_parity.step import bind, make_train_step
 
@@ -42,12 +42,12 @@ def pipeline(microbatches, mesh):
         stages = jax.vmap(run_stack, spmd_axis_name=STAGE)  # stage s on slot s, on its device
         inputs = split(x, microbatches)  # [M, B/M, T, C] @ P(None, 'data')
 
-        def tick(h, t):  # h: f32[S, B/M, T, C] @ P('stage', 'data'), the last tick's, shifted
-            y = stages(weights, h.at[0].set(feed(inputs, t)))  # stage 0: a new one
+        def tick(h, x):  # h: f32[S, B/M, T, C] @ P('stage', 'data'), shifted; x: stage 0's
+            y = stages(weights, h.at[0].set(x))  # stage 0: a new one
             return pass_on(y, mesh), y[-1]
 
         h = jnp.zeros((n, *inputs.shape[1:]), x.dtype)  # bubbles: zeros
-        _, ys = jax.lax.scan(tick, h, jnp.arange(ticks(microbatches, n)))  # [M+S-1, B/M, T, C]
+        _, ys = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, B/M, T, C]
         return join(ys[n - 1 :])  # the last stage's, from tick S - 1 on: XLA sends them round
 
     return run

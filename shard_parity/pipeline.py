@@ -15,11 +15,6 @@ from shard_parity import UsageError
 from shard_parity.mesh import DATA, STAGE
 
 
-def ticks(microbatches: int, stages: int) -> int:
-    """GPipe's forward: every microbatch through every stage, one stage further each tick."""
-    return microbatches + stages - 1
-
-
 def split(x, microbatches: int):
     """x: [B, ...] -> [M, B/M, ...]: row r in microbatch r mod M."""
     return x.reshape(-1, microbatches, *x.shape[1:]).swapaxes(0, 1)
@@ -30,10 +25,12 @@ def join(ys):
     return ys.swapaxes(0, 1).reshape(-1, *ys.shape[2:])
 
 
-def feed(inputs, t):
-    """Microbatch t of `inputs` [M, b, ...] for the first stage at tick t; zeros after the last."""
-    m = inputs.shape[0]
-    return jnp.where(t < m, inputs[jnp.minimum(t, m - 1)], jnp.zeros_like(inputs[0]))
+def feed(inputs, stages: int):
+    """What the first stage takes in at each of GPipe's M + S - 1 ticks: the microbatches
+    [M, b, ...], then S - 1 of zeros (bubbles): [M + S - 1, b, ...], the scan's xs. (An index
+    into the microbatches at tick t would do too, but under typed/ its transpose trips jax
+    0.12: a dynamic_update_slice of a 'data'-split row into an unsplit zero array.)"""
+    return jnp.pad(inputs, [(0, stages - 1)] + [(0, 0)] * (inputs.ndim - 1))
 
 
 def check_pp(model_config, mesh, batch_size: int, microbatches: int) -> None:

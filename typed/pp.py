@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import DATA, STAGE
-from shard_parity.pipeline import feed, join, split, ticks
+from shard_parity.pipeline import feed, join, split
 from shard_parity.placement import BATCH, outside_layers, reduced_shardings, state_shardings
 from shard_parity.step import bind, make_train_step
 
@@ -45,12 +45,12 @@ def pipeline(microbatches, mesh):
         stages = jax.vmap(run_stack, spmd_axis_name=STAGE)  # stage s on slot s, on its device
         inputs = split(x, microbatches)  # f32[M, B/M@data, T, C]
 
-        def tick(h, t):  # h: f32[S@stage, B/M@data, T, C], the last tick's, shifted
-            y = stages(weights, h.at[0].set(feed(inputs, t), out_sharding=slots))  # stage 0: new
+        def tick(h, x):  # h: f32[S@stage, B/M@data, T, C], shifted; x: stage 0's
+            y = stages(weights, h.at[0].set(x, out_sharding=slots))  # stage 0: new
             return pass_on(y, mesh), y  # every slot: a slice of one would need its dim whole
 
         h = jnp.zeros((n, *inputs.shape[1:]), x.dtype, out_sharding=slots)  # bubbles: zeros
-        _, ys = jax.lax.scan(tick, h, jnp.arange(ticks(microbatches, n)))  # [M+S-1, S@stage, ...]
+        _, ys = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, S@stage, ...]
         last = (jnp.arange(n) == n - 1)[:, None, None, None]  # the last stage's slot
         out = jnp.where(last, ys[n - 1 :], 0).sum(1)  # from tick S - 1 on: an all-reduce
         return join(out)

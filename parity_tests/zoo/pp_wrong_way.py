@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from shard_parity.mesh import DATA, STAGE
-from shard_parity.pipeline import feed, join, split, ticks
+from shard_parity.pipeline import feed, join, split
 from shard_parity.placement import BATCH, REPLICATED, state_specs
 from shard_parity.step import bind, make_train_step
 
@@ -25,12 +25,12 @@ def pipeline(microbatches, mesh):
         s, n = jax.lax.axis_index(STAGE), mesh.shape[STAGE]
         inputs = split(x, microbatches)  # [M, B/dM, T, C]
 
-        def tick(h, t):  # h: what the previous stage passed me at the last tick
-            y = run_stack(weights, jnp.where(s == 0, feed(inputs, t), h))  # stage 0: a new one
+        def tick(h, x):  # h: what the previous stage passed me last tick; x: stage 0's input
+            y = run_stack(weights, jnp.where(s == 0, x, h))  # stage 0: a new one
             return pass_on(y, mesh), y
 
         h = jax.lax.pcast(jnp.zeros_like(inputs[0]), STAGE, to='varying')  # bubbles: zeros
-        _, ys = jax.lax.scan(tick, h, jnp.arange(ticks(microbatches, n)))  # [M+S-1, B/dM, T, C]
+        _, ys = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, B/dM, T, C]
         out = jnp.where(s == n - 1, ys[n - 1 :], 0)  # the last stage's, from tick S - 1 on
         return join(jax.lax.psum(out, STAGE))  # to every stage: an all-reduce over 'stage'
 
