@@ -231,7 +231,11 @@ def compare_trees(prefix, a, b, tolerance) -> list[Leaf]:
 
 
 def hints(leaf: Leaf, a: Side, b: Side) -> list[str]:
-    sizes = {ax: sorted({s.mesh.shape[ax] for s in (a, b) if s.mesh} - {1}) for ax in (DATA, MODEL)}
+    # a mesh without the axis (cp's DATA x SEQ, pp's DATA x STAGE) has it of size 1
+    sizes = {
+        ax: sorted({s.mesh.shape.get(ax, 1) for s in (a, b) if s.mesh} - {1})
+        for ax in (DATA, MODEL)
+    }
     out = []
     if leaf.shapes and len(leaf.shapes[0]) and leaf.shapes[0][1:] == leaf.shapes[1][1:]:
         k = leaf.shapes[1][0] / leaf.shapes[0][0]

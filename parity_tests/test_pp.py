@@ -16,6 +16,7 @@ import pytest
 import auto
 import explicit
 import typed
+from parity_tests import divergence as D
 from parity_tests.helpers import (
     LOSS_TOL,
     TOL,
@@ -112,6 +113,20 @@ def one_device_steps():
     graphdef, tx, state = fresh_state(case=case)
     one = one_device_train_step(graphdef, case.loss_fn, tx)
     return case, train(one, state, case.batches), one_device_x64(case)
+
+
+@pytest.mark.slow
+def test_the_bisector_finds_the_wrong_way_at_the_pipelines_output():
+    """The bug zoo's pp_wrong_way against explicit: the last stage never receives a microbatch,
+    so the pipeline's output, the final norm's input, is the blocks run on zeros: zeros. The
+    blocks run inside the schedule, so the first module the bisector sees differ is `norm`."""
+    case = make_case('transformer', GQA)
+    graphdef, tx, state = fresh_state(case=case)
+    mesh = pp_mesh(4)
+    sides = [D.load_side(n, 'pp', mesh) for n in ('explicit', 'parity_tests.zoo.pp_wrong_way')]
+    report = D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, 1)
+    assert (report.step, report.phase, report.layer) == (0, 'forward', 'norm')
+    assert report.ratio == 0.0
 
 
 @pytest.mark.slow
