@@ -41,7 +41,8 @@ def pipeline(microbatches, mesh):
 
     def run(x, run_stack, weights):  # weights: f32[L@stage, ...]
         n, slots = mesh.shape[STAGE], NamedSharding(mesh, P(STAGE, DATA))
-        weights = jax.tree.map(lambda w: w.reshape(n, -1, *w.shape[1:]), weights)  # [S@stage, L/S]
+        at = NamedSharding(mesh, P(STAGE))  # [S@stage, L/S, ...], even where S = 1
+        weights = jax.tree.map(lambda w: w.reshape(n, -1, *w.shape[1:], out_sharding=at), weights)
         stages = jax.vmap(run_stack, spmd_axis_name=STAGE)  # stage s on slot s, on its device
         inputs = split(x, microbatches)  # f32[M, B/M@data, T, C]
 
