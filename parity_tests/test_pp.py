@@ -52,7 +52,7 @@ TWINS = {'auto': auto, 'explicit': explicit, 'typed': typed}
 # (model, stages S, microbatches M): each of S = 2, 4 with M = S and 2S, MHA and GQA in turn.
 SCHEDULES = [('gqa', 2, 2), ('mha', 2, 4), ('mha', 4, 4), ('gqa', 4, 8)]
 FAST = [('explicit', 'gqa', 2, 2)]
-GRID = [(t, *s) for t in TWINS for s in SCHEDULES]
+GRID = [(t, *s) for t in TWINS for s in SCHEDULES] + [('typed', 'gqa', 1, 2)]  # no pipeline: S = 1
 CASES = [pytest.param(*c, marks=[] if c in FAST else [pytest.mark.slow]) for c in GRID]
 
 
