@@ -5,7 +5,7 @@ all-reduces, context parallelism's ring)."""
 import jax
 import numpy as np
 
-from shard_parity.mesh import DATA, EXPERT, MODEL, SEQ
+from shard_parity.mesh import DATA, EXPERT, MODEL, SEQ, STAGE
 from shard_parity.model.moe import capacity
 from shard_parity.placement import is_expert, state_specs
 
@@ -15,6 +15,8 @@ def expectation(strategy: str, model: str, params, mesh, batch_size: int, model_
     'model' (tensor parallelism only), the keys' and values' round the 'seq' ring (cp only)."""
     if strategy == 'cp':
         return cp_expectation(params, mesh, batch_size, model_config)
+    if strategy == 'pp':
+        return pp_expectation(params, mesh, batch_size, model_config)
     if strategy == 'ep':
         return ep_expectation(params, mesh, batch_size, model_config)
     d, m = mesh.shape[DATA], mesh.shape[MODEL]
@@ -155,5 +157,46 @@ def ep_expectation(params, mesh, batch_size: int, c) -> dict:
             'note': "per MoE layer: forward, every device's slots to the experts' devices and "
             'the outputs back; backward, the gradients of both, reversed. Each device keeps '
             '1/n of its slots (its own experts) and sends the rest.',
+        },
+    }
+
+
+def pp_expectation(params, mesh, batch_size: int, c, microbatches: int = 4) -> dict:
+    """Pipeline parallelism (GPipe, <twin>/pp.py with its default M): the gradient all-reduce
+    over 'data' of each device's share (its stage's layers, and everything outside the blocks);
+    and explicit's stage-to-stage passes: one collective-permute of one microbatch's
+    activations f32[B/dM, T, C] per tick, M + S - 1 ticks, in the forward's loop (stage i to
+    i + 1) and in the backward's (i + 1 to i: the ppermute's transpose). No weight moves."""
+    d, s = mesh.shape[DATA], mesh.shape[STAGE]
+    specs = jax.tree.leaves(state_specs(params, 'pp', mesh))
+    grad_bytes = sum(
+        int(np.prod(p.shape)) * p.dtype.itemsize // (s if STAGE in spec else 1)
+        for p, spec in zip(jax.tree.leaves(params), specs, strict=True)
+    )
+    shape = (batch_size // (d * microbatches), c.seq_len, c.embed_dim)
+    each, ticks = int(np.prod(shape)) * 4, microbatches + s - 1
+    return {
+        'kind': 'all-reduce',
+        'group_size': d,
+        'gradient_bytes': grad_bytes,
+        'ring_bytes_per_device': 2 * (d - 1) / d * grad_bytes,
+        'note': "one all-reduce over 'data' of each device's gradients: its stage's layers "
+        '(1/S of the blocks) and the embeddings, final norm and head, whole (plus the metric).',
+        'activations': None,
+        'stages': {
+            'kind': 'collective-permute',
+            'stages': s,
+            'microbatches': microbatches,
+            'ticks': ticks,
+            'shape': shape,
+            'bytes_each': each,
+            'count': 2,  # in the program: the forward's and the backward's
+            'runs': 2 * ticks,
+            'bytes': 2 * ticks * each,
+            'bubble': (s - 1) / ticks,
+            'note': f'explicit: one collective-permute of one microbatch activation per tick, '
+            f'{ticks} ticks (M + S - 1), stage i to i + 1 in the forward and i + 1 to i in the '
+            f"backward (its transpose); {s - 1} of {s} devices of each 'stage' group send. No "
+            "all-gather of the stages' weights.",
         },
     }

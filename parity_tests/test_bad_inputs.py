@@ -229,6 +229,26 @@ ROWS = [
         'test_cp.test_a_sequence_axis_of_1_warns_and_bad_inputs_are_refused',
     ),
     (
+        '--num_layers not divisible by the stage axis (pp)',
+        "--num_layers=6 is not divisible by the mesh's stage axis (4)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--batch_size not divisible into the microbatches (pp)',
+        '--batch_size=12 does not split into --microbatches=4 on each of the 2 devices',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--strategy=pp with the MLP',
+        '--strategy=pp splits a stack of equal layers into stages, and --model=mlp has none',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'a stage axis of 1 (pp; a warning, not an error)',
+        'makes no pipeline: one stage holds every layer',
+        'test_pp.test_a_stage_axis_of_1_warns_and_bad_inputs_are_refused',
+    ),
+    (
         'generating from a cp checkpoint (not an error)',
         'restored onto one device, exit 0',
         'test_cp.test_cli_trains_with_cp_and_its_checkpoint_generates',
@@ -485,6 +505,18 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     '--capacity_factor of 0 or below with experts on': (
         'explicit.train',
         [*TINY, '--num_experts=4', '--capacity_factor=0'],
+    ),
+    '--num_layers not divisible by the stage axis (pp)': (
+        'explicit.train',
+        [*TINY, '--strategy=pp', '--mesh=2x4', '--num_layers=6'],
+    ),
+    '--batch_size not divisible into the microbatches (pp)': (
+        'typed.train',
+        [*TINY, '--strategy=pp', '--mesh=2x4', '--num_layers=4', '--batch_size=12'],
+    ),
+    '--strategy=pp with the MLP': (
+        'auto.train',
+        ['--strategy=pp', '--mesh=2x4', '--cpu_devices=8'],
     ),
     '--learning_rate nan or inf': ('explicit.train', ['--learning_rate=nan']),
     '--batch_size beyond the training split': ('auto.train', ['--batch_size=100000']),

@@ -15,7 +15,8 @@ from shard_parity import UsageError
 DATA = 'data'  # examples are split across this mesh axis
 MODEL = 'model'  # tensor parallelism splits heads and hidden features across this one
 SEQ = 'seq'  # context parallelism (--strategy=cp) splits each sequence's positions across this one
-EXPERT = 'expert'  # expert parallelism (--strategy=ep) splits the experts (and the batch) across this one
+STAGE = 'stage'  # pipeline parallelism (--strategy=pp) splits the transformer's layers over this
+EXPERT = 'expert'  # expert parallelism (--strategy=ep) splits the experts (and the batch) over it
 NO_FMA = '--xla_cpu_max_isa=AVX'  # AVX has no fused multiply-add instructions
 
 

@@ -5,6 +5,7 @@
     tp       Megatron's plan over 'model' (below), or whole   P(None, 'model'), P('model', None)
     fsdp_tp  tp's spec, plus 'data' on the first free dim     P('data', 'model'), P('model', 'data')
     cp       every array whole, as dp; on a DATA x SEQ mesh   P()   (tokens: P('data', 'seq'))
+    pp       the stacked blocks' layer dim over 'stage'       P('stage'), the rest P()
     ep       the experts' weights split over 'expert', the     P(None, 'expert') (stacked [L, E, ...])
              rest whole; on a DATA x EXPERT mesh              (the batch: P(('data', 'expert')))
 
@@ -14,7 +15,7 @@ split the same way: each device computes a partial sum of every output, and one 
 them). In attention the column split falls between heads, so each device runs whole heads.
 
 The transformer's blocks are stacked (shard_parity/model/transformer.py): `blocks.*` arrays have a
-leading [L] layer dimension, which no strategy splits: each spec above applies to the dimensions
+leading [L] layer dimension, which no strategy but pp splits: each spec above applies to the dimensions
 after it (fsdp splits a stacked kernel f32[L, C, 4C] as P(None, 'data'), so that every device
 holds 1/n of every layer and a scan over the layers gathers one layer at a time).
 
@@ -28,7 +29,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity import UsageError
-from shard_parity.mesh import DATA, EXPERT, MODEL, SEQ
+from shard_parity.mesh import DATA, EXPERT, MODEL, SEQ, STAGE
 from shard_parity.model.mlp import TP_PLAN
 
 STRATEGIES = (
@@ -37,6 +38,7 @@ STRATEGIES = (
     'tp',
     'fsdp_tp',
     'cp',
+    'pp',
     'ep',
 )  # each twin has one file per name: <twin>/<name>.py
 BATCH = P(DATA)  # split the leading (example) dimension across the 'data' axis
@@ -112,11 +114,18 @@ def state_specs(state, strategy: str, mesh):
         'tp': tp_spec,
         'fsdp_tp': lambda path, x: fsdp_spec(x.shape, n, tp_spec(path, x), layer_dims(path)),
         'cp': lambda path, x: P(),
+        'pp': pp_spec,
         'ep': ep_spec,
     }
     return jax.tree_util.tree_map_with_path(
         lambda path, x: as_returned(rules[strategy](path, x), len(x.shape), mesh), state
     )
+
+
+def pp_spec(path, x) -> P:
+    """Pipeline parallelism: a stacked block array's layer dimension split over 'stage' (stage
+    i holds layers i L/S .. (i+1) L/S - 1), everything else whole, as dp."""
+    return P(STAGE) if layer_dims(path) else P()
 
 
 def as_returned(spec: P, ndim: int, mesh) -> P:
@@ -133,9 +142,11 @@ def as_returned(spec: P, ndim: int, mesh) -> P:
 
 def mesh_axes(strategy: str) -> tuple[str, str]:
     """The mesh's axis names for `strategy`: context parallelism's second axis splits the
-    sequence ('seq'), expert parallelism's the experts ('expert'); every other strategy's
-    splits layers ('model'), or holds copies."""
-    return {'cp': (DATA, SEQ), 'ep': (DATA, EXPERT)}.get(strategy, (DATA, MODEL))
+    sequence ('seq'), pipeline parallelism's the layers into stages ('stage'), expert
+    parallelism's the experts ('expert'); every other strategy's splits layers ('model'), or
+    holds copies."""
+    second = {'cp': SEQ, 'pp': STAGE, 'ep': EXPERT}.get(strategy, MODEL)
+    return DATA, second
 
 
 def state_shardings(state, mesh, strategy: str):

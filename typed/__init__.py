@@ -8,8 +8,8 @@ Mind the names: this folder, typed/, is JAX's Explicit mode; our explicit/ is JA
 
 from jax.sharding import AxisType
 
-from typed import cp, dp, ep, fsdp, fsdp_tp, tp
+from typed import cp, dp, ep, fsdp, fsdp_tp, pp, tp
 
 NAME = 'typed'
 AXIS_TYPE = AxisType.Explicit  # the mesh's axes: shardings are types, checked while tracing
-STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'ep': ep}
+STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep}

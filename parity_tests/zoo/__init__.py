@@ -10,6 +10,7 @@ asserts what the bisector says about each.
     scatter_no_div  explicit/fsdp.py, the reduce-scatter without its division by n
     ep_swapped_axes explicit/ep.py, the all_to_alls over 'data' where 'expert' belongs (a 2x2
                     mesh, so that the shapes fit)
+    pp_wrong_way    explicit/pp.py, the stages' ppermute from i + 1 to i, not i to i + 1
     dropout         input dropout drawn per global row: correct, the reference for...
     dropout_key     ...the same, with the key folded with the device's local row index
 """

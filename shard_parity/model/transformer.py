@@ -202,6 +202,7 @@ class Transformer(nnx.Module):
         layer_weights=None,
         experts=None,
         moe_stats=None,
+        pipeline=None,
     ):
         """tokens: i32[B, T] at positions index..index+T-1 -> (logits f32[B, T, 256], caches).
         `sum_partials`: explicit tensor parallelism's psum over 'model' (explicit/tp.py), which
@@ -215,14 +216,19 @@ class Transformer(nnx.Module):
         under a scan, without caches.
         With --num_experts: `experts`, expert parallelism's hook (shard_parity/model/moe.py;
         explicit/ep.py's all_to_all); `moe_stats`, a list each MoE layer appends its auxiliary
-        loss and dropped share to (tasks.lm_loss)."""
+        loss and dropped share to (tasks.lm_loss).
+        `pipeline`: `(x, run_stack, weights) -> x` in place of the layer loop: pipeline
+        parallelism's schedule (<twin>/pp.py), which runs `run_stack` on each stage's share of
+        the stacked `weights`, microbatch by microbatch."""
         if positions is None:
             positions = index + jnp.arange(tokens.shape[1])  # [T]
         if typed(tokens) is not None:  # Explicit mode: look positions up per row, as tokens
             positions = jax.reshard(jnp.broadcast_to(positions, tokens.shape), typed(tokens))
         x = lookup(self.embed, tokens) + lookup(self.pos, positions)  # [B, T, C]
         new_caches = []
-        if layer_weights is not None:  # FSDP: one layer's weights whole at a time
+        if pipeline is not None:  # pipeline parallelism: the strategy runs the blocks
+            x = pipeline(x, self.run_stack, nnx.split(self.blocks)[1])
+        elif layer_weights is not None:  # FSDP: one layer's weights whole at a time
             x = self.scan_layers(x, layer_weights, index, sum_partials, attention, moe_stats)
         else:  # layer by layer, unrolled
             for i, block in enumerate(self.layers()):
@@ -267,6 +273,16 @@ class Transformer(nnx.Module):
         if stats is not None:
             stats.extend(layer_stats)
         return x
+
+    def run_stack(self, weights, x):
+        """x: [b, T, C] through the layers whose stacked params are `weights` ([k, ...]: a
+        pipeline stage's k consecutive layers), in order, under a scan."""
+        graphdef = nnx.split(self.blocks)[0]
+
+        def body(x, w):  # w: one layer's params
+            return nnx.merge(graphdef, w)(x)[0], None
+
+        return jax.lax.scan(body, x, weights)[0]
 
     def init_caches(self, batch: int):
         """Empty KV caches: per layer two [B, seq_len, K, D] arrays in the compute dtype, the

@@ -25,6 +25,8 @@ STRATEGY_HELP = {
     'tp': "layers split over 'model', Megatron style (<twin>/tp.py)",
     'fsdp_tp': 'both (<twin>/fsdp_tp.py)',
     'cp': "each sequence split over the mesh's second axis, 'seq' (<twin>/cp.py, transformer only)",
+    'pp': "the layers split into stages over the mesh's second axis, 'stage' (<twin>/pp.py, "
+    'transformer only)',
     'ep': "experts split over the mesh's second axis, 'expert', the batch over both (<twin>/ep.py, "
     'transformer with --num_experts only)',
 }
@@ -200,6 +202,13 @@ CP_LAYOUT = flags.DEFINE_enum(
     'zigzag, chunks i and 2n-1-i of 2n (the same attention work on every device); '
     'contiguous, the i-th n-th (shard_parity/model/ring.py). auto/ ignores it.',
 )
+MICROBATCHES = flags.DEFINE_integer(
+    'microbatches',
+    4,
+    "With --strategy=pp, the M microbatches each 'data' device's rows are cut into: a GPipe "
+    'step runs M + S - 1 ticks on S stages, S - 1 of them a bubble (docs/pipeline.md).',
+    lower_bound=1,
+)
 SHOW_SHARDING = flags.DEFINE_bool(
     'show_sharding', False, 'Print where one batch and one weight live on the devices.'
 )
@@ -289,7 +298,8 @@ KV_CACHE = flags.DEFINE_bool('kv_cache', False, 'Decode with a KV cache (one pos
 
 # What each CLI's --help lists; --helpfull lists everything.
 TRAIN_CLI = [
-    MODEL, STRATEGY, MESH, CP_LAYOUT, *TRAIN.values(), *TRANSFORMER_SHAPE, CPU_DEVICES, CPU_FMA,
+    MODEL, STRATEGY, MESH, CP_LAYOUT, MICROBATCHES, *TRAIN.values(), *TRANSFORMER_SHAPE,
+    CPU_DEVICES, CPU_FMA,
     NUM_DEVICES, DATA_DIR, DOWNLOAD, WORKDIR, CHECKPOINT_EVERY, SAVE_INITIAL, KEEP, DEBUG_NANS,
     VERBOSE, COORDINATOR, NUM_PROCESSES, PROCESS_ID, DISTRIBUTED_AUTO, HEARTBEAT_TIMEOUT,
     SHOW_SHARDING,

@@ -151,6 +151,8 @@ class Loop:
         # a strategy with a LAYOUT (explicit/ and typed/ cp.py) takes --cp_layout
         layout = saved.get('cp_layout', getattr(parallel, 'LAYOUT', None))
         options = {'layout': layout} if hasattr(parallel, 'LAYOUT') else {}
+        if hasattr(parallel, 'MICROBATCHES'):  # pp.py takes --microbatches
+            options['microbatches'] = saved.get('microbatches', parallel.MICROBATCHES)
         self.train_step = parallel.train_step(graphdef, task.loss_fn, tx, mesh, **options)
         self.eval_step = parallel.eval_step(graphdef, task.eval_fn, mesh, **options)
         self.clock = Stopwatch()

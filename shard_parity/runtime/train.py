@@ -29,6 +29,7 @@ from shard_parity.placement import (
     place_state,
     state_shardings,
 )
+from shard_parity.pipeline import check_pp
 from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings, report, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import flags as F
@@ -75,7 +76,7 @@ def check_strategy(strategy: str, model_config, mesh, module=None, layout='zigza
             )
     elif strategy == 'ep':
         check_ep(model_config, mesh)
-    elif mesh.shape[MODEL] > 1:
+    elif strategy != 'pp' and mesh.shape[MODEL] > 1:  # pp: shard_parity/pipeline.py checks
         logging.warning(
             "--strategy=%s splits nothing over 'model': the %d devices of each model group "
             'hold the same shards and compute the same thing (use tp or fsdp_tp to split)',
@@ -116,6 +117,7 @@ def run(
     keep=3,
     save_initial=False,
     cp_layout='zigzag',
+    microbatches=4,
 ) -> dict | None:
     """Trains `task` with `twin.STRATEGIES[strategy]` (e.g. auto's dp.py); returns the last line,
     or None when `workdir` already holds step --steps (then nothing is written). Saves a
@@ -124,6 +126,8 @@ def run(
     for its lifetime."""
     check_batch(config.batch_size, mesh)
     check_strategy(strategy, task.model_config, mesh, twin.STRATEGIES[strategy], cp_layout)
+    if strategy == 'pp':  # pipeline parallelism: equal stages, equal microbatches
+        check_pp(task.model_config, mesh, config.batch_size, microbatches)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = place_state(state, mesh, strategy)
@@ -136,6 +140,7 @@ def run(
         'devices': mesh.size,
         'mesh': dict(mesh.shape),
         **({'cp_layout': cp_layout} if strategy == 'cp' else {}),
+        **({'microbatches': microbatches} if strategy == 'pp' else {}),
     }
     report.ensure_writable(workdir)
     main = jax.process_index() == 0  # with several processes, process 0 writes and prints
@@ -255,6 +260,7 @@ def main(twin):
                 F.KEEP.value,
                 F.SAVE_INITIAL.value,
                 F.CP_LAYOUT.value,
+                F.MICROBATCHES.value,
             )
         except FloatingPointError as e:  # raised by JAX's checks under --debug_nans
             if F.VERBOSE.value:

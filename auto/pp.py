@@ -1,0 +1,82 @@
+"""Pipeline parallelism the compiler writes: GPipe as a shifting buffer sharded over 'stage'.
+
+On a DATA x STAGE mesh (`--mesh=2x4 --microbatches=4`) the transformer's stacked blocks are
+placed with their layer dimension split over 'stage' (`P('stage')`, shard_parity/placement.py):
+each stage device holds L/S consecutive layers. The embedding, the final norm and the head are
+whole on every device, as in dp: they are a small part of the model, and every stage device
+computing them (on its rows) costs less than the activations' round trip it saves. The step
+holds one buffer of S microbatch activations, f32[S, B/M, T, C] @ P('stage', 'data'): slot s
+is what stage s works on. At every tick all stages run at once (`vmap` over the stage
+dimension, `spmd_axis_name='stage'`: each device runs its own slot with its own layers), then
+`pass_on` shifts the buffer one slot down, and stage 0's slot takes the next microbatch. The
+shift moves data between the 'stage' devices, and XLA writes it as a collective-permute
+(python -m parity_tests.collectives --strategy=pp shows it); the backward is `grad`'s. Bubble
+slots hold zeros that nothing reads, so their gradients are zeros. Compare explicit/pp.py.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shard_parity.mesh import DATA, STAGE
+from shard_parity.pipeline import feed, join, split
+from shard_parity.placement import BATCH, REPLICATED, state_shardings
+from shard_parity.step import bind, make_train_step
+
+STRATEGY = 'pp'  # --strategy=pp: the stacked layers split into stages over 'stage'
+MICROBATCHES = 4  # --microbatches: M, the rows of each 'data' device cut into M pieces
+
+
+def pass_on(y, mesh):  # f32[S, B/M, T, C]: slot i's output goes to slot i + 1 (the last's to none)
+    y = jnp.concatenate([jnp.zeros_like(y[:1]), y[:-1]])  # XLA: a collective-permute
+    return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P(STAGE, DATA)))
+
+
+def pipeline(microbatches, mesh):
+    """The model's `pipeline`: x f32[B, T, C] @ P('data') through all L layers, S stages."""
+
+    def run(x, run_stack, weights):  # weights: f32[L, ...] @ P('stage')
+        n = mesh.shape[STAGE]
+        weights = jax.tree.map(lambda w: w.reshape(n, -1, *w.shape[1:]), weights)  # [S, L/S, ...]
+        stages = jax.vmap(run_stack, spmd_axis_name=STAGE)  # stage s on slot s, on its device
+        inputs = split(x, microbatches)  # [M, B/M, T, C] @ P(None, 'data')
+
+        def tick(h, x):  # h: f32[S, B/M, T, C] @ P('stage', 'data'), shifted; x: stage 0's
+            y = stages(weights, h.at[0].set(x))  # stage 0: a new one
+            return pass_on(y, mesh), y[-1]
+
+        h = jnp.zeros((n, *inputs.shape[1:]), x.dtype)  # bubbles: zeros
+        _, ys = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, B/M, T, C]
+        return join(ys[n - 1 :])  # the last stage's, from tick S - 1 on: XLA sends them round
+
+    return run
+
+
+def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES):
+    call = {'pipeline': pipeline(microbatches, mesh)}
+    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
+
+    def fn(params, batch):  # blocks [L, ...] @ P('stage'), the rest @ P(); x[B, T] @ P('data')
+        (_, metrics), grads = grad_fn(params, batch)
+        # grads @ the params' layout: the stage's layers' stay on their stage; the rest (and
+        # the metrics) XLA all-reduces over 'data', each device having seen only its rows.
+        grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, STRATEGY))
+        return jax.lax.with_sharding_constraint(metrics, NamedSharding(mesh, REPLICATED)), grads
+
+    return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
+
+
+def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES):
+    # the gradients, then the shared update: each stage updates its own layers
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches)
+    return make_train_step(grads_fn, tx, mesh, STRATEGY)
+
+
+def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES):
+    fn = bind(graphdef, eval_fn, pipeline=pipeline(microbatches, mesh))
+
+    def evaluate(params, batch):  # per-sequence outputs, split over 'data'
+        return jax.lax.with_sharding_constraint(fn(params, batch), NamedSharding(mesh, BATCH))
+
+    return jax.jit(evaluate)

@@ -1,0 +1,89 @@
+"""Pipeline parallelism in JAX's Explicit mode: the stages are a typed dimension, the shift Manual.
+
+On a DATA x STAGE mesh the stacked blocks' type is `f32[L@stage, ...]`: each stage device holds
+L/S consecutive layers (shard_parity/placement.py). The embedding, the final norm and the head
+are whole on every device, as in dp: they are a small part of the model, and every stage device
+computing them (on its rows) costs less than the activations' round trip it saves; `reduced`
+over 'data' (a free cast), their gradients come out `unreduced` and one `reshard` adds them.
+The step holds one buffer of S microbatch activations, `f32[S@stage, B/M@data, T, C]`: slot s is
+what stage s works on. At every tick all stages run at once (`vmap` over the stage dimension,
+`spmd_axis_name='stage'`), then `pass_on` shifts the buffer one slot down and stage 0's slot
+takes the next microbatch. Explicit mode has no type for "pass my slot to the next device", so
+the shift drops to Manual mode, `jax.shard_map` around one ppermute, as explicit/pp.py's; the
+backward is `grad`'s. Bubble slots hold zeros that nothing reads. Compare auto/pp.py.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shard_parity.mesh import DATA, STAGE
+from shard_parity.pipeline import feed, join, split
+from shard_parity.placement import BATCH, outside_layers, reduced_shardings, state_shardings
+from shard_parity.step import bind, make_train_step
+
+STRATEGY = 'pp'  # --strategy=pp: the stacked layers split into stages over 'stage'
+MICROBATCHES = 4  # --microbatches: M, the rows of each 'data' device cut into M pieces
+
+
+def pass_on(y, mesh):  # f32[S@stage, B/M@data, T, C]: slot i's output goes to slot i + 1
+    def shift(y):  # Manual mode: f32[1, B/dM, T, C], my slot
+        n = jax.lax.axis_size(STAGE)
+        return jax.lax.ppermute(y, STAGE, [(i, i + 1) for i in range(n - 1)])  # collective-permute
+
+    spec = P(STAGE, DATA)
+    return jax.shard_map(shift, mesh=mesh, in_specs=spec, out_specs=spec)(y)
+
+
+def pipeline(microbatches, mesh):
+    """The model's `pipeline`: x f32[B@data, T, C] through all L layers, S stages."""
+
+    def run(x, run_stack, weights):  # weights: f32[L@stage, ...]
+        n, slots = mesh.shape[STAGE], NamedSharding(mesh, P(STAGE, DATA))
+        at = NamedSharding(mesh, P(STAGE))  # [S@stage, L/S, ...], even where S = 1
+        weights = jax.tree.map(lambda w: w.reshape(n, -1, *w.shape[1:], out_sharding=at), weights)
+        stages = jax.vmap(run_stack, spmd_axis_name=STAGE)  # stage s on slot s, on its device
+        inputs = split(x, microbatches)  # f32[M, B/M@data, T, C]
+
+        def tick(h, x):  # h: f32[S@stage, B/M@data, T, C], shifted; x: stage 0's
+            y = stages(weights, h.at[0].set(x, out_sharding=slots))  # stage 0: new
+            return pass_on(y, mesh), y  # every slot: a slice of one would need its dim whole
+
+        h = jnp.zeros((n, *inputs.shape[1:]), x.dtype, out_sharding=slots)  # bubbles: zeros
+        _, ys = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, S@stage, ...]
+        last = (jnp.arange(n) == n - 1)[:, None, None, None]  # the last stage's slot
+        out = jnp.where(last, ys[n - 1 :], 0).sum(1)  # from tick S - 1 on: an all-reduce
+        return join(out)
+
+    return run
+
+
+def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES):
+    call = {'pipeline': pipeline(microbatches, mesh)}
+    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
+
+    def fn(params, batch):  # params: blocks f32[L@stage, ...], the rest whole; x i32[B@data, T]
+        # Free: reduced over 'data', so the gradients come out unreduced over 'data'. Not the
+        # blocks: vmap's spmd_axis_name refuses a reduced operand (jax 0.10), so their
+        # gradients are summed over 'data' where they are formed, at every tick.
+        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, STRATEGY))
+        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[...]{U:data}
+        return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))  # all-reduce
+
+    return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
+
+
+def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES):
+    # the gradients, then the shared update: each stage updates its own layers
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches)
+    return make_train_step(grads_fn, tx, mesh, STRATEGY, place=jax.reshard)  # moves: reshard
+
+
+def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES):
+    fn = bind(graphdef, eval_fn, pipeline=pipeline(microbatches, mesh))
+
+    def evaluate(params, batch):  # per-sequence outputs f32[B@data]
+        return jax.reshard(fn(params, batch), NamedSharding(mesh, BATCH))
+
+    return jax.jit(evaluate)
