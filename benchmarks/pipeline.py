@@ -12,14 +12,14 @@ head. XLA's cost analysis counts a loop's elementwise FLOPs once, not per trip, 
 bubble sits a little under the formula.
 """
 
-import argparse
-
 import numpy as np
+from absl import app, flags
 from flax import nnx
 
 from shard_parity.mesh import configure_jax
 
 STAGES, MICROBATCHES, BATCH, LAYERS = 4, (1, 2, 4, 8, 16), 16, (4, 8)
+PLOT = flags.DEFINE_string('plot', None, 'Write the figure here (needs matplotlib).')
 
 
 def block_flops(step_for, tx) -> float:
@@ -81,17 +81,16 @@ def plot(rows, path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--plot', help='write the figure here (needs matplotlib)')
-    args = parser.parse_args()
+def main(argv) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
     configure_jax(8)
     rows = measure()
     for r in rows:
         print(f"S={r['S']} M={r['M']:2d}: bubble {r['bubble']:.3f}, formula {r['formula']:.3f}")
-    if args.plot:
-        plot(rows, args.plot)
+    if PLOT.value:
+        plot(rows, PLOT.value)
 
 
 if __name__ == '__main__':
-    main()
+    app.run(main)
