@@ -10,6 +10,8 @@ import atexit
 import os
 import platform
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import jax
@@ -20,15 +22,28 @@ from parity_tests.helpers import make_case
 from shard_parity.mesh import configure_jax, make_mesh
 
 # The suite's time is XLA:CPU compiling (85% of the fast tier's; its programs then run for
-# milliseconds), and most of a compile is LLVM optimising machine code at XLA's default level 3.
-# Tests compare programs, not machine code, so they compile at level 0: less than half the CPU per
-# compile (docs/determinism.md, "The suite's time"). The transformer's last bits can differ from
-# level 3, as from another processor's, which the tolerances allow for (helpers.py); the MLP twins
-# stay bitwise equal. Subprocesses inherit it, so a CLI run and an in-process run compile alike.
-# XLA_FLAGS naming a level of your own (3: the CLIs' default) wins.
+# milliseconds), most of it LLVM optimising machine code at XLA's default level 3. Tests compare
+# programs, not machine code, so they compile at level 0, and, where this XLA has them (jaxlib
+# 0.10's; later ones abort on the flag, so a short subprocess asks first), through XLA:CPU's older
+# fusion emitters, which give the same bits as the new ones at level 0 in a third of the time:
+# together a sixth of the CPU per compile (docs/determinism.md, "The suite's time"). The
+# transformer's last bits differ from level 3's, as another processor's would, which the
+# tolerances allow for (helpers.py); the MLP twins stay bitwise equal. CLIs the tests start
+# inherit the flags, so a CLI run and an in-process run compile alike. XLA_FLAGS naming a level
+# of your own (3: the CLIs' default) wins.
 OPT_LEVEL = '--xla_backend_optimization_level'
+OLD_EMITTERS = '--xla_cpu_use_fusion_emitters=false'
+
+
+def xla_knows(flag: str) -> bool:
+    env = {**os.environ, 'XLA_FLAGS': flag, 'JAX_PLATFORMS': 'cpu'}
+    probe = [sys.executable, '-c', 'import jax; jax.devices()']
+    return subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0
+
+
 if OPT_LEVEL not in os.environ.get('XLA_FLAGS', ''):
-    os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {OPT_LEVEL}=0".strip()
+    fast = f'{OPT_LEVEL}=0' + (f' {OLD_EMITTERS}' if xla_knows(OLD_EMITTERS) else '')
+    os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {fast}".strip()
 
 # Importing JAX does not start its backend; the first computation does. None has run yet.
 configure_jax(8)
@@ -63,7 +78,7 @@ def pytest_report_header(config):
     return [
         f'processor: {cpu_model()} ({platform.machine()}; host has {host_isa()})',
         f'XLA:CPU: XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r} (AVX: no fused multiply-add;'
-        ' level 0: the tests compile fast, conftest.py)',
+        ' level 0 and older emitters where known: the tests compile fast, conftest.py)',
         f'jax {jax.__version__}, jaxlib {jaxlib.__version__}, Python {platform.python_version()}'
         f', {jax.config.jax_num_cpu_devices} emulated CPU devices',
     ]
