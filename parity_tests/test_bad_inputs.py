@@ -224,6 +224,11 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
+        '--num_experts under a strategy other than dp or ep',
+        '--strategy=pp with --num_experts=4: the mixture of experts runs under --strategy=dp or ep',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
         'a sequence axis of 1 (cp; a warning, not an error)',
         'splits no sequence: it runs as dp',
         'test_cp.test_a_sequence_axis_of_1_warns_and_bad_inputs_are_refused',
@@ -505,6 +510,10 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     '--capacity_factor of 0 or below with experts on': (
         'explicit.train',
         [*TINY, '--num_experts=4', '--capacity_factor=0'],
+    ),
+    '--num_experts under a strategy other than dp or ep': (
+        'auto.train',
+        [*TINY, '--strategy=pp', '--mesh=2x4', '--num_layers=4', '--num_experts=4'],
     ),
     '--num_layers not divisible by the stage axis (pp)': (
         'explicit.train',

@@ -42,12 +42,6 @@ def check_pp(model_config, mesh, batch_size: int, microbatches: int) -> None:
             '--strategy=pp splits a stack of equal layers into stages, and --model=mlp has '
             'none: use --model=transformer, or another --strategy (dp, fsdp, tp, fsdp_tp)'
         )
-    if getattr(model_config, 'num_experts', 0):
-        raise UsageError(
-            f'--strategy=pp with --num_experts={model_config.num_experts}: the pipeline runs '
-            'dense blocks only (its stages would drop the experts\' auxiliary loss); use '
-            '--strategy=ep or dp for a mixture of experts, or --num_experts=0'
-        )
     if model_config.num_layers % s:
         raise UsageError(
             f"--num_layers={model_config.num_layers} is not divisible by the mesh's stage axis "

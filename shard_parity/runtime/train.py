@@ -37,6 +37,9 @@ from shard_parity.runtime.loop import SIGNALS, Interrupted, Loop, stop_on_signal
 from shard_parity.step import create_state, make_optimizer
 
 
+MOE_STRATEGIES = ('dp', 'ep')  # where --num_experts is tested (parity_tests/test_ep.py)
+
+
 def check_batch(batch_size: int, mesh) -> None:
     n = mesh.shape[DATA]
     if EXPERT in mesh.shape and batch_size % (n * mesh.shape[EXPERT]):  # ep: rows over both axes
@@ -57,7 +60,15 @@ def check_batch(batch_size: int, mesh) -> None:
 def check_strategy(strategy: str, model_config, mesh, module=None, layout='zigzag') -> None:
     """Tensor parallelism needs divisible layers, context parallelism a transformer whose
     sequence divides; dp and fsdp leave a 'model' axis as copies. `module`: the strategy file
-    (one that brings its own attention, as explicit/cp.py's ring, ignores --attention)."""
+    (one that brings its own attention, as explicit/cp.py's ring, ignores --attention).
+    A mixture of experts runs under dp and ep alone, the strategies its parity is tested under."""
+    experts = getattr(model_config, 'num_experts', 0)
+    if experts and strategy not in MOE_STRATEGIES:
+        raise UsageError(
+            f'--strategy={strategy} with --num_experts={experts}: the mixture of experts runs '
+            f'under --strategy={" or ".join(MOE_STRATEGIES)} (the others split dense blocks); '
+            'use one of those, or --num_experts=0'
+        )
     if strategy in ('tp', 'fsdp_tp'):
         check_tp(model_config, mesh)
         if mesh.shape[MODEL] == 1:
