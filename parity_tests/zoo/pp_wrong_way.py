@@ -23,16 +23,17 @@ def pipeline(microbatches, mesh):
 
     def run(x, run_stack, weights):  # weights: my stage's L/S layers, [L/S, ...]
         s, n = jax.lax.axis_index(STAGE), mesh.shape[STAGE]
-        inputs = split(x, microbatches)  # [M, B/dM, T, C]
+        # Varying over 'stage': else grad sums stage 0's input gradient over 'stage' every tick
+        inputs = jax.lax.pcast(split(x, microbatches), STAGE, to='varying')  # [M, B/dM, T, C]
 
         def tick(h, x):  # h: what the previous stage passed me last tick; x: stage 0's input
             y = run_stack(weights, jnp.where(s == 0, x, h))  # stage 0: a new one
             return pass_on(y, mesh), y
 
-        h = jax.lax.pcast(jnp.zeros_like(inputs[0]), STAGE, to='varying')  # bubbles: zeros
+        h = jnp.zeros_like(inputs[0])  # bubbles: zeros
         _, ys = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, B/dM, T, C]
-        out = jnp.where(s == n - 1, ys[n - 1 :], 0)  # the last stage's, from tick S - 1 on
-        return join(jax.lax.psum(out, STAGE))  # to every stage: an all-reduce over 'stage'
+        # the last stage's, from tick S - 1 on, to every stage: an all-reduce over 'stage'
+        return join(jax.lax.psum(jnp.where(s == n - 1, ys[n - 1 :], 0), STAGE))
 
     return run
 
@@ -50,8 +51,9 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES):
 
     def on_devices(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
         specs = state_specs(params, STRATEGY, mesh)
-        step = jax.shard_map(fn, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs))
-        return step(params, batch)
+        return jax.shard_map(fn, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs))(
+            params, batch
+        )
 
     return jax.jit(on_devices)
 
