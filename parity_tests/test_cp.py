@@ -73,9 +73,7 @@ def one_device():
             graphdef, _, state = fresh_state(case=case)
             grads_fn = one_device_loss_and_grads(graphdef, case.loss_fn)
             cache[name] = (case, *grads_fn(state.params, case.batches.batch(0)))
-        if steps and (name, 'steps') not in cache:
-            cache[name, 'steps'] = one_device_runs(cache[name][0])
-        return (*cache[name], cache[name, 'steps']) if steps else cache[name]
+        return (*cache[name], one_device_runs(cache[name][0])) if steps else cache[name]
 
     return get
 

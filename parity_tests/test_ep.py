@@ -26,11 +26,10 @@ from parity_tests.helpers import (
     inspect_collectives,
     logits,
     make_case,
-    one_device_x64,
+    one_device_runs,
     read_metrics,
     run_cli,
     save_checkpoint,
-    train,
     train_twin,
     train_twin_x64,
     twin_loss_and_grads,
@@ -41,7 +40,7 @@ from shard_parity.model import moe
 from shard_parity.placement import check_ep, mesh_axes, place_batch, place_state
 from shard_parity.runtime import checkpoint, tasks
 from shard_parity.runtime import config as cfg
-from shard_parity.step import bind, one_device_loss_and_grads, one_device_train_step
+from shard_parity.step import bind, one_device_loss_and_grads
 
 # One block, width 32, 16 positions: every layer kind, fast compiles. 'drops': capacity factor
 # 1.0 (the even share: some experts overflow); 'all': factor E / K, capacity T, none dropped.
@@ -86,12 +85,7 @@ def one_device():
             graphdef, _, state = fresh_state(case=case)
             grads_fn = one_device_loss_and_grads(graphdef, case.loss_fn)
             cache[key] = (case, *grads_fn(state.params, case.batches.batch(0)))
-        if steps and (key, 'steps') not in cache:
-            case = cache[key][0]
-            graphdef, tx, state = fresh_state(case=case)
-            one = one_device_train_step(graphdef, case.loss_fn, tx)
-            cache[key, 'steps'] = train(one, state, case.batches), one_device_x64(case)
-        return (*cache[key], cache[key, 'steps']) if steps else cache[key]
+        return (*cache[key], one_device_runs(cache[key][0])) if steps else cache[key]
 
     return get
 

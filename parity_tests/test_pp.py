@@ -28,11 +28,10 @@ from parity_tests.helpers import (
     inspect_collectives,
     logits,
     make_case,
-    one_device_x64,
+    one_device_runs,
     read_metrics,
     run_cli,
     save_checkpoint,
-    train,
     train_twin,
     train_twin_x64,
 )
@@ -42,7 +41,7 @@ from shard_parity.pipeline import check_pp
 from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.runtime import checkpoint
 from shard_parity.runtime import config as cfg
-from shard_parity.step import one_device_loss_and_grads, one_device_train_step
+from shard_parity.step import one_device_loss_and_grads
 
 # 4 layers: 1 or 2 per stage. The blocks run under a scan, so more layers cost no compile time.
 MHA = cfg.TransformerConfig(seq_len=16, num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=32)
@@ -110,9 +109,7 @@ def test_the_ppermute_turning_the_wrong_way_is_caught(one_device):
 def one_device_steps():
     """The one-device run's 20 AdamW steps of GQA, in float32 and in float64: computed once."""
     case = make_case('transformer', GQA)
-    graphdef, tx, state = fresh_state(case=case)
-    one = one_device_train_step(graphdef, case.loss_fn, tx)
-    return case, train(one, state, case.batches), one_device_x64(case)
+    return (case, *one_device_runs(case))
 
 
 @pytest.mark.slow
