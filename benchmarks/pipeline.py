@@ -1,17 +1,28 @@
-"""Pipeline parallelism's bubble, measured from the compiled program: explicit/pp.py's FLOPs per
-device against M, at fixed S, beside GPipe's (S - 1) / (M + S - 1) (docs/pipeline.md).
+"""Pipeline parallelism's bubble against M at fixed S, beside GPipe's (S - 1) / (M + S - 1), two
+ways (docs/pipeline.md): from explicit/pp.py's compiled FLOPs, and from its step time.
 
-    python -m benchmarks.pipeline [--plot=benchmarks/results/pipeline.png]
+    python -m benchmarks.pipeline [--plot=benchmarks/results/pipeline.png] [--rounds=7]
 
-The bubble ticks here compute on zeros rather than idle, so the bubble is the share of each
-device's block FLOPs that no emitted output needs. Deterministic (XLA's cost analysis, with loop
-bodies counted per trip as the inspector counts them, inspector/program.py); no timing, which on
-emulated CPU devices sharing a few cores would measure the cores, not the pipeline. The blocks'
-FLOPs are isolated as the difference between 8 and 4 layers, which cancels the embedding and
-head. XLA's cost analysis counts a loop's elementwise FLOPs once, not per trip, so the measured
-bubble sits a little under the formula.
+Here the bubble ticks compute on zeros rather than idle, so both measure the bubble as the share
+of the blocks' work that no emitted output needs. Both isolate the blocks as the difference
+between 8 and 4 layers, which cancels the embedding, the head (run on every stage device) and
+the update.
+- FLOPs: deterministic (XLA's cost analysis, loop bodies counted per trip as the inspector counts
+  them, inspector/program.py). The cost analysis counts a loop's elementwise FLOPs once, not per
+  trip, so this bubble sits a little under the formula.
+- Time: the train step on a 1 x S mesh against the same step with the same M microbatches on a
+  1 x 1 mesh (one stage, M ticks, no bubble), interleaved (benchmarks/timing.py): medians, and
+  the extremes. The ideal pipelined step takes the one-stage step's time / P, P the stage
+  devices that really compute at once: S on S accelerators; on emulated CPU devices, which share
+  the host's cores, 1, for every thread is held to one core (--one_core), so that a bubble tick
+  costs its zeros' compute. On the CPU that time also holds what the emulation adds: every
+  collective-permute is a rendezvous of threads taking turns on that core (docs/pipeline.md
+  shows how far that takes the figures from the FLOPs').
 """
 
+import os
+
+import jax
 import numpy as np
 from absl import app, flags
 from flax import nnx
@@ -20,26 +31,56 @@ from shard_parity.mesh import configure_jax
 
 STAGES, MICROBATCHES, BATCH, LAYERS = 4, (1, 2, 4, 8, 16), 16, (4, 8)
 PLOT = flags.DEFINE_string('plot', None, 'Write the figure here (needs matplotlib).')
+ONE_CORE = flags.DEFINE_boolean(
+    'one_core', True, 'On emulated CPU devices, run every thread on one core (Linux), so that '
+    'no two devices compute at once and the time counts all their work.'
+)
+ROUNDS = flags.DEFINE_integer('rounds', 7, 'Timed rounds of each step, interleaved.', lower_bound=1)
 
 
-def block_flops(step_for, tx) -> float:
-    """FLOPs of 4 layers: `step_for(graphdef, state)` -> its program, compiled at 8 layers minus
-    at 4 (nanoGPT's width 128, T 64)."""
-    from inspector.hlo import Module
-    from inspector.program import flops
+def programs(step_for, tx):
+    """`step_for(graphdef, state)` -> its lowered program, at 4 and at 8 layers (nanoGPT's width
+    128, T 64): [(compiled, state)] for each."""
     from shard_parity.model.transformer import Transformer
     from shard_parity.runtime import config as cfg
     from shard_parity.step import create_state
 
-    counts = []
+    out = []
     for layers in LAYERS:
         model = Transformer(cfg.TransformerConfig(num_layers=layers), rngs=nnx.Rngs(0))
-        compiled = step_for(*create_state(model, tx)).compile()
-        counts.append(flops(compiled, Module(compiled.as_text())))
-    return counts[1] - counts[0]
+        graphdef, state = create_state(model, tx)
+        out.append(step_for(graphdef, state))
+    return out
 
 
-def measure(stages=STAGES, microbatches=MICROBATCHES) -> list[dict]:
+def block_flops(compiled) -> float:
+    """FLOPs of 4 layers: 8 layers' program minus 4 layers'."""
+    from inspector.hlo import Module
+    from inspector.program import flops
+
+    return float(np.subtract(*[flops(c, Module(c.as_text())) for c, *_ in compiled[::-1]]))
+
+
+def block_seconds(timed: dict, rounds: int) -> dict:
+    """`timed[key]`: [(compiled, state, batch)] at 4 and 8 layers, each run one at a time,
+    interleaved (benchmarks/timing.py). {key: (median, lowest, highest)}: 8 layers' seconds minus
+    4 layers' (the extremes: the fastest 8 less the slowest 4, and the reverse)."""
+    from benchmarks.timing import interleaved
+
+    def call(pair, i):
+        def run():
+            compiled, state, batch = pair[i]
+            pair[i] = (compiled, jax.block_until_ready(compiled(state, batch))[0], batch)
+
+        return run  # the step donates its state: the next call takes the new one
+
+    t = interleaved({(k, i): call(p, i) for k, p in timed.items() for i in (0, 1)}, rounds)
+    s = t['_spread']  # {(key, i): (min, max)}
+    return {k: (t[k, 1] - t[k, 0], s[k, 1][0] - s[k, 0][1], s[k, 1][1] - s[k, 0][0]) for k in timed}
+
+
+def measure(stages=STAGES, microbatches=MICROBATCHES, rounds=7, parallel=None) -> list[dict]:
+    """`parallel`: how many stage devices compute at once (P above); by default S."""
     import explicit
     from shard_parity.mesh import make_mesh
     from shard_parity.placement import mesh_axes, place_batch, place_state
@@ -49,17 +90,34 @@ def measure(stages=STAGES, microbatches=MICROBATCHES) -> list[dict]:
 
     tx = make_optimizer(cfg.TRAIN_DEFAULTS['transformer'])
     batch = {k: np.zeros((BATCH, 64), np.int32) for k in ('x', 'y')}
-    one = lambda g, s: one_device_train_step(g, lm_loss, tx).lower(s, batch)
-    useful = block_flops(one, tx) / stages  # one stage's share of the whole batch's work
-    mesh = make_mesh(shape=(1, stages), axes=mesh_axes('pp'))
+
+    def one(g, s):
+        return one_device_train_step(g, lm_loss, tx).lower(s, batch).compile(), s, batch
+
+    useful = block_flops(programs(one, tx)) / stages  # one stage's share of the whole batch's work
+    meshes = {s: make_mesh(shape=(1, s), axes=mesh_axes('pp')) for s in (1, stages)}
+    parallel = parallel or stages
+
+    def pp(s, m):
+        def lower(g, state):
+            state, placed = place_state(state, meshes[s], 'pp'), place_batch(batch, meshes[s])
+            step = explicit.pp.train_step(g, lm_loss, tx, meshes[s], m)
+            return step.lower(state, placed).compile(), state, placed
+
+        return programs(lower, tx)
+
+    compiled = {(s, m): pp(s, m) for m in microbatches for s in (1, stages)}
+    seconds = block_seconds(compiled, rounds)
     rows = []
     for m in microbatches:
-        step = lambda g, s: explicit.pp.train_step(g, lm_loss, tx, mesh, m).lower(  # noqa: B023
-            place_state(s, mesh, 'pp'), place_batch(batch, mesh)
-        )
-        spent = block_flops(step, tx)
-        formula = (stages - 1) / (m + stages - 1)
-        rows.append({'S': stages, 'M': m, 'bubble': 1 - useful / spent, 'formula': formula})
+        spent, ideal = seconds[stages, m], seconds[1, m][0] / parallel
+        rows.append({
+            'S': stages, 'M': m, 'formula': (stages - 1) / (m + stages - 1),
+            'bubble': 1 - useful / block_flops(compiled[stages, m]),
+            'time_bubble': 1 - ideal / spent[0],
+            'time_range': (1 - ideal / spent[1], 1 - ideal / spent[2]),
+            'ms': 1e3 * spent[0], 'ms_one_stage': 1e3 * seconds[1, m][0],
+        })  # fmt: skip
     return rows
 
 
@@ -72,11 +130,15 @@ def plot(rows, path) -> None:
     m = [r['M'] for r in rows]
     fig, ax = plt.subplots(figsize=(5, 3.2))
     ax.plot(m, [r['formula'] for r in rows], 'k--', label='(S-1)/(M+S-1)')
-    ax.plot(m, [r['bubble'] for r in rows], 'o-', label='explicit/pp.py, measured (FLOPs)')
+    ax.plot(m, [r['bubble'] for r in rows], 'o-', label='measured: compiled FLOPs')
+    low, high = np.array([r['time_range'] for r in rows]).T
+    mid = np.array([r['time_bubble'] for r in rows])
+    ax.errorbar(m, mid, yerr=[mid - low, high - mid], fmt='s-', capsize=3,
+                label='measured: step time (median, range)')  # fmt: skip
     ax.set(xscale='log', xlabel='microbatches M', ylabel='bubble fraction')
-    ax.set_title(f'GPipe bubble, S = {rows[0]["S"]} stages', fontsize=10)
+    ax.set_title(f'GPipe bubble, S = {rows[0]["S"]} stages (explicit/pp.py)', fontsize=10)
     ax.set_xticks(m, [str(x) for x in m])
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -85,9 +147,22 @@ def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
     configure_jax(8)
-    rows = measure()
+    cpu = jax.devices()[0].platform == 'cpu'  # emulated devices: as many at once as cores
+    parallel = min(STAGES, os.cpu_count() or 1) if cpu else None  # None: S accelerators
+    if cpu and ONE_CORE.value:
+        if not hasattr(os, 'sched_setaffinity'):
+            raise app.UsageError('--one_core holds threads to a core on Linux only: --noone_core')
+        core, parallel = {min(os.sched_getaffinity(0))}, 1
+        for thread in os.listdir('/proc/self/task'):  # XLA's threads too; new ones inherit it
+            os.sched_setaffinity(int(thread), core)
+    rows = measure(rounds=ROUNDS.value, parallel=parallel)
+    print(f'{jax.devices()[0].device_kind}, jax {jax.__version__}, {ROUNDS.value} rounds; blocks '
+          'only (8 layers minus 4); time: median [extremes]')  # fmt: skip
     for r in rows:
-        print(f"S={r['S']} M={r['M']:2d}: bubble {r['bubble']:.3f}, formula {r['formula']:.3f}")
+        lo, hi = r['time_range']
+        print(f"S={r['S']} M={r['M']:2d}: formula {r['formula']:.3f}, FLOPs {r['bubble']:.3f}, "
+              f"time {r['time_bubble']:.3f} [{lo:.3f}, {hi:.3f}] "
+              f"({r['ms']:.1f} ms pipelined, {r['ms_one_stage']:.1f} ms on one stage)")  # fmt: skip
     if PLOT.value:
         plot(rows, PLOT.value)
 

@@ -65,8 +65,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES):
 
     def fn(params, batch):  # params: blocks f32[L@stage, ...], the rest whole; x i32[B@data, T]
         # Free: reduced over 'data', so the gradients come out unreduced over 'data'. Not the
-        # blocks: vmap's spmd_axis_name refuses a reduced operand (jax 0.10), so their
-        # gradients are summed over 'data' where they are formed, at every tick.
+        # blocks: vmap refuses a reduced operand (a bug in jax 0.10 to 0.12, docs/pipeline.md),
+        # so their gradients are summed over 'data' where they are formed, at every tick.
         params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, STRATEGY))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[...]{U:data}
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))  # all-reduce
