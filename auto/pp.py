@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import DATA, STAGE
-from shard_parity.pipeline import feed, join, split
+from shard_parity.pipeline import feed, in_first_slot, join, split
 from shard_parity.placement import BATCH, REPLICATED, state_shardings
 from shard_parity.step import bind, make_train_step
 
@@ -40,15 +40,15 @@ def pipeline(microbatches, mesh):
         n = mesh.shape[STAGE]
         weights = jax.tree.map(lambda w: w.reshape(n, -1, *w.shape[1:]), weights)  # [S, L/S, ...]
         stages = jax.vmap(run_stack, spmd_axis_name=STAGE)  # stage s on slot s, on its device
-        inputs = split(x, microbatches)  # [M, B/M, T, C] @ P(None, 'data')
+        inputs = in_first_slot(split(x, microbatches), mesh)  # [M, S, B/M, T, C], slot 0 only
 
-        def tick(h, x):  # h: f32[S, B/M, T, C] @ P('stage', 'data'), shifted; x: stage 0's
-            y = stages(weights, h.at[0].set(x))  # stage 0: a new one
-            return pass_on(y, mesh), y[-1]
+        def tick(h, x):  # h, x: f32[S, B/M, T, C] @ P('stage', 'data'); h shifted, x slot 0's
+            y = stages(weights, h + x)  # stage 0: a new one (h's slot 0: the shift's zeros)
+            return pass_on(y, mesh), y  # every slot: taking one here moves it at every tick
 
-        h = jnp.zeros((n, *inputs.shape[1:]), x.dtype)  # bubbles: zeros
-        _, ys = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, B/M, T, C]
-        return join(ys[n - 1 :])  # the last stage's, from tick S - 1 on: XLA sends them round
+        h = jnp.zeros_like(inputs[0])  # bubbles: zeros
+        _, ys = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, S, B/M, T, C]
+        return join(ys[n - 1 :, -1])  # the last stage's, from tick S - 1 on: XLA sends them round
 
     return run
 

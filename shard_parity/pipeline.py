@@ -8,8 +8,11 @@ on each 'data' device's rows (explicit/): both give microbatch m the same rows, 
 microbatch stays split over 'data' with no data moved.
 """
 
+import jax
 import jax.numpy as jnp
 from absl import logging
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from shard_parity import UsageError
 from shard_parity.mesh import DATA, STAGE
@@ -31,6 +34,21 @@ def feed(inputs, stages: int):
     into the microbatches at tick t would do too, but under typed/ its transpose trips jax
     0.12: a dynamic_update_slice of a 'data'-split row into an unsplit zero array.)"""
     return jnp.pad(inputs, [(0, stages - 1)] + [(0, 0)] * (inputs.ndim - 1))
+
+
+def in_first_slot(inputs, mesh):
+    """[M, b, ...] @ P(None, 'data') -> [M, S, b, ...] @ P(None, 'stage', 'data'): for a buffer
+    of S slots (auto/, typed/), microbatch m in slot 0, stage 0's, and zeros in the others. Laid
+    out once, before the ticks' loop: each tick's microbatch then enters the buffer with no data
+    moved, and their gradient, a sum over the slots, leaves stage 0 in one all-reduce after the
+    loop. (`h.at[0].set(x)` at every tick made the compiler sum it over 'stage' at every tick.)"""
+    stages, sharding = mesh.shape[STAGE], NamedSharding(mesh, P(None, STAGE, DATA))
+    typed = AxisType.Explicit in mesh.axis_types  # the layout is the type (typed/)
+    xs = jnp.broadcast_to(inputs[:, None], (len(inputs), stages, *inputs.shape[1:]),
+                          out_sharding=sharding if typed else None)  # fmt: skip
+    first = (jnp.arange(stages) == 0).reshape(1, stages, *[1] * (xs.ndim - 2))
+    xs = jnp.where(first, xs, 0)
+    return xs if typed else jax.lax.with_sharding_constraint(xs, sharding)  # auto/: a hint
 
 
 def check_pp(model_config, mesh, batch_size: int, microbatches: int) -> None:

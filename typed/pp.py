@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import DATA, STAGE
-from shard_parity.pipeline import feed, join, split
+from shard_parity.pipeline import feed, in_first_slot, join, split
 from shard_parity.placement import BATCH, outside_layers, reduced_shardings, state_shardings
 from shard_parity.step import bind, make_train_step
 
@@ -40,17 +40,17 @@ def pipeline(microbatches, mesh):
     """The model's `pipeline`: x f32[B@data, T, C] through all L layers, S stages."""
 
     def run(x, run_stack, weights):  # weights: f32[L@stage, ...]
-        n, slots = mesh.shape[STAGE], NamedSharding(mesh, P(STAGE, DATA))
+        n = mesh.shape[STAGE]
         at = NamedSharding(mesh, P(STAGE))  # [S@stage, L/S, ...], even where S = 1
         weights = jax.tree.map(lambda w: w.reshape(n, -1, *w.shape[1:], out_sharding=at), weights)
         stages = jax.vmap(run_stack, spmd_axis_name=STAGE)  # stage s on slot s, on its device
-        inputs = split(x, microbatches)  # f32[M, B/M@data, T, C]
+        inputs = in_first_slot(split(x, microbatches), mesh)  # f32[M, S@stage, B/M@data, T, C]
 
-        def tick(h, x):  # h: f32[S@stage, B/M@data, T, C], shifted; x: stage 0's
-            y = stages(weights, h.at[0].set(x, out_sharding=slots))  # stage 0: new
+        def tick(h, x):  # h, x: f32[S@stage, B/M@data, T, C]; h shifted, x slot 0's
+            y = stages(weights, h + x)  # stage 0: a new one (h's slot 0: the shift's zeros)
             return pass_on(y, mesh), y  # every slot: a slice of one would need its dim whole
 
-        h = jnp.zeros((n, *inputs.shape[1:]), x.dtype, out_sharding=slots)  # bubbles: zeros
+        h = jnp.zeros_like(inputs[0])  # bubbles: zeros
         _, ys = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, S@stage, ...]
         last = (jnp.arange(n) == n - 1)[:, None, None, None]  # the last stage's slot
         out = jnp.where(last, ys[n - 1 :], 0).sum(1)  # from tick S - 1 on: an all-reduce
