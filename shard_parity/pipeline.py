@@ -11,11 +11,12 @@ microbatch stays split over 'data' with no data moved.
 import jax
 import jax.numpy as jnp
 from absl import logging
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity import UsageError
 from shard_parity.mesh import DATA, STAGE
+from shard_parity.model.ops import typed
 
 
 def split(x, microbatches: int):
@@ -43,12 +44,12 @@ def in_first_slot(inputs, mesh):
     moved, and their gradient, a sum over the slots, leaves stage 0 in one all-reduce after the
     loop. (`h.at[0].set(x)` at every tick made the compiler sum it over 'stage' at every tick.)"""
     stages, sharding = mesh.shape[STAGE], NamedSharding(mesh, P(None, STAGE, DATA))
-    typed = AxisType.Explicit in mesh.axis_types  # the layout is the type (typed/)
+    explicit = typed(inputs) is not None  # Explicit mode (typed/): the layout is the type
     xs = jnp.broadcast_to(inputs[:, None], (len(inputs), stages, *inputs.shape[1:]),
-                          out_sharding=sharding if typed else None)  # fmt: skip
+                          out_sharding=sharding if explicit else None)  # fmt: skip
     first = (jnp.arange(stages) == 0).reshape(1, stages, *[1] * (xs.ndim - 2))
     xs = jnp.where(first, xs, 0)
-    return xs if typed else jax.lax.with_sharding_constraint(xs, sharding)  # auto/: a hint
+    return xs if explicit else jax.lax.with_sharding_constraint(xs, sharding)  # auto/: a hint
 
 
 def check_pp(model_config, mesh, batch_size: int, microbatches: int) -> None:

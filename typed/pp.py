@@ -44,7 +44,7 @@ def pipeline(microbatches, mesh):
         if n == 1:  # no pipeline (check_pp warns), and vmap trips on a size-1 Explicit axis
             weights = jax.reshard(weights, NamedSharding(mesh, P()))  # [L@stage] -> [L]: free
             return join(jax.lax.map(lambda x: run_stack(weights, x), split(x, microbatches)))
-        at = NamedSharding(mesh, P(STAGE))  # [S@stage, L/S, ...], even where S = 1
+        at = NamedSharding(mesh, P(STAGE))  # [S@stage, L/S, ...]
         weights = jax.tree.map(lambda w: w.reshape(n, -1, *w.shape[1:], out_sharding=at), weights)
         stages = jax.vmap(run_stack, spmd_axis_name=STAGE)  # stage s on slot s, on its device
         inputs = in_first_slot(split(x, microbatches), mesh)  # f32[M, S@stage, B/M@data, T, C]
