@@ -39,8 +39,8 @@ ROUNDS = flags.DEFINE_integer('rounds', 7, 'Timed rounds of each step, interleav
 
 
 def programs(step_for, tx):
-    """`step_for(graphdef, state)` -> its lowered program, at 4 and at 8 layers (nanoGPT's width
-    128, T 64): [(compiled, state)] for each."""
+    """`step_for(graphdef, state)` at 4 and at 8 layers (nanoGPT's width 128, T 64): a list of
+    its two results, each (compiled program, the state placed for it, the batch)."""
     from shard_parity.model.transformer import Transformer
     from shard_parity.runtime import config as cfg
     from shard_parity.step import create_state
