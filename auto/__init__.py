@@ -3,8 +3,8 @@ and the compiler inserts the collectives. One whole file per strategy."""
 
 from jax.sharding import AxisType
 
-from auto import cp, dp, ep, fsdp, fsdp_tp, pp, tp
+from auto import composed, cp, dp, ep, fsdp, fsdp_tp, pp, tp
 
 NAME = 'auto'
 AXIS_TYPE = AxisType.Auto  # the mesh the compiler partitions over
-STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep}
+STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep, 'composed': composed}

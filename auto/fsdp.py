@@ -1,6 +1,6 @@
-"""FSDP the compiler writes: parameters and optimizer state split over 'data' too.
+"""FSDP the compiler writes: parameters and optimizer state split over 'fsdp' too.
 
-The same step as auto/dp.py, with the arrays split over the 'data' devices
+The same step as auto/dp.py, with the arrays split over the 'fsdp' devices
 (shard_parity/placement.py) and the gradients asked for in that same layout. The transformer's
 blocks are stacked and run under a scan (shard_parity/model/transformer.py). `layer_weights`,
 which the scan calls on each layer's shards where that layer runs, constrains them to the whole
@@ -15,9 +15,9 @@ Compare explicit/fsdp.py, where the collectives are written out.
 
 import jax
 
-from shard_parity.mesh import DATA
+from shard_parity.mesh import FSDP
 from shard_parity.placement import (
-    BATCH,
+    FSDP_BATCH,
     REPLICATED,
     layer_specs,
     named,
@@ -27,7 +27,7 @@ from shard_parity.placement import (
 )
 from shard_parity.step import bind, make_train_step
 
-STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'data'
+STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'fsdp'
 
 
 def gather_layer(specs, mesh):
@@ -36,7 +36,7 @@ def gather_layer(specs, mesh):
 
     @jax.custom_vjp
     def layer_weights(shards):  # the layer's all-gathers: XLA inserts them for this constraint
-        return jax.lax.with_sharding_constraint(shards, named(mesh, without(specs, DATA)))
+        return jax.lax.with_sharding_constraint(shards, named(mesh, without(specs, FSDP)))
 
     def backward(_, grads):  # the layer's reduce-scatters, inside the backward's loop
         return (jax.lax.with_sharding_constraint(grads, named(mesh, specs)),)
@@ -47,12 +47,12 @@ def gather_layer(specs, mesh):
 
 def loss_and_grads(graphdef, loss_fn, mesh):
 
-    def fn(params, batch):  # params @ P('data') (1/n of each); batch: x[B, ...] @ P('data')
+    def fn(params, batch):  # params @ P('fsdp') (1/n of each); batch: x[B, ...] @ P('fsdp')
         specs = state_specs(params, STRATEGY, mesh)
         call = gather_layer(layer_specs(specs), mesh)  # the per-layer gather, if stacked layers
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         (_, metrics), grads = grad_fn(params, batch)  # XLA all-gathers the rest where used
-        # grads sharded like the params: XLA reduces each gradient over 'data' to its shard.
+        # grads sharded like the params: XLA reduces each gradient over 'fsdp' to its shard.
         grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, STRATEGY))
         return jax.lax.with_sharding_constraint(metrics, named(mesh, REPLICATED)), grads
 
@@ -68,6 +68,6 @@ def eval_step(graphdef, eval_fn, mesh):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # XLA all-gathers the weights; per-example outputs stay split
-        return jax.lax.with_sharding_constraint(fn(params, batch), named(mesh, BATCH))
+        return jax.lax.with_sharding_constraint(fn(params, batch), named(mesh, FSDP_BATCH))
 
     return jax.jit(evaluate)

@@ -1,11 +1,11 @@
-"""FSDP and tensor parallelism together, by placement only, on a DATA x MODEL mesh.
+"""FSDP and tensor parallelism together, by placement only, on a FSDP x MODEL mesh.
 
 Each weight carries both splits (shard_parity/placement.py): tensor parallelism's over 'model'
-and FSDP's over 'data' on a dimension tp leaves free, e.g. a column-parallel kernel
-@ P('data', 'model'). XLA all-gathers over 'data' before use, all-reduces activations over
-'model', and reduces gradients over 'data' to their shards (on XLA:CPU an all-reduce and a
+and FSDP's over 'fsdp' on a dimension tp leaves free, e.g. a column-parallel kernel
+@ P('fsdp', 'model'). XLA all-gathers over 'fsdp' before use, all-reduces activations over
+'model', and reduces gradients over 'fsdp' to their shards (on XLA:CPU an all-reduce and a
 slice, not a reduce-scatter). As in auto/fsdp.py, the transformer's stacked blocks are gathered
-over 'data' one layer at a time inside the scan (`gather_layer`, here to tp's layout), again in
+over 'fsdp' one layer at a time inside the scan (`gather_layer`, here to tp's layout), again in
 the backward, and each layer's gradient reduced to its shards there. Compare explicit/fsdp_tp.py.
 """
 
@@ -13,20 +13,20 @@ import jax
 from jax.sharding import NamedSharding
 
 from auto.fsdp import gather_layer
-from shard_parity.placement import BATCH, REPLICATED, layer_specs, state_shardings, state_specs
+from shard_parity.placement import FSDP_BATCH, REPLICATED, layer_specs, state_shardings, state_specs
 from shard_parity.step import bind, make_train_step
 
-STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'data'
+STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'fsdp'
 
 
 def loss_and_grads(graphdef, loss_fn, mesh):
 
-    def fn(params, batch):  # params @ P('data', 'model') etc.; batch: x[B, ...] @ P('data')
+    def fn(params, batch):  # params @ P('fsdp', 'model') etc.; batch: x[B, ...] @ P('fsdp')
         specs = state_specs(params, STRATEGY, mesh)
-        call = gather_layer(layer_specs(specs), mesh)  # over 'data' per layer, if stacked layers
+        call = gather_layer(layer_specs(specs), mesh)  # over 'fsdp' per layer, if stacked layers
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
-        (_, metrics), grads = grad_fn(params, batch)  # XLA all-gathers over 'data', psums 'model'
-        # grads sharded like the params: XLA reduces each gradient over 'data' to its shard.
+        (_, metrics), grads = grad_fn(params, batch)  # XLA all-gathers over 'fsdp', psums 'model'
+        # grads sharded like the params: XLA reduces each gradient over 'fsdp' to its shard.
         grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, STRATEGY))
         return jax.lax.with_sharding_constraint(metrics, NamedSharding(mesh, REPLICATED)), grads
 
@@ -42,6 +42,6 @@ def eval_step(graphdef, eval_fn, mesh):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # XLA all-gathers the weights; per-example outputs stay split
-        return jax.lax.with_sharding_constraint(fn(params, batch), NamedSharding(mesh, BATCH))
+        return jax.lax.with_sharding_constraint(fn(params, batch), NamedSharding(mesh, FSDP_BATCH))
 
     return jax.jit(evaluate)

@@ -22,7 +22,7 @@ import typed
 from shard_parity import memory
 from shard_parity.mesh import MODEL, make_mesh
 from shard_parity.model.transformer import Transformer
-from shard_parity.placement import BATCH, mesh_axes
+from shard_parity.placement import mesh_axes, rows
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime.tasks import lm_loss
 from shard_parity.step import make_optimizer
@@ -43,7 +43,7 @@ def formula(model_config, strategy: str, mesh) -> dict:
 
 def one(twin, strategy: str, model_config) -> dict:
     mesh = make_mesh(shape=SHAPES[strategy], axes=mesh_axes(strategy), axis_type=twin.AXIS_TYPE)
-    sharding = NamedSharding(mesh, BATCH)
+    sharding = NamedSharding(mesh, rows(mesh, strategy))
     shape = (BATCH_SIZE, model_config.seq_len)
     batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k in ('x', 'y')}
     compiled = memory.compiled_step(

@@ -69,7 +69,7 @@ def runner(
     else:
         mesh = make_mesh(n, shape, mesh_axes(strategy), twin.AXIS_TYPE)  # typed/: Explicit
         step = twin.STRATEGIES[strategy].train_step(graphdef, loss, tx, mesh)
-        placed, batch = place_state(state, mesh, strategy), place_batch(batch, mesh)
+        placed, batch = place_state(state, mesh, strategy), place_batch(batch, mesh, strategy)
     box = [placed]
 
     def run():
@@ -241,7 +241,7 @@ def context(lengths, timed_lengths, rounds: int) -> list[dict]:
             graphdef, tx, state, loss, batch, units = setup('transformer', b, config)
             mesh = make_mesh(None, shape, mesh_axes(strategy), twin.AXIS_TYPE)
             step = twin.STRATEGIES[strategy].train_step(graphdef, loss, tx, mesh)
-            placed, placed_batch = place_state(state, mesh, strategy), place_batch(batch, mesh)
+            placed, placed_batch = place_state(state, mesh, strategy), place_batch(batch, mesh, strategy)
             compiled = step.lower(placed, placed_batch).compile()
             row[f'{name}_temp_bytes'] = compiled.memory_analysis().temp_size_in_bytes
             row[f'{name}_tokens_per_device'] = b * t // 8

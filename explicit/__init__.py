@@ -3,8 +3,8 @@ collective is a line of its strategy file. One whole file per strategy."""
 
 from jax.sharding import AxisType
 
-from explicit import cp, dp, ep, fsdp, fsdp_tp, pp, tp
+from explicit import composed, cp, dp, ep, fsdp, fsdp_tp, pp, tp
 
 NAME = 'explicit'
 AXIS_TYPE = AxisType.Auto  # shard_map makes the axes Manual inside its functions
-STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep}
+STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep, 'composed': composed}

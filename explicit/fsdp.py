@@ -14,25 +14,25 @@ gathered once, at the top, and their gradients reduce-scattered at the end.
 
 import jax
 
-from shard_parity.mesh import DATA
-from shard_parity.placement import BATCH, REPLICATED, layer_specs, outside_layers, state_specs
+from shard_parity.mesh import FSDP
+from shard_parity.placement import FSDP_BATCH, REPLICATED, layer_specs, outside_layers, state_specs
 from shard_parity.step import bind, make_train_step
 
-STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'data'
+STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'fsdp'
 
 
 def gather(shard, spec):  # a weight's shard f32[d/n, ...] -> the whole weight f32[d, ...]
-    if DATA not in spec:  # a small array kept whole (a bias of odd size): cast as in dp
-        return jax.lax.pcast(shard, DATA, to='varying')
-    return jax.lax.all_gather(shard, DATA, axis=spec.index(DATA), tiled=True)  # all-gather
+    if FSDP not in spec:  # a small array kept whole (a bias of odd size): cast as in dp
+        return jax.lax.pcast(shard, FSDP, to='varying')
+    return jax.lax.all_gather(shard, FSDP, axis=spec.index(FSDP), tiled=True)  # all-gather
 
 
 def scatter(grad, spec):  # the local gradient of a whole weight -> the mean for my shard
-    if DATA not in spec:
-        return jax.lax.pmean(grad, DATA)  # all-reduce
+    if FSDP not in spec:
+        return jax.lax.pmean(grad, FSDP)  # all-reduce
     return (
-        jax.lax.psum_scatter(grad, DATA, scatter_dimension=spec.index(DATA), tiled=True)
-        / jax.lax.axis_size(DATA)  # the reduce-scatter's sum / n: the mean of the n gradients
+        jax.lax.psum_scatter(grad, FSDP, scatter_dimension=spec.index(FSDP), tiled=True)
+        / jax.lax.axis_size(FSDP)  # the reduce-scatter's sum / n: the mean of the n gradients
     )
 
 
@@ -62,10 +62,10 @@ def loss_and_grads(graphdef, loss_fn, mesh):
             params = outside_layers(gather, shards, specs)  # the all-gathers outside the layers
             (_, metrics), grads = grad_fn(params, batch)  # the layers' reduce-scattered already
             grads = outside_layers(scatter, grads, specs)  # the rest's reduce-scatters
-            return jax.lax.pmean(metrics, DATA), grads  # the metrics' all-reduce
+            return jax.lax.pmean(metrics, FSDP), grads  # the metrics' all-reduce
 
         return jax.shard_map(
-            local, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs)
+            local, mesh=mesh, in_specs=(specs, FSDP_BATCH), out_specs=(REPLICATED, specs)
         )(params, batch)
 
     return jax.jit(fn)
@@ -82,7 +82,7 @@ def eval_step(graphdef, eval_fn, mesh):
     def evaluate(params, batch):  # all the all-gathers up front; per-example outputs stay split
         specs = state_specs(params, STRATEGY, mesh)
         local = lambda shards, batch: fn(jax.tree.map(gather, shards, specs), batch)
-        return jax.shard_map(local, mesh=mesh, in_specs=(specs, BATCH), out_specs=BATCH)(
+        return jax.shard_map(local, mesh=mesh, in_specs=(specs, FSDP_BATCH), out_specs=FSDP_BATCH)(
             params, batch
         )
 

@@ -1,10 +1,10 @@
-"""FSDP and tensor parallelism together, written by hand, on a DATA x MODEL mesh.
+"""FSDP and tensor parallelism together, written by hand, on a FSDP x MODEL mesh.
 
 Each weight is first split for tensor parallelism over 'model' (explicit/tp.py), and that slice
-again over 'data' (shard_parity/placement.py): a column-parallel kernel f32[in, out] lives as
-f32[in/d, out/m]. Each step all-gathers it over 'data' into this device's tensor-parallel slice
+again over 'fsdp' (shard_parity/placement.py): a column-parallel kernel f32[in, out] lives as
+f32[in/d, out/m]. Each step all-gathers it over 'fsdp' into this device's tensor-parallel slice
 f32[in, out/m] (explicit/fsdp.py's `gather`), runs the tensor-parallel model (explicit/tp.py's
-`sum_partials`, its psums over 'model'), and reduce-scatters the gradient over 'data'
+`sum_partials`, its psums over 'model'), and reduce-scatters the gradient over 'fsdp'
 (`scatter`). As in explicit/fsdp.py, the transformer's stacked blocks are gathered one layer at
 a time where the layer runs (`gather_layer`), again in the backward, and each layer's gradient
 reduce-scattered there. Compare auto/fsdp_tp.py.
@@ -14,18 +14,18 @@ import jax
 
 from explicit.fsdp import gather, gather_layer, scatter
 from explicit.tp import sum_partials
-from shard_parity.mesh import DATA
-from shard_parity.placement import BATCH, REPLICATED, layer_specs, outside_layers, state_specs
+from shard_parity.mesh import FSDP
+from shard_parity.placement import FSDP_BATCH, REPLICATED, layer_specs, outside_layers, state_specs
 from shard_parity.step import bind, make_train_step
 
-STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'data'
+STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'fsdp'
 
 
 def loss_and_grads(graphdef, loss_fn, mesh):
 
     def fn(params, batch):  # params: 1/d of each tp slice; batch: x[B/d, ...], this group's rows
         specs = state_specs(params, STRATEGY, mesh)  # from the global shapes, outside
-        call = gather_layer(layer_specs(specs), mesh)  # over 'data' per layer, if stacked layers
+        call = gather_layer(layer_specs(specs), mesh)  # over 'fsdp' per layer, if stacked layers
         model_fn = bind(graphdef, loss_fn, sum_partials=sum_partials, **call)
         grad_fn = jax.value_and_grad(model_fn, has_aux=True)
 
@@ -33,10 +33,10 @@ def loss_and_grads(graphdef, loss_fn, mesh):
             params = outside_layers(gather, shards, specs)  # the all-gathers outside the layers
             (_, metrics), grads = grad_fn(params, batch)  # with the psums over 'model'
             grads = outside_layers(scatter, grads, specs)  # the rest's reduce-scatters
-            return jax.lax.pmean(metrics, DATA), grads  # the metrics' all-reduce
+            return jax.lax.pmean(metrics, FSDP), grads  # the metrics' all-reduce
 
         return jax.shard_map(
-            local, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs)
+            local, mesh=mesh, in_specs=(specs, FSDP_BATCH), out_specs=(REPLICATED, specs)
         )(params, batch)
 
     return jax.jit(fn)
@@ -53,7 +53,7 @@ def eval_step(graphdef, eval_fn, mesh):
     def evaluate(params, batch):  # the all-gathers and psums; per-example outputs stay split
         specs = state_specs(params, STRATEGY, mesh)
         local = lambda shards, batch: fn(jax.tree.map(gather, shards, specs), batch)
-        return jax.shard_map(local, mesh=mesh, in_specs=(specs, BATCH), out_specs=BATCH)(
+        return jax.shard_map(local, mesh=mesh, in_specs=(specs, FSDP_BATCH), out_specs=FSDP_BATCH)(
             params, batch
         )
 

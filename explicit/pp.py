@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from shard_parity.mesh import DATA, STAGE
-from shard_parity.pipeline import feed, join, split
+from shard_parity.pipeline import feed, join, microbatch_means, split
 from shard_parity.placement import BATCH, REPLICATED, state_specs
 from shard_parity.step import bind, make_train_step
 
@@ -40,13 +40,15 @@ def pipeline(microbatches, mesh):
         inputs = jax.lax.pcast(split(x, microbatches), STAGE, to='varying')  # [M, B/dM, T, C]
 
         def tick(h, x):  # h: what the previous stage passed me last tick; x: stage 0's input
-            y = run_stack(weights, jnp.where(s == 0, x, h))  # stage 0: a new one
-            return pass_on(y, mesh), y
+            y, stats = run_stack(weights, jnp.where(s == 0, x, h))  # stage 0: a new one
+            return pass_on(y, mesh), (y, stats)
 
         h = jnp.zeros_like(inputs[0])  # bubbles: zeros
-        _, ys = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, B/dM, T, C]
+        _, (ys, stats) = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, B/dM, T, C]
+        # a mixture of experts' statistics: my layers' means, then all layers': an all-reduce
+        stats = {k: jax.lax.pmean(v.mean(), STAGE) for k, v in microbatch_means(stats, microbatches, s).items()}
         # the last stage's, from tick S - 1 on, to every stage: an all-reduce over 'stage'
-        return join(jax.lax.psum(jnp.where(s == n - 1, ys[n - 1 :], 0), STAGE))
+        return join(jax.lax.psum(jnp.where(s == n - 1, ys[n - 1 :], 0), STAGE)), stats
 
     return run
 

@@ -14,17 +14,17 @@ import importlib
 import json
 import sys
 
+import jax
 from absl import app, flags
+from jax.sharding import AxisType
 
 from inspector import cost
 from inspector.render import print_attribution, print_report
 from shard_parity import UsageError
-from shard_parity.mesh import configure_jax, make_mesh
-from shard_parity.placement import mesh_axes
-from shard_parity.runtime import config as cfg
+from shard_parity.mesh import configure_jax
 from shard_parity.runtime import declare_key_flags
 from shard_parity.runtime import flags as F
-from shard_parity.runtime.train import check_batch, check_strategy
+from shard_parity.runtime.train import mesh_from_flags
 
 JSON = flags.DEFINE_bool('json', False, 'Print one JSON object instead of the tables.')
 HARDWARE = flags.DEFINE_enum(
@@ -71,14 +71,12 @@ def report_of_flags():
         return inspect(jitted, *args, hardware=HARDWARE.value, measure=measure).json(), True
     from inspector.twins import inspect
 
-    mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape(), mesh_axes(F.STRATEGY.value))
+    # the train CLI's checks, same messages
+    plan, mesh = mesh_from_flags(AxisType.Auto, F.NUM_DEVICES.value or jax.device_count())
     config = F.train_config()
-    check_batch(config.batch_size, mesh)  # the train CLI's checks, same messages
-    model_config = F.transformer_config() if F.MODEL.value != 'mlp' else cfg.MLPConfig()
-    check_strategy(F.STRATEGY.value, model_config, mesh)
     measure = cost.HARDWARE[HARDWARE.value].emulation  # on the CPU: beside the measured time
     report = inspect(
-        F.MODEL.value, config, mesh, F.STRATEGY.value, model_config, HARDWARE.value, measure
+        F.MODEL.value, config, mesh, plan.strategy, F.model_config(), HARDWARE.value, measure
     )
     return report, False
 

@@ -2,9 +2,12 @@
 compiled programs are compared against (the gradient all-reduce, tensor parallelism's activation
 all-reduces, context parallelism's ring)."""
 
+import math
+
 import jax
 import numpy as np
 
+from shard_parity import plan as plans
 from shard_parity.mesh import DATA, EXPERT, MODEL, SEQ, STAGE
 from shard_parity.model.moe import capacity
 from shard_parity.placement import is_expert, state_specs
@@ -19,7 +22,8 @@ def expectation(strategy: str, model: str, params, mesh, batch_size: int, model_
         return pp_expectation(params, mesh, batch_size, model_config)
     if strategy == 'ep':
         return ep_expectation(params, mesh, batch_size, model_config)
-    d, m = mesh.shape[DATA], mesh.shape[MODEL]
+    plan = plans.of(mesh, strategy)
+    d, m = math.prod(plan.size(a) for a in plan.rows), plan.size(MODEL)
     specs = jax.tree.leaves(state_specs(params, strategy, mesh))
     # each device's share of the gradient after tensor parallelism's split (all of it without)
     grad_bytes = sum(
@@ -31,14 +35,14 @@ def expectation(strategy: str, model: str, params, mesh, batch_size: int, model_
         'group_size': d,
         'gradient_bytes': grad_bytes,
         'ring_bytes_per_device': 2 * (d - 1) / d * grad_bytes,
-        'note': "one all-reduce of the gradients over 'data' (plus the averaged metric scalars) "
+        'note': f"one all-reduce of the gradients over '{plan.rows[0]}' (plus the averaged metric scalars) "
         'per step; XLA may combine it into one tuple-shaped op. A ring moves 2(N-1)/N of it.',
         'activations': None,
     }
     if strategy in ('fsdp', 'fsdp_tp'):
         expected |= {
             'kind': 'all-gather + reduce-scatter',
-            'note': 'each sharded weight all-gathered over \'data\' where it is used (the whole '
+            'note': 'each sharded weight all-gathered over \'fsdp\' where it is used (the whole '
             'weight comes back, (N-1)/N of it over the wire) and its gradient reduce-scattered '
             '((N-1)/N again): the same bytes as one all-reduce, in two halves. Small unsharded '
             'arrays (biases whose size N does not divide) are all-reduced as in dp.',

@@ -19,15 +19,15 @@ from inspector import cost, surprises
 from inspector.attribute import shorten
 from inspector.expect import expectation
 from inspector.program import VERSION, analyse, bytes_by_line, compile_all, measure_us
-from shard_parity.mesh import DATA, with_axis_type
+from shard_parity.mesh import FSDP, with_axis_type
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
-from shard_parity.placement import BATCH, state_shardings
+from shard_parity import plan as plans
+from shard_parity.placement import rows, state_shardings
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import tasks
 from shard_parity.step import create_state, make_optimizer, one_device_train_step
 
-GATHERED_OVER = {'fsdp': (DATA,), 'fsdp_tp': (DATA,)}  # the placements that gather weights
 
 
 def model_and_batch(model: str, batch_size: int, model_config=None):
@@ -72,7 +72,7 @@ def lowered_steps(model, config, mesh, strategy, model_config):
             )
             module = twin.STRATEGIES[strategy]
             step = module.train_step(graphdef, loss_fn, tx, twin_mesh)
-            args = (abstract, with_sharding(batch, twin_mesh, BATCH))
+            args = (abstract, with_sharding(batch, twin_mesh, rows(twin_mesh, strategy)))
             yield twin.NAME, (step.lower(*args), twin_mesh, args, shorten(module.__file__))
 
     return state.params, steps()
@@ -93,7 +93,7 @@ def read_steps(steps, weights, strategy, hardware, measure) -> dict:
     for name, (twin_mesh, args, source) in meta.items():
         compiled, logs = compiled_steps[name]
         result = out[name] = analyse(compiled, twin_mesh, hardware, logs)
-        expect = GATHERED_OVER.get(strategy, ())
+        expect = (FSDP,) if twin_mesh and plans.of(twin_mesh, strategy).uses(FSDP) else ()  # gathers
         result['surprises'] = (
             surprises.program_surprises(result, weights, expect) if twin_mesh else []
         )

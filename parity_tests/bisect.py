@@ -86,22 +86,23 @@ def from_flags():
     from flax import nnx
 
     from parity_tests import divergence as D
-    from shard_parity.mesh import make_mesh
-    from shard_parity.placement import mesh_axes
+    import jax
+    from jax.sharding import AxisType
+
     from shard_parity.runtime import config as cfg
     from shard_parity.runtime import tasks
-    from shard_parity.runtime.train import check_batch, check_strategy
+    from shard_parity.runtime.train import mesh_from_flags
     from shard_parity.step import create_state, make_optimizer
 
     model = F.MODEL.value
     # --steps is how many steps to compare; the schedule stays the model's (not decayed over N)
     changes = {n: f.value for n, f in F.TRAIN.items() if f.value is not None and n != 'steps'}
     config = dataclasses.replace(cfg.TRAIN_DEFAULTS[model], **changes)
-    mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape(), mesh_axes(F.STRATEGY.value))
-    check_batch(config.batch_size, mesh)
+    # the train CLI's own checks
+    plan, mesh = mesh_from_flags(AxisType.Auto, F.NUM_DEVICES.value or jax.device_count())
     if len(TWINS.value) != 2:
         raise UsageError(f'--twins={",".join(TWINS.value)}: give two, such as auto,explicit')
-    a, b = (D.load_side(name, F.STRATEGY.value, mesh) for name in TWINS.value)
+    a, b = (D.load_side(name, plan.strategy, mesh) for name in TWINS.value)
     if model == 'mlp':
         task = tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value)
     else:
@@ -109,7 +110,6 @@ def from_flags():
         if X64.value:
             shape = dataclasses.replace(shape, dtype='float64')
         task = tasks.shakespeare_task(config, shape, F.DATA_DIR.value, F.DOWNLOAD.value)
-    check_strategy(F.STRATEGY.value, task.model_config, mesh)  # the train CLI's own checks
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     steps = F.TRAIN['steps'].value or DEFAULT_STEPS

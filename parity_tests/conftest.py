@@ -125,6 +125,12 @@ def mesh8():
     return make_mesh(8)
 
 
+@pytest.fixture(scope='session')
+def fsdp8():
+    """--strategy=fsdp's mesh on 8 devices: 'fsdp' splits the batch and the state."""
+    return helpers.strategy_mesh('fsdp')
+
+
 @pytest.fixture(scope='session', params=['mlp', 'transformer'])
 def case(request):
     return make_case(request.param)

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import math
 import os
 import re
 import sys
@@ -34,7 +35,8 @@ from flax import nnx
 
 from parity_tests.leaves import compare, compare_trees, hints
 from shard_parity import UsageError
-from shard_parity.mesh import DATA, MODEL, with_axis_type
+from shard_parity import plan as plans
+from shard_parity.mesh import MODEL, with_axis_type
 from shard_parity.model.ops import varying
 from shard_parity.placement import place_batch, place_state
 from shard_parity.step import (
@@ -95,7 +97,7 @@ def place(side: Side, tree, batch=False):
     tree = jax.tree.map(np.array, tree)  # a private copy: train_step donates its state
     if side.mesh is None:
         return jax.device_put(tree, jax.devices()[0])
-    return place_batch(tree, side.mesh) if batch else place_state(tree, side.mesh, side.strategy)
+    return place_batch(tree, side.mesh, side.strategy) if batch else place_state(tree, side.mesh, side.strategy)
 
 
 # --- activations, recorded by intercepting every module's __call__ ---
@@ -257,7 +259,9 @@ class Runner:
 
 
 def _rows(a: Side, b: Side) -> int:
-    return max(s.mesh.shape[DATA] for s in (a, b) if s.mesh) if (a.mesh or b.mesh) else 1
+    """How many blocks of rows the batch is split into (the row axes' devices), at most."""
+    blocks = [plans.of(s.mesh, s.strategy) for s in (a, b) if s.mesh]
+    return max((math.prod(p.size(x) for x in p.rows) for p in blocks), default=1)
 
 
 def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report) -> tuple:

@@ -159,7 +159,7 @@ def twin_loss_and_grads(twin, mesh, graphdef, loss_fn, state, batch, strategy='d
     """(metrics, grads) of one `twin.STRATEGIES[strategy]` loss_and_grads call on `mesh`."""
     fn = twin.STRATEGIES[strategy].loss_and_grads(graphdef, loss_fn, mesh)
     placed = place_state(jax.tree.map(np.array, state), mesh, strategy)
-    return fn(placed.params, place_batch(batch, mesh))
+    return fn(placed.params, place_batch(batch, mesh, strategy))
 
 
 def train(step_fn, state, batches, place=lambda b: b):
@@ -175,7 +175,7 @@ def train_twin(twin, mesh, case, seed=0, strategy='dp'):
     graphdef, tx, state = fresh_state(seed, case)
     step_fn = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh)
     placed = place_state(state, mesh, strategy)
-    return train(step_fn, placed, case.batches, lambda b: place_batch(b, mesh))
+    return train(step_fn, placed, case.batches, lambda b: place_batch(b, mesh, strategy))
 
 
 # --- The same runs in float64 (X64_TOL's error model): jax.enable_x64 for the run alone. ---
@@ -240,7 +240,16 @@ def train_twin_x64(twin, mesh, case, seed=0, strategy='dp'):
         graphdef, tx, state = x64_state(case, seed)
         step = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh)
         placed = place_state(state, mesh, strategy)
-        return train(step, placed, Wide(case.batches), lambda b: place_batch(b, mesh))
+        return train(step, placed, Wide(case.batches), lambda b: place_batch(b, mesh, strategy))
+
+
+def strategy_mesh(strategy: str, shape=(8, 1), twin=None):
+    """The mesh --strategy=STRATEGY --mesh=AxB builds: its two axes (shard_parity/plan.py)."""
+    from shard_parity.mesh import make_mesh
+    from shard_parity.placement import mesh_axes
+
+    axis_type = twin.AXIS_TYPE if twin is not None else jax.sharding.AxisType.Auto
+    return make_mesh(shape=shape, axes=mesh_axes(strategy), axis_type=axis_type)
 
 
 def device0_bytes(state):

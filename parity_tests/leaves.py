@@ -7,11 +7,13 @@ magnitude (NaN always differs); a ratio B / A that is the same everywhere, or ro
 some devices only, are named, and `hints` says what such a pattern usually means."""
 
 import dataclasses
+import itertools
 
 import jax
 import numpy as np
 
-from shard_parity.mesh import DATA, MODEL
+from shard_parity.mesh import MODEL
+from shard_parity.plan import ROWS
 
 # (rtol, atol as a fraction of the leaf's largest magnitude) per --tolerance
 TOLERANCES = {'f32': (1e-5, 1e-6), 'bitwise': (0.0, 0.0), 'x64': (1e-9, 1e-11)}
@@ -82,26 +84,26 @@ def compare_trees(prefix, a, b, tolerance) -> list[Leaf]:
 
 def hints(leaf: Leaf, a, b) -> list[str]:
     """What `leaf`'s difference between sides a and b (divergence.Side) points to."""
-    sizes = {  # a cp or ep mesh has no 'model' axis: size 1
+    sizes = {  # an axis a mesh lacks: size 1
         ax: sorted({s.mesh.shape.get(ax, 1) for s in (a, b) if s.mesh} - {1})
-        for ax in (DATA, MODEL)
+        for ax in (*ROWS, MODEL)
     }
     out = []
     if leaf.shapes and len(leaf.shapes[0]) and leaf.shapes[0][1:] == leaf.shapes[1][1:]:
         k = leaf.shapes[1][0] / leaf.shapes[0][0]
-        for big, n in (('B', k), ('A', 1 / k)):
-            if n in sizes[DATA]:
+        for (big, n), ax in itertools.product((('B', k), ('A', 1 / k)), ROWS):
+            if n in sizes[ax]:
                 out.append(
-                    f"{big} has {int(n)}x the rows, the 'data' axis size: in {big} the batch is "
-                    "replicated where it should be split (an in_spec P() for the batch, not "
-                    "P('data')): every device works on the whole batch"
+                    f"{big} has {int(n)}x the rows, the '{ax}' axis size: in {big} the batch is "
+                    f"replicated where it should be split (an in_spec P() for the batch, not "
+                    f"P('{ax}')): every device works on the whole batch"
                 )
     r = leaf.ratio
-    for n in sizes[DATA] if r else ():
+    for ax, n in ((ax, n) for ax in ROWS for n in sizes[ax]) if r else ():
         for big, k in (('B', r), ('A', 1 / r)):
             if abs(k - n) <= 1e-3 * n:
                 out.append(
-                    f"{big} is {n}x the other, the 'data' axis size: in {big} a sum where a mean "
+                    f"{big} is {n}x the other, the '{ax}' axis size: in {big} a sum where a mean "
                     'belongs (psum for pmean, or a reduce-scatter without its division by n), or '
                     'a missing pcast(..., to=\'varying\') before grad, whose transpose is a psum'
                 )

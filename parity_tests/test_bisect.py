@@ -14,17 +14,18 @@ import auto
 import explicit
 from parity_tests import divergence as D
 from parity_tests import runs
-from parity_tests.helpers import REPO, fresh_state, make_case
+from parity_tests.helpers import REPO, fresh_state, make_case, strategy_mesh
 from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
 from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.step import make_optimizer, one_device_loss_and_grads, one_device_train_step
 
 DATA_HINT = "the 'data' axis size: in B a sum where a mean belongs"
+FSDP_HINT = "the 'fsdp' axis size: in B a sum where a mean belongs"
 ZOO = {  # module: (strategy, mesh, reference, phase, layer, ratio, hint fragment)
     'dp_psum': ('dp', (8, 1), 'explicit', 'gradients', None, 8.0, DATA_HINT),
     'no_pcast': ('dp', (8, 1), 'explicit', 'gradients', None, 8.0, DATA_HINT),
-    'scatter_no_div': ('fsdp', (8, 1), 'one_device', 'gradients', None, 8.0, DATA_HINT),
+    'scatter_no_div': ('fsdp', (8, 1), 'one_device', 'gradients', None, 8.0, FSDP_HINT),
     'replicated_batch': ('dp', (8, 1), 'auto', 'forward', 'layers.0', None, 'B has 8x the rows'),
     'dropout_key': (
         'dp',
@@ -41,7 +42,7 @@ ZOO = {  # module: (strategy, mesh, reference, phase, layer, ratio, hint fragmen
 def run(a, b, strategy, shape, model='mlp', steps=1):
     case = make_case(model)
     graphdef, tx, state = fresh_state(0, case)
-    mesh = make_mesh(shape=shape)
+    mesh = strategy_mesh(strategy, shape)
     sides = [D.load_side(name, strategy, mesh) for name in (a, b)]
     return D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, steps)
 
@@ -218,9 +219,10 @@ def test_the_logged_gradient_norm_is_the_one_device_norm(mesh8):
     _, metrics = one_device_train_step(graphdef, case.loss_fn, tx)(with_optimizer(state, tx), batch)
     np.testing.assert_allclose(float(metrics['grad_norm']), want, rtol=1e-6)
     for twin, strategy in ((auto, 'fsdp'), (explicit, 'fsdp'), (explicit, 'dp')):
-        step = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh8)
-        placed = place_state(with_optimizer(state, tx), mesh8, strategy)
-        _, m = step(placed, place_batch(batch, mesh8))
+        mesh = strategy_mesh(strategy)
+        step = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh)
+        placed = place_state(with_optimizer(state, tx), mesh, strategy)
+        _, m = step(placed, place_batch(batch, mesh, strategy))
         np.testing.assert_allclose(float(m['grad_norm']), want, rtol=1e-5)
     plain = make_optimizer(case.config)
     _, m = one_device_train_step(graphdef, case.loss_fn, plain)(with_optimizer(state, plain), batch)

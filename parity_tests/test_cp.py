@@ -39,7 +39,8 @@ from parity_tests.helpers import (
 )
 from shard_parity.mesh import SEQ, make_mesh
 from shard_parity.model import ring as ring_module
-from shard_parity.placement import check_cp, mesh_axes, place_batch, place_state
+from shard_parity import plan as plans
+from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.runtime import checkpoint, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.step import bind, one_device_loss_and_grads
@@ -194,6 +195,10 @@ def test_inspector_pins_the_cp_collectives():
     auto_kinds = {op['kind'] for op in r['programs']['auto']}
     assert 'collective-permute' not in auto_kinds and 'all-gather' in auto_kinds
     assert r['programs']['one_device'] == []
+
+
+def check_cp(config, mesh, layout='zigzag'):  # the train CLI's checks of a cp run, batch 16
+    plans.check(plans.of(mesh, 'cp'), config, 16, layout=layout)
 
 
 def test_a_sequence_axis_of_1_warns_and_bad_inputs_are_refused(caplog):

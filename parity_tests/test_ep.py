@@ -37,7 +37,8 @@ from parity_tests.helpers import (
 from parity_tests.zoo import ep_swapped_axes
 from shard_parity.mesh import make_mesh
 from shard_parity.model import moe
-from shard_parity.placement import check_ep, mesh_axes, place_batch, place_state
+from shard_parity import plan as plans
+from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.runtime import checkpoint, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.step import bind, one_device_loss_and_grads
@@ -177,6 +178,10 @@ def test_capacity_and_the_drop_order():
     # earlier tokens 0 and 1 come after them in the queue, and are dropped
     assert kept.tolist() == [[0, 1, 0], [0, 1, 0], [1, 0, 0], [1, 0, 0]]
     assert float(r.dropped) == 0.5
+
+
+def check_ep(config, mesh):  # the train CLI's checks of an ep run, batch 16
+    plans.check(plans.of(mesh, 'ep'), config, 16)
 
 
 def test_bad_expert_settings_are_refused():

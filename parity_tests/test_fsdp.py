@@ -35,10 +35,10 @@ TWINS = [auto, explicit]
 IDS = ['auto', 'explicit']
 
 
-def test_state_per_device_falls_to_one_nth(mesh8, case):
+def test_state_per_device_falls_to_one_nth(fsdp8, case):
     _, _, state = fresh_state(case=case)
-    replicated = device0_bytes(place_state(jax.tree.map(np.array, state), mesh8, 'dp'))
-    sharded = device0_bytes(place_state(jax.tree.map(np.array, state), mesh8, 'fsdp'))
+    replicated = device0_bytes(place_state(jax.tree.map(np.array, state), fsdp8, 'dp'))
+    sharded = device0_bytes(place_state(jax.tree.map(np.array, state), fsdp8, 'fsdp'))
     # arrays with no dimension 8 divides (a stacked array's layer dimension is never split)
     leaves = jax.tree_util.tree_leaves_with_path(state)
     small = sum(x.nbytes for p, x in leaves if all(d % 8 for d in x.shape[layer_dims(p) :]))
@@ -48,13 +48,13 @@ def test_state_per_device_falls_to_one_nth(mesh8, case):
 
 
 @pytest.mark.parametrize('twin', TWINS, ids=IDS)
-def test_fsdp_gradients_match_the_one_device_run(twin, mesh8, case):
+def test_fsdp_gradients_match_the_one_device_run(twin, fsdp8, case):
     graphdef, _, state = fresh_state(case=case)
     batch = case.batches.batch(0)
     want_metrics, want_grads = one_device_loss_and_grads(graphdef, case.loss_fn)(
         state.params, batch
     )
-    metrics, grads = twin_loss_and_grads(twin, mesh8, graphdef, case.loss_fn, state, batch, 'fsdp')
+    metrics, grads = twin_loss_and_grads(twin, fsdp8, graphdef, case.loss_fn, state, batch, 'fsdp')
     assert_close(metrics['loss'], want_metrics['loss'], 'loss', **TOL)
     assert_trees_close(grads, want_grads, **TOL)
     kernels = [g for g in jax.tree.leaves(grads) if g.ndim == 2]
@@ -65,23 +65,23 @@ def test_fsdp_gradients_match_the_one_device_run(twin, mesh8, case):
 # models under fsdp on 2x4 in the fast tier.
 @pytest.mark.slow
 @pytest.mark.parametrize('case', ['mlp', 'transformer'], indirect=True)
-def test_fsdp_trains_like_the_one_device_run(mesh8, case):
+def test_fsdp_trains_like_the_one_device_run(fsdp8, case):
     """float32: the loss at every step; float64: every loss and parameter (helpers.py)."""
     (want_losses, _), (want_losses_64, want_params_64) = one_device_runs(case)
     assert not np.allclose(want_losses, want_losses[::-1])  # the run moved: the test can fail
     for twin in TWINS:
-        losses, _ = train_twin(twin, mesh8, case, strategy='fsdp')
+        losses, _ = train_twin(twin, fsdp8, case, strategy='fsdp')
         assert_close(losses, want_losses, 'float32 losses', **LOSS_TOL)
-        losses, params = train_twin_x64(twin, mesh8, case, strategy='fsdp')
+        losses, params = train_twin_x64(twin, fsdp8, case, strategy='fsdp')
         assert_close(losses, want_losses_64, 'float64 losses', **X64_TOL)
         assert_params_close(params, want_params_64, **X64_TOL)
 
 
-def test_explicit_fsdp_gathers_weights_and_scatters_gradients(mesh8, mnist_batches):
+def test_explicit_fsdp_gathers_weights_and_scatters_gradients(fsdp8, mnist_batches):
     graphdef, tx, state = fresh_state()
-    step = explicit.fsdp.train_step(graphdef, classification_loss, tx, mesh8)
-    placed = place_state(state, mesh8, 'fsdp')
-    found = collectives(compiled_text(step, placed, place_batch(mnist_batches.batch(0), mesh8)))
+    step = explicit.fsdp.train_step(graphdef, classification_loss, tx, fsdp8)
+    placed = place_state(state, fsdp8, 'fsdp')
+    found = collectives(compiled_text(step, placed, place_batch(mnist_batches.batch(0), fsdp8, 'fsdp')))
     by_kind = {}
     for c in found:
         by_kind[c.kind] = by_kind.get(c.kind, 0) + c.bytes

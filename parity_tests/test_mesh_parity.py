@@ -23,6 +23,7 @@ from parity_tests.helpers import (
     fresh_state,
     make_case,
     one_device_runs,
+    strategy_mesh,
     train_twin_x64,
     twin_loss_and_grads,
 )
@@ -126,7 +127,7 @@ def test_strategy_matches_the_one_device_run(name, model, strategy, shape, one_d
     monkeypatch.setattr(attention, 'KEY_BLOCK', 8)  # two blocks of keys for 'fused'
     case, want_metrics, want_grads, _ = one_device(model)
     twin = TWINS[name]
-    mesh = make_mesh(shape=shape, axis_type=twin.AXIS_TYPE)
+    mesh = strategy_mesh(strategy, shape, twin)
     graphdef, _, state = fresh_state(case=case)
     batch = case.batches.batch(0)
     metrics, grads = twin_loss_and_grads(twin, mesh, graphdef, case.loss_fn, state, batch, strategy)
@@ -157,7 +158,7 @@ def test_strategy_trains_like_the_one_device_run(
     monkeypatch.setattr(attention, 'KEY_BLOCK', 8)
     case, _, _, (want_losses, want_params) = one_device(model)
     twin = TWINS[name]
-    mesh = make_mesh(shape=shape, axis_type=twin.AXIS_TYPE)
+    mesh = strategy_mesh(strategy, shape, twin)
     losses, params = train_twin_x64(twin, mesh, case, strategy=strategy)
     assert_close(losses, want_losses, 'float64 losses', **X64_TOL)
     assert_params_close(params, want_params, **X64_TOL)

@@ -4,7 +4,7 @@ and gives the one-device run's loss and every gradient leaf, and 20 AdamW steps 
 three twins, for S = 2 and 4, M = S and 2S, MHA and GQA; a ppermute turned the wrong way is
 caught (parity_tests/zoo/pp_wrong_way.py); explicit's compiled step holds one collective-permute
 per tick each way and no gathered weight; checkpoints move between dp and pp with bitwise
-logits; the train CLI runs it. Bad input: shard_parity/pipeline.py's check_pp."""
+logits; the train CLI runs it. Bad input: shard_parity/plan.py's checks."""
 
 import dataclasses
 import logging
@@ -37,7 +37,7 @@ from parity_tests.helpers import (
 )
 from parity_tests.zoo import pp_wrong_way
 from shard_parity.mesh import make_mesh
-from shard_parity.pipeline import check_pp
+from shard_parity import plan as plans
 from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.runtime import checkpoint
 from shard_parity.runtime import config as cfg
@@ -140,6 +140,10 @@ def test_20_steps_of_pp_track_the_one_device_run(name, one_device_steps):
     losses, params = train_twin_x64(twin, mesh, case, strategy='pp')
     assert_close(losses, want_64[0], 'float64 losses', **X64_TOL)
     assert_params_close(params, want_64[1], **X64_TOL)
+
+
+def check_pp(config, mesh, batch_size, microbatches):  # the train CLI's checks of a pp run
+    plans.check(plans.of(mesh, 'pp'), config, batch_size, microbatches)
 
 
 def test_a_stage_axis_of_1_warns_and_bad_inputs_are_refused(caplog):

@@ -20,8 +20,9 @@ from parity_tests.helpers import (
     read_metrics,
     run_cli,
     save_checkpoint,
+    strategy_mesh,
 )
-from shard_parity.mesh import DATA, MODEL, make_mesh
+from shard_parity.mesh import FSDP, MODEL
 from shard_parity.placement import place_state
 from shard_parity.runtime import checkpoint
 
@@ -29,7 +30,7 @@ from shard_parity.runtime import checkpoint
 def test_tp_gives_each_model_device_whole_heads():
     case = make_case('transformer', TP_TRANSFORMER)  # 8 heads of 4 dims, width 32
     _, _, state = fresh_state(case=case)
-    placed = place_state(state, make_mesh(shape=(4, 2)), 'tp')
+    placed = place_state(state, strategy_mesh('tp', (4, 2)), 'tp')
     attn = placed.params['blocks']['attn']  # stacked: [L, in, out], L = 1, never split
     shard = lambda x: x.addressable_shards[0].data.shape  # noqa: E731
     assert shard(attn['query']['kernel'][...]) == (1, 32, 16)  # column-parallel: 4 of 8 heads
@@ -55,7 +56,7 @@ def test_state_per_device_falls_with_each_axis(model):
         ('tp', (1, 8)),
         ('fsdp_tp', (4, 2)),
     ]:
-        placed = place_state(jax.tree.map(np.array, state), make_mesh(shape=shape), strategy)
+        placed = place_state(jax.tree.map(np.array, state), strategy_mesh(strategy, shape), strategy)
         held[strategy, shape] = device0_bytes(placed)
     assert held['dp', (8, 1)] == total
     assert held['fsdp', (8, 1)] < total / 7
@@ -101,9 +102,9 @@ def test_inspector_pins_the_explicit_fsdp_tp_collectives():
 # the stacked query kernel f32[L, C, C]: the layer dimension is never split
 QUERY_SPEC = {
     'dp': P(),
-    'fsdp': P(None, DATA),
+    'fsdp': P(None, FSDP),
     'tp': P(None, None, MODEL),
-    'fsdp_tp': P(None, DATA, MODEL),
+    'fsdp_tp': P(None, FSDP, MODEL),
 }
 MOVES = {  # saved under, restored under, onto the mesh
     'dp-to-fsdp': ('dp', 'fsdp', (8, 1)),
@@ -118,12 +119,13 @@ MOVES = {  # saved under, restored under, onto the mesh
 def test_checkpoints_move_between_strategies(saved_as, restored_as, shape, tmp_path):
     case = make_case('transformer', TP_TRANSFORMER)
     graphdef, _, state = fresh_state(case=case)
-    state = place_state(state, make_mesh(shape=(4, 2)), saved_as)
+    state = place_state(state, strategy_mesh(saved_as, (4, 2)), saved_as)
     save_checkpoint(tmp_path, state, case, TP_TRANSFORMER)
     tokens = case.batches.batch(0)['x']
     one = jax.devices()[0]  # logits on one device: both sides run the very same program
     before = logits(graphdef, state.params, tokens, one)
-    _, graphdef2, restored = checkpoint.restore(tmp_path, make_mesh(shape=shape), restored_as)
+    mesh = strategy_mesh(restored_as, shape)
+    _, graphdef2, restored = checkpoint.restore(tmp_path, mesh, restored_as)
     query = restored.params['blocks']['attn']['query']['kernel'][...]
     assert query.sharding.spec == QUERY_SPEC[restored_as]  # placed as restored_as places it
     saved_query = state.params['blocks']['attn']['query']['kernel'][...]

@@ -23,6 +23,7 @@ from parity_tests.helpers import (
     make_case,
     train_twin,
     twin_loss_and_grads,
+    strategy_mesh,
 )
 from shard_parity.mesh import DATA, MODEL, make_mesh
 from shard_parity.placement import layer_dims, place_batch, place_state
@@ -156,10 +157,10 @@ def test_the_train_step_compiles_once(twin, strategy, shape):
     twin = {'typed': typed, 'auto': auto}[twin]
     case = make_case('mlp')
     graphdef, tx, state = fresh_state(case=case)
-    mesh = make_mesh(shape=shape, axis_type=twin.AXIS_TYPE)
+    mesh = strategy_mesh(strategy, shape, twin)
     step = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh)
     state = place_state(state, mesh, strategy)
     for i in range(3):
-        state, metrics = step(state, place_batch(case.batches.batch(i), mesh))
+        state, metrics = step(state, place_batch(case.batches.batch(i), mesh, strategy))
         jax.block_until_ready(metrics)
     assert step._cache_size() == 1

@@ -19,11 +19,14 @@ gradient before the reduce-scatter (2 x layer, at most) + activations; per added
 layer / n + one layer's input. dp's and tp's temp hold the whole (or 1/m) gradient.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from shard_parity.mesh import DATA, MODEL
+from shard_parity import plan as plans
+from shard_parity.mesh import MODEL
 from shard_parity.placement import state_shardings
 from shard_parity.step import TrainState
 
@@ -72,7 +75,8 @@ def expected(model_config, strategy: str, mesh, batch_size: int) -> dict:
     layer = 4 * (c * c + c * kv + c * c + 8 * c * c + 2 * c)  # q, kv, out, up+down, 2 norms
     outside = 4 * (model_config.vocab_size * c + model_config.seq_len * c + c)
     split = {'dp': 1, 'tp': mesh.shape[MODEL], 'fsdp': mesh.size, 'fsdp_tp': mesh.size}
-    rows = batch_size // mesh.shape[DATA]
+    plan = plans.of(mesh, strategy)
+    rows = batch_size // math.prod(plan.size(a) for a in plan.rows)
     return {
         'params_n': (n_layers * layer + outside) / split[strategy] / MiB,
         'layer': layer / MiB,

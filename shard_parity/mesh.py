@@ -7,16 +7,14 @@ import sys
 import threading
 import time
 
+import math
+
 import jax
 from jax.sharding import AxisType
 
 from shard_parity import UsageError
 
-DATA = 'data'  # examples are split across this mesh axis
-MODEL = 'model'  # tensor parallelism splits heads and hidden features across this one
-SEQ = 'seq'  # context parallelism (--strategy=cp) splits each sequence's positions across this one
-STAGE = 'stage'  # pipeline parallelism (--strategy=pp) splits the transformer's layers over this
-EXPERT = 'expert'  # expert parallelism (--strategy=ep) splits the experts (and the batch) over it
+from shard_parity.plan import DATA, EXPERT, FSDP, MODEL, SEQ, STAGE  # noqa: F401  (the axes)
 NO_FMA = '--xla_cpu_max_isa=AVX'  # AVX has no fused multiply-add instructions
 
 
@@ -46,31 +44,35 @@ def configure_jax(cpu_devices: int | None, *, cpu_fma: bool = False) -> None:
 
 def make_mesh(
     num_devices: int | None = None,
-    shape: tuple[int, int] | None = None,
-    axes: tuple[str, str] = (DATA, MODEL),
+    shape: tuple[int, ...] | None = None,
+    axes: tuple[str, ...] = (DATA, MODEL),
     axis_type: AxisType = AxisType.Auto,
 ):
-    """A 2-D mesh over the first devices: `shape` (from --mesh=4x2), or by default all
-    `num_devices` (all of them) on the first axis and 1 on the second. `axes` names them:
-    DATA x MODEL, or DATA x SEQ for context parallelism (placement.mesh_axes(strategy) says which).
-    Strategies name the axes they split over; an axis a strategy does not name holds copies
-    (dp on 4x2: 2 copies of each shard).
+    """A mesh over the first devices: `shape` (from --mesh), or by default all `num_devices`
+    (all of them) on the first axis and 1 on the others. `axes` names them, in order
+    (shard_parity/plan.py: `mesh_for` builds one from a plan). An axis a strategy does not
+    use holds copies (dp on 4x2: 2 copies of each shard).
     `axis_type`: the twin's AXIS_TYPE (its __init__.py). Auto for auto/ (the compiler decides
     how sharded values flow) and explicit/ (shard_map makes the axes Manual inside); Explicit
     for typed/ (every array's sharding is part of its type).
     """
     devices = jax.devices()
     if shape is None:
-        shape = (len(devices) if num_devices is None else num_devices, 1)
-    n = shape[0] * shape[1]
+        shape = (len(devices) if num_devices is None else num_devices,) + (1,) * (len(axes) - 1)
+    n = math.prod(shape)
     if not 1 <= n <= len(devices) or min(shape) < 1:
-        asked = f'--mesh={shape[0]}x{shape[1]}' if shape[1] > 1 else f'--num_devices={n}'
+        asked = f'--mesh={"x".join(map(str, shape))}' if max(shape[1:], default=1) > 1 else f'--num_devices={n}'
         raise UsageError(
             f'{asked}, but this process has {len(devices)} '
             f'{devices[0].platform.upper()} devices: use 1..{len(devices)} in all'
             + (', or emulate more with --cpu_devices' if devices[0].platform == 'cpu' else '')
         )
-    return jax.make_mesh(shape, axes, axis_types=(axis_type,) * 2, devices=devices[:n])
+    return jax.make_mesh(shape, axes, axis_types=(axis_type,) * len(axes), devices=devices[:n])
+
+
+def mesh_for(plan, axis_type: AxisType = AxisType.Auto):
+    """The mesh of a plan (shard_parity/plan.py), over the first plan.devices devices."""
+    return make_mesh(shape=plan.shape, axes=plan.names, axis_type=axis_type)
 
 
 def with_axis_type(mesh, axis_type: AxisType):
@@ -180,10 +182,11 @@ def join(coordinator, num_processes, process_id, heartbeat_timeout: int) -> None
         ) from failed[0]
 
 
-def local_rows(mesh, batch_size: int) -> slice:
-    """The rows of a global batch that this process's devices hold: all of them with one
-    process, a contiguous block with several (the mesh lists each process's devices together)."""
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(DATA))
+def local_rows(mesh, batch_size: int, rows=jax.sharding.PartitionSpec(DATA)) -> slice:
+    """The rows of a global batch that this process's devices hold, the batch laid out `rows`
+    (placement.rows): all of them with one process, a contiguous block with several (the mesh
+    lists each process's devices together)."""
+    sharding = jax.sharding.NamedSharding(mesh, rows)
     blocks = [idx[0] for idx in sharding.addressable_devices_indices_map((batch_size,)).values()]
     start = min(b.start or 0 for b in blocks)
     stop = max(batch_size if b.stop is None else b.stop for b in blocks)

@@ -10,11 +10,9 @@ microbatch stays split over 'data' with no data moved.
 
 import jax
 import jax.numpy as jnp
-from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity import UsageError
 from shard_parity.mesh import DATA, STAGE
 from shard_parity.model.ops import typed
 
@@ -37,13 +35,14 @@ def feed(inputs, stages: int):
     return jnp.pad(inputs, [(0, stages - 1)] + [(0, 0)] * (inputs.ndim - 1))
 
 
-def in_first_slot(inputs, mesh):
-    """[M, b, ...] @ P(None, 'data') -> [M, S, b, ...] @ P(None, 'stage', 'data'): for a buffer
+def in_first_slot(inputs, mesh, layout=P(DATA)):
+    """[M, b, ...] @ P(None, 'data') -> [M, S, b, ...] @ P(None, 'stage', 'data') (`layout`:
+    a microbatch's, P('data') under pp; under the composed step its rows' and positions'): for a buffer
     of S slots (auto/, typed/), microbatch m in slot 0, stage 0's, and zeros in the others. Laid
     out once, before the ticks' loop: each tick's microbatch then enters the buffer with no data
     moved, and their gradient, a sum over the slots, leaves stage 0 in one all-reduce after the
     loop. (`h.at[0].set(x)` at every tick made the compiler sum it over 'stage' at every tick.)"""
-    stages, sharding = mesh.shape[STAGE], NamedSharding(mesh, P(None, STAGE, DATA))
+    stages, sharding = mesh.shape[STAGE], NamedSharding(mesh, P(None, STAGE, *layout))
     explicit = typed(inputs) is not None  # Explicit mode (typed/): the layout is the type
     xs = jnp.broadcast_to(inputs[:, None], (len(inputs), stages, *inputs.shape[1:]),
                           out_sharding=sharding if explicit else None)  # fmt: skip
@@ -52,31 +51,15 @@ def in_first_slot(inputs, mesh):
     return xs if explicit else jax.lax.with_sharding_constraint(xs, sharding)  # auto/: a hint
 
 
-def check_pp(model_config, mesh, batch_size: int, microbatches: int) -> None:
-    """The stages take equal shares of the layers, and each 'data' device's rows divide into M
-    microbatches; the MLP has no stack of equal layers to split."""
-    s, d = mesh.shape[STAGE], mesh.shape[DATA]
-    if not hasattr(model_config, 'num_layers'):
-        raise UsageError(
-            '--strategy=pp splits a stack of equal layers into stages, and --model=mlp has '
-            'none: use --model=transformer, or another --strategy (dp, fsdp, tp, fsdp_tp)'
-        )
-    if model_config.num_layers % s:
-        raise UsageError(
-            f"--num_layers={model_config.num_layers} is not divisible by the mesh's stage axis "
-            f'({s}): each stage holds num_layers/{s} consecutive layers; use a multiple of {s}, '
-            f'or a --mesh whose second number divides {model_config.num_layers}'
-        )
-    if microbatches < 1 or batch_size % (d * microbatches):
-        raise UsageError(
-            f'--batch_size={batch_size} does not split into --microbatches={microbatches} on '
-            f"each of the {d} devices of the mesh's data axis: use a --batch_size divisible "
-            f'by {d} x {microbatches} = {d * microbatches}'
-        )
-    if s == 1:
-        logging.warning(
-            "--strategy=pp on a stage axis of 1 (--mesh=%dx1) makes no pipeline: one stage holds "
-            'every layer, and it runs as dp with microbatches; give the second number of --mesh '
-            'to split the layers that many ways',
-            d,
-        )
+def microbatch_means(stats, microbatches: int, stage):
+    """A mixture of experts' statistics per tick, {name: [M + S - 1, *stage.shape, k]} (k the
+    stage's layers), -> each layer's mean over the M microbatches its stage ran, [*stage.shape,
+    k]: stage s holds microbatch t - s at tick t when 0 <= t - s < M; its bubbles' (zeros')
+    statistics are left out. `stage`: this device's stage index (explicit/), or every slot's,
+    arange(S) (auto/, typed/)."""
+    def mean(x):
+        ticks = jnp.arange(len(x)).reshape(-1, *[1] * jnp.ndim(stage))
+        valid = (ticks >= stage) & (ticks < stage + microbatches)
+        return jnp.where(valid[..., None], x, 0).sum(0) / microbatches
+
+    return {name: mean(x) for name, x in stats.items()}

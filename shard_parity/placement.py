@@ -1,47 +1,41 @@
-"""Where each array lives, per strategy: one rule that both twins use, and the placing itself.
+"""Where each array lives: one rule per mesh axis, composed, for every twin and strategy.
 
-    dp       every array whole on every device               P()
-    fsdp     split on its first dimension over 'data'         P('data')
-    tp       Megatron's plan over 'model' (below), or whole   P(None, 'model'), P('model', None)
-    fsdp_tp  tp's spec, plus 'data' on the first free dim     P('data', 'model'), P('model', 'data')
-    cp       every array whole, as dp; on a DATA x SEQ mesh   P()   (tokens: P('data', 'seq'))
-    pp       the stacked blocks' layer dim over 'stage'       P('stage'), the rest P()
-    ep       the experts' weights split over 'expert', the     P(None, 'expert') (stacked [L, E, ...])
-             rest whole; on a DATA x EXPERT mesh              (the batch: P(('data', 'expert')))
+    stage   a stacked block array's layer dimension              P('stage')
+    expert  an expert weight's expert dimension                  P(None, 'expert') of [L, E, ...]
+    model   Megatron's plan (below)                              P(None, 'model'), P('model', None)
+    fsdp    the first dimension still free that it divides       P('fsdp'), P('model', 'fsdp')
+    data, seq: no array is split; they split the batch (rows, positions)
+
+The rules apply in that order to each array (`spec`), each only where the plan uses its axis
+(shard_parity/plan.py): dp uses none (every array whole, P()), fsdp only fsdp's, fsdp_tp
+model's then fsdp's, and the composed step all of them. A strategy file asks for its layout with
+its own name (`state_specs(params, 'fsdp', mesh)`), which names the axes it uses.
 
 Tensor parallelism pairs a column-parallel layer (its output features split over 'model': each
 device computes some of them, no communication) with a row-parallel one (its input features
 split the same way: each device computes a partial sum of every output, and one all-reduce adds
-them). In attention the column split falls between heads, so each device runs whole heads.
+them). In attention the column split falls between heads, so each device runs whole heads; a
+mixture of experts' up and down weights are split the same way, inside each expert.
 
 The transformer's blocks are stacked (shard_parity/model/transformer.py): `blocks.*` arrays have a
-leading [L] layer dimension, which no strategy but pp splits: each spec above applies to the dimensions
-after it (fsdp splits a stacked kernel f32[L, C, 4C] as P(None, 'data'), so that every device
+leading [L] layer dimension, which only 'stage' splits: the other rules apply to the dimensions
+after it (fsdp splits a stacked kernel f32[L, C, 4C] as P(None, 'fsdp'), so that every device
 holds 1/n of every layer and a scan over the layers gathers one layer at a time).
 
-Context parallelism splits each sequence instead: its mesh's second axis is SEQ, not MODEL
-(`mesh_axes`), and its tokens are placed SEQUENCE, rows over 'data' and positions over 'seq'.
+The batch: its rows split over the row axes the plan uses ('data', 'fsdp', 'expert', in mesh
+order), and under 'seq' each row's positions too (the strategy files reorder and split them).
 """
 
 import jax
-from absl import logging
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity import UsageError
-from shard_parity.mesh import DATA, EXPERT, MODEL, SEQ, STAGE
+from shard_parity import plan as plans
 from shard_parity.model.mlp import TP_PLAN
+from shard_parity.plan import DATA, EXPERT, FSDP, MODEL, SEQ, STAGE, STRATEGIES  # noqa: F401
 
-STRATEGIES = (
-    'dp',
-    'fsdp',
-    'tp',
-    'fsdp_tp',
-    'cp',
-    'pp',
-    'ep',
-)  # each twin has one file per name: <twin>/<name>.py
 BATCH = P(DATA)  # split the leading (example) dimension across the 'data' axis
+FSDP_BATCH = P(FSDP)  # fsdp: the rows split over the same axis as the state
 SEQUENCE = P(DATA, SEQ)  # cp: rows across 'data', each row's positions across 'seq'
 REPLICATED = P()  # no axis named: every device holds the whole array
 EXPERT_BATCH = P((DATA, EXPERT))  # ep: the rows split over both axes, d x n ways
@@ -57,9 +51,16 @@ def layer_dims(path) -> int:
     return int(any(getattr(k, 'key', None) == STACKED for k in path))
 
 
+def is_expert(path) -> bool:
+    """Whether a parameter's (or its optimizer moment's) tree path is an MoE layer's experts'."""
+    return any(getattr(k, 'key', None) == EXPERTS for k in path)
+
+
 def tp_role(path) -> str | None:
     """'column', 'row' or None, from a parameter's (or its optimizer moment's) tree path."""
     keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    if len(keys) >= 2 and keys[-2] == EXPERTS:  # an expert's up f32[E, C, 4C], down [E, 4C, C]
+        return 'column' if keys[-1] in COLUMN else 'row' if keys[-1] in ROW else None
     if len(keys) < 2 or keys[-1] not in ('kernel', 'bias'):
         return None
     if keys[-2] in COLUMN:
@@ -71,61 +72,55 @@ def tp_role(path) -> str | None:
     return None
 
 
-def tp_spec(path, x) -> P:
-    role, stacked = tp_role(path), (None,) * layer_dims(path)  # never split the layer dim
-    is_kernel = x.ndim - len(stacked) == 2
+# --- One rule per axis: each fills the dimensions it splits in `dims` (None: free).
+
+
+def by_stage(path, shape, dims, n):  # pipeline stages: layers i L/S .. (i+1) L/S - 1 on stage i
+    if layer_dims(path):
+        dims[0] = STAGE
+
+
+def by_expert(path, shape, dims, n):  # each device of the expert axis holds E/n whole experts
+    if is_expert(path):
+        dims[layer_dims(path)] = EXPERT
+
+
+def by_model(path, shape, dims, n):  # Megatron: column kernels [in, out/m], row [in/m, out]
+    role, matrix = tp_role(path), len(shape) - layer_dims(path) - is_expert(path) == 2
     if role == 'column':  # kernel [in, out/m], bias [out/m]
-        return P(*stacked, None, MODEL) if is_kernel else P(*stacked, MODEL)
-    if role == 'row' and is_kernel:  # kernel [in/m, out]; its bias is added after the all-reduce
-        return P(*stacked, MODEL, None)
-    return P()
+        dims[-1] = MODEL
+    elif role == 'row' and matrix:  # kernel [in/m, out]; its bias is added after the all-reduce
+        dims[-2] = MODEL
 
 
-def is_expert(path) -> bool:
-    """Whether a parameter's (or its optimizer moment's) tree path is an MoE layer's experts'."""
-    return any(getattr(k, 'key', None) == EXPERTS for k in path)
+def by_fsdp(path, shape, dims, n):
+    """'fsdp' on the first dimension after the layer dimension that the other axes leave free
+    and n divides (else the array stays whole: a bias of odd size, a scalar)."""
+    for i in range(layer_dims(path), len(shape)):
+        if dims[i] is None and shape[i] % n == 0 and shape[i] >= n:
+            dims[i] = FSDP
+            return
 
 
-def ep_spec(path, x) -> P:
-    """ep: an expert weight ([L, E, ...] under the stacked blocks) split on E over 'expert'."""
-    return P(*(None,) * layer_dims(path), EXPERT) if is_expert(path) else P()
+RULES = ((STAGE, by_stage), (EXPERT, by_expert), (MODEL, by_model), (FSDP, by_fsdp))
 
 
-def fsdp_spec(shape: tuple[int, ...], n: int, taken: P = P(), skip: int = 0) -> P:
-    """Adds 'data' to the first dimension after the first `skip` (the layer dimension of a
-    stacked array) that `taken` leaves free and n divides (else leaves the array as it is: a
-    bias of odd size, a scalar)."""
-    dims = list(taken) + [None] * (len(shape) - len(taken))
-    for i, size in enumerate(shape):
-        if i >= skip and dims[i] is None and size % n == 0 and size >= n:
-            dims[i] = DATA
-            break
-    while dims and dims[-1] is None:
-        dims.pop()
+def spec(path, shape, plan) -> P:
+    """One array's PartitionSpec under `plan`: each used axis's rule, in RULES' order."""
+    dims = [None] * len(shape)
+    for axis, rule in RULES:
+        if plan.uses(axis):
+            rule(path, shape, dims, plan.size(axis))
     return P(*dims)
 
 
 def state_specs(state, strategy: str, mesh):
-    """The PartitionSpec of every array in `state` (params, optimizer state, step)."""
-    n = mesh.shape[DATA]
-    rules = {
-        'dp': lambda path, x: P(),
-        'fsdp': lambda path, x: fsdp_spec(x.shape, n, skip=layer_dims(path)),
-        'tp': tp_spec,
-        'fsdp_tp': lambda path, x: fsdp_spec(x.shape, n, tp_spec(path, x), layer_dims(path)),
-        'cp': lambda path, x: P(),
-        'pp': pp_spec,
-        'ep': ep_spec,
-    }
+    """The PartitionSpec of every array in `state` (params, optimizer state, step) under
+    `strategy`'s file on `mesh`."""
+    plan = plans.of(mesh, strategy)
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: as_returned(rules[strategy](path, x), len(x.shape), mesh), state
+        lambda path, x: as_returned(spec(path, x.shape, plan), len(x.shape), mesh), state
     )
-
-
-def pp_spec(path, x) -> P:
-    """Pipeline parallelism: a stacked block array's layer dimension split over 'stage' (stage
-    i holds layers i L/S .. (i+1) L/S - 1), everything else whole, as dp."""
-    return P(STAGE) if layer_dims(path) else P()
 
 
 def as_returned(spec: P, ndim: int, mesh) -> P:
@@ -141,12 +136,14 @@ def as_returned(spec: P, ndim: int, mesh) -> P:
 
 
 def mesh_axes(strategy: str) -> tuple[str, str]:
-    """The mesh's axis names for `strategy`: context parallelism's second axis splits the
-    sequence ('seq'), pipeline parallelism's the layers into stages ('stage'), expert
-    parallelism's the experts ('expert'); every other strategy's splits layers ('model'), or
-    holds copies."""
-    second = {'cp': SEQ, 'pp': STAGE, 'ep': EXPERT}.get(strategy, MODEL)
-    return DATA, second
+    """The names of --mesh=AxB's two numbers for `strategy` (shard_parity/plan.py)."""
+    return plans.TWO_AXES[strategy]
+
+
+def rows(mesh, strategy: str = 'composed') -> P:
+    """The batch's layout under `strategy` on `mesh`: its rows over the row axes it uses."""
+    axes = plans.of(mesh, strategy).rows
+    return P(axes[0] if len(axes) == 1 else axes or None)
 
 
 def state_shardings(state, mesh, strategy: str):
@@ -159,24 +156,28 @@ def named(mesh, specs):
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
 
 
-def reduced_shardings(params, mesh, strategy: str):
-    """typed/'s layout of the params inside a step (JAX's Explicit mode): `strategy`'s, with each
-    matrix also `reduced` over 'data'. Reduced is a type, not a move: the array is whole on every
-    'data' device, as replicated; but its gradient comes out `unreduced` (each device's partial
-    sum), for the strategy to add once. Vectors (biases, LayerNorm scales) stay replicated: jax
-    (0.10 to 0.12 at least) refuses a reduced operand beside one split on the same axis in an
-    elementwise op (x + b), so their gradients are summed where they are formed. Under cp the
-    batch is split over 'seq' too, so the gradients are partial over both axes; under ep over
-    'expert' too, but for the experts' own, which are split over it (partial over 'data')."""
-    axes = {'cp': {DATA, SEQ}, 'ep': {DATA, EXPERT}}.get(strategy, {DATA})  # the batch's axes
+def reduced_shardings(params, mesh, strategy: str, gathered: bool = False):
+    """typed/'s layout of the params inside a step (JAX's Explicit mode): `strategy`'s (with
+    `gathered`, without 'fsdp': FSDP's weights once gathered), with each matrix also `reduced`
+    over the axes that split the batch. Reduced is a type, not a move: the array is whole on
+    every such device, as replicated; but its gradient comes out `unreduced` (each device's
+    partial sum), for the strategy to add once. Vectors (biases, LayerNorm scales) stay
+    replicated: jax (0.10 to 0.12 at least) refuses a reduced operand beside one split on the
+    same axis in an elementwise op (x + b), so their gradients are summed where they are formed.
+    Not over an axis the array itself is split over (an expert's, over 'expert')."""
+    plan = plans.of(mesh, strategy)
+    axes = set(plan.batch_axes)
     split = axes if any(mesh.shape[a] > 1 for a in axes) else set()
+    specs = state_specs(params, strategy, mesh)
+    if gathered:
+        specs = without(specs, FSDP)
 
     def cast(path, x, spec):  # a matrix: 2 dimensions after a stacked array's layer dimension
         matrix = x.ndim - layer_dims(path) >= 2
         partial = split - set(spec)  # not over an axis the array itself is split over
         return P(*spec, reduced=partial) if matrix and partial else spec
 
-    specs = jax.tree_util.tree_map_with_path(cast, params, state_specs(params, strategy, mesh))
+    specs = jax.tree_util.tree_map_with_path(cast, params, specs)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
 
 
@@ -189,7 +190,7 @@ def layer_specs(specs):
 
 
 def without(specs, axis: str):
-    """A PartitionSpec, or a tree of them, split over `axis` no more: without DATA, an FSDP
+    """A PartitionSpec, or a tree of them, split over `axis` no more: without FSDP, an FSDP
     shard's layout once gathered (dp's; tp's under fsdp_tp)."""
     return jax.tree.map(lambda spec: P(*(None if d == axis else d for d in spec)), specs)
 
@@ -207,71 +208,8 @@ def place_state(state, mesh, strategy: str):
     return jax.device_put(state, state_shardings(state, mesh, strategy))
 
 
-def place_batch(batch, mesh):
-    """This process's rows of a batch -> global arrays split over 'data'. With one process
+def place_batch(batch, mesh, strategy: str = 'dp'):
+    """This process's rows of a batch -> global arrays split over the row axes. With one process
     those rows are the whole batch; with several, each loads only its own part."""
-    sharding = NamedSharding(mesh, BATCH)
+    sharding = NamedSharding(mesh, rows(mesh, strategy))
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
-
-
-def check_tp(model_config, mesh) -> None:
-    """Tensor parallelism splits heads and hidden features over 'model': they must divide."""
-    m = mesh.shape[MODEL]
-    sizes = (
-        {'--num_heads': model_config.num_heads, '--num_kv_heads': model_config.num_kv_heads}
-        if hasattr(model_config, 'num_heads')
-        else {'the hidden layer width': model_config.layer_sizes[1]}
-    )
-    for name, size in sizes.items():
-        if size % m:
-            raise UsageError(
-                f'{name}={size} is not divisible by the mesh\'s model axis ({m}): tensor '
-                f'parallelism gives each of the {m} devices of a model group an equal share; '
-                f'use a --mesh whose MODEL divides {size}'
-            )
-
-
-def check_cp(model_config, mesh, layout='zigzag') -> None:
-    """Context parallelism splits a transformer's sequence over 'seq' into equal chunks: n of
-    them, or 2n in the zigzag layout (shard_parity/model/ring.py)."""
-    n = mesh.shape[SEQ]
-    if not hasattr(model_config, 'seq_len'):
-        raise UsageError(
-            '--strategy=cp splits sequences, and --model=mlp has none: use --model=transformer, '
-            'or another --strategy (dp, fsdp, tp, fsdp_tp) for the MLP'
-        )
-    if model_config.seq_len % n:
-        fits = next(k for k in range(n, 0, -1) if model_config.seq_len % k == 0)
-        raise UsageError(
-            f"--seq_len={model_config.seq_len} is not divisible by the mesh's sequence axis "
-            f'({n}): each of its devices holds seq_len/{n} positions; use a multiple of {n}, '
-            f'or a --mesh whose second number divides {model_config.seq_len} (e.g. {fits})'
-        )
-    if layout == 'zigzag' and model_config.seq_len % (2 * n):
-        raise UsageError(
-            f'--seq_len={model_config.seq_len} is not divisible by 2 x the sequence axis '
-            f'({2 * n}): the zigzag layout gives each of the {n} devices two chunks of '
-            f'seq_len/{2 * n} positions; use a multiple of {2 * n}, or --cp_layout=contiguous'
-        )
-    if n == 1:
-        logging.warning(
-            "--strategy=cp on a sequence axis of 1 (--mesh=%dx1) splits no sequence: it runs "
-            'as dp; give the second number of --mesh to split each sequence that many ways',
-            mesh.shape[DATA],
-        )
-
-
-def check_ep(model_config, mesh) -> None:
-    """Expert parallelism gives each of the n devices of the 'expert' axis E/n whole experts."""
-    n, e = mesh.shape[EXPERT], getattr(model_config, 'num_experts', 0)
-    if not e:
-        raise UsageError(
-            '--strategy=ep splits the experts of a mixture-of-experts transformer: use '
-            '--model=transformer --num_experts=E (a multiple of the mesh\'s expert axis)'
-        )
-    if e % n:
-        raise UsageError(
-            f"--num_experts={e} is not divisible by the mesh's expert axis ({n}): each of its "
-            f'devices holds num_experts/{n} whole experts; use a multiple of {n}, or a --mesh '
-            f'whose second number divides {e}'
-        )

@@ -19,16 +19,20 @@ from shard_parity.placement import EXPERT_BATCH, reduced_shardings, state_shardi
 from shard_parity.step import bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
-BY_EXPERT = P(EXPERT, DATA)  # [E, B, cap, C]: E/n experts' slots of B/d rows per device
-BY_ROW = P(None, (DATA, EXPERT))  # [E, B, cap, C]: every expert's slots of my B/(d n) rows
+ROWS = (DATA, EXPERT)  # the axes that split the batch's rows: B/(d n) per device
 
 
-def exchange(xe, experts, mesh):  # xe: f32[E, B@(data,expert), cap, C]
+def by_expert(rows):  # [E, B, cap, C]: E/n experts' slots of the rows of my other row axes
+    others = tuple(a for a in rows if a != EXPERT)
+    return P(EXPERT, others[0] if len(others) == 1 else others or None)
+
+
+def exchange(xe, experts, mesh, rows=ROWS):  # xe: f32[E, B@(data,expert), cap, C]
     # to the experts' devices: f32[E@expert, B@data, cap, C], an all-to-all over 'expert'
-    x = jax.reshard(xe, NamedSharding(mesh, BY_EXPERT))
+    x = jax.reshard(xe, NamedSharding(mesh, by_expert(rows)))
     y = experts(x)  # each device runs its E/n experts on their slots
     # back to the tokens' devices: the second exchange
-    return jax.reshard(y, NamedSharding(mesh, BY_ROW))
+    return jax.reshard(y, NamedSharding(mesh, P(None, rows)))
 
 
 def loss_and_grads(graphdef, loss_fn, mesh):

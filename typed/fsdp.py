@@ -1,8 +1,8 @@
-"""FSDP in JAX's Explicit mode: parameters and optimizer state split over 'data' too.
+"""FSDP in JAX's Explicit mode: parameters and optimizer state split over 'fsdp' too.
 
 The same step as typed/dp.py, with the weights at rest split (`f32[784@data, 512]`,
 shard_parity/placement.py). Two reshards are the two collectives: the weights to dp's layout,
-`reduced` over 'data' (an all-gather; a type JAX's all_gather_reduced gives, so their
+`reduced` over 'fsdp' (an all-gather; a type JAX's all_gather_reduced gives, so their
 gradients come out `unreduced`), and those gradients back to the split layout (a reduce-scatter
 in the types: unreduced -> split). The transformer's blocks are stacked and run under a scan
 (shard_parity/model/transformer.py): `layer_weights` does both reshards for one layer where it
@@ -15,9 +15,9 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import DATA
+from shard_parity.mesh import FSDP
 from shard_parity.placement import (
-    BATCH,
+    FSDP_BATCH,
     layer_specs,
     outside_layers,
     reduced_shardings,
@@ -27,7 +27,7 @@ from shard_parity.placement import (
 )
 from shard_parity.step import bind, make_train_step
 
-STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'data'
+STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'fsdp'
 
 
 def reshard(x, mesh, spec):  # x: this layout, here; the data moves only at a reshard
@@ -35,7 +35,7 @@ def reshard(x, mesh, spec):  # x: this layout, here; the data moves only at a re
 
 
 def reduced(w, spec):  # f32[C@data, 4C] -> f32[C, 4C]{R:data}; a vector: whole (reduced_shardings)
-    return P(*without(spec, DATA), reduced={DATA}) if w.ndim >= 2 else without(spec, DATA)
+    return P(*without(spec, FSDP), reduced={FSDP}) if w.ndim >= 2 else without(spec, FSDP)
 
 
 def gather_layer(specs, mesh):
@@ -60,9 +60,9 @@ def loss_and_grads(graphdef, loss_fn, mesh):
         call = gather_layer(layer_specs(specs), mesh)  # the per-layer gather, if stacked layers
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         # the all-gather of every weight outside the stacked layers (all of the MLP's)
-        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, 'dp'))
+        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, STRATEGY, gathered=True))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[784, 512]{U:data}
-        # unreduced -> split over 'data': the reduce-scatter, each device keeps its shard's sum
+        # unreduced -> split over 'fsdp': the reduce-scatter, each device keeps its shard's sum
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
@@ -79,6 +79,6 @@ def eval_step(graphdef, eval_fn, mesh):
 
     def evaluate(params, batch):  # gather the weights; per-example outputs stay split
         params = jax.reshard(params, state_shardings(params, mesh, 'dp'))
-        return jax.reshard(fn(params, batch), NamedSharding(mesh, BATCH))
+        return jax.reshard(fn(params, batch), NamedSharding(mesh, FSDP_BATCH))
 
     return jax.jit(evaluate)

@@ -1,8 +1,8 @@
-"""FSDP and tensor parallelism together in JAX's Explicit mode, on a DATA x MODEL mesh.
+"""FSDP and tensor parallelism together in JAX's Explicit mode, on a FSDP x MODEL mesh.
 
 Each weight carries both splits at rest (shard_parity/placement.py), e.g. a column-parallel
 kernel `f32[in@data, out@model]`. The step reshards the weights to tp's layout, `reduced` over
-'data' (the all-gather over 'data'), runs typed/tp.py's model call (the activations' all-reduces
+'fsdp' (the all-gather over 'fsdp'), runs typed/tp.py's model call (the activations' all-reduces
 over 'model' through `sum_partials`), and reshards the `unreduced` gradients back to the split
 layout (the reduce-scatter in the types). As in typed/fsdp.py, the transformer's stacked blocks
 do both reshards one layer at a time where the layer runs (`gather_layer`), forward and
@@ -13,9 +13,9 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import DATA
+from shard_parity.mesh import FSDP
 from shard_parity.placement import (
-    BATCH,
+    FSDP_BATCH,
     layer_specs,
     outside_layers,
     reduced_shardings,
@@ -25,25 +25,25 @@ from shard_parity.placement import (
 from shard_parity.step import bind, make_train_step
 from typed.fsdp import gather_layer
 
-STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'data'
+STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'fsdp'
 
 
 def sum_partials(y):  # y: f32[B@data, T, C]{U:model}, the partial sums of a row-parallel matmul
     mesh = jax.typeof(y).sharding.mesh
-    return jax.reshard(y, NamedSharding(mesh, P(DATA)))  # the all-reduce of activations ("g")
+    return jax.reshard(y, NamedSharding(mesh, P(FSDP)))  # the all-reduce of activations ("g")
 
 
 def loss_and_grads(graphdef, loss_fn, mesh):
 
     def fn(params, batch):  # params: f32[in@data, out@model] etc.; batch: x f32[B@data, ...]
         specs = state_specs(params, STRATEGY, mesh)
-        call = gather_layer(layer_specs(specs), mesh)  # over 'data' per layer, if stacked layers
+        call = gather_layer(layer_specs(specs), mesh)  # over 'fsdp' per layer, if stacked layers
         model_fn = bind(graphdef, loss_fn, sum_partials=sum_partials, **call)
         grad_fn = jax.value_and_grad(model_fn, has_aux=True)
-        # the all-gather over 'data' of every weight outside the stacked layers
-        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, 'tp'))
+        # the all-gather over 'fsdp' of every weight outside the stacked layers
+        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, STRATEGY, gathered=True))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:data}
-        # unreduced -> split over 'data': the reduce-scatter, each device keeps its shard's sum
+        # unreduced -> split over 'fsdp': the reduce-scatter, each device keeps its shard's sum
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
@@ -58,8 +58,8 @@ def train_step(graphdef, loss_fn, tx, mesh):
 def eval_step(graphdef, eval_fn, mesh):
     fn = bind(graphdef, eval_fn, sum_partials=sum_partials)
 
-    def evaluate(params, batch):  # gather over 'data'; all-reduce activations; outputs split
+    def evaluate(params, batch):  # gather over 'fsdp'; all-reduce activations; outputs split
         params = jax.reshard(params, state_shardings(params, mesh, 'tp'))
-        return jax.reshard(fn(params, batch), NamedSharding(mesh, BATCH))
+        return jax.reshard(fn(params, batch), NamedSharding(mesh, FSDP_BATCH))
 
     return jax.jit(evaluate)

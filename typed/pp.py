@@ -18,8 +18,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import DATA, STAGE
-from shard_parity.pipeline import feed, in_first_slot, join, split
+from shard_parity.mesh import STAGE
+from shard_parity.pipeline import feed, in_first_slot, join, microbatch_means, split
 from shard_parity.placement import BATCH, outside_layers, reduced_shardings, state_shardings
 from shard_parity.step import bind, make_train_step
 
@@ -27,37 +27,40 @@ STRATEGY = 'pp'  # --strategy=pp: the stacked layers split into stages over 'sta
 MICROBATCHES = 4  # --microbatches: M, the rows of each 'data' device cut into M pieces
 
 
-def pass_on(y, mesh):  # f32[S@stage, B/M@data, T, C]: slot i's output goes to slot i + 1
+def pass_on(y, mesh, layout):  # f32[S@stage, B/M@data, T, C]: slot i's output goes to slot i + 1
     def shift(y):  # Manual mode: f32[1, B/dM, T, C], my slot
         n = jax.lax.axis_size(STAGE)
         return jax.lax.ppermute(y, STAGE, [(i, i + 1) for i in range(n - 1)])  # collective-permute
 
-    spec = P(STAGE, DATA)
+    spec = P(STAGE, *layout)
     return jax.shard_map(shift, mesh=mesh, in_specs=spec, out_specs=spec)(y)
 
 
-def pipeline(microbatches, mesh):
-    """The model's `pipeline`: x f32[B@data, T, C] through all L layers, S stages."""
+def pipeline(microbatches, mesh, layout=BATCH):
+    """The model's `pipeline`: x f32[B@data, T, C] (its `layout`) through all L layers, S
+    stages."""
 
     def run(x, run_stack, weights):  # weights: f32[L@stage, ...]
         n = mesh.shape[STAGE]
         if n == 1:  # no pipeline (check_pp warns), and vmap trips on a size-1 Explicit axis
             weights = jax.reshard(weights, NamedSharding(mesh, P()))  # [L@stage] -> [L]: free
-            return join(jax.lax.map(lambda x: run_stack(weights, x), split(x, microbatches)))
+            ys, stats = jax.lax.map(lambda x: run_stack(weights, x), split(x, microbatches))
+            return join(ys), {k: v.mean() for k, v in stats.items()}
         at = NamedSharding(mesh, P(STAGE))  # [S@stage, L/S, ...]
         weights = jax.tree.map(lambda w: w.reshape(n, -1, *w.shape[1:], out_sharding=at), weights)
         stages = jax.vmap(run_stack, spmd_axis_name=STAGE)  # stage s on slot s, on its device
-        inputs = in_first_slot(split(x, microbatches), mesh)  # f32[M, S@stage, B/M@data, T, C]
+        inputs = in_first_slot(split(x, microbatches), mesh, layout)  # f32[M, S@stage, B/M@data, T, C]
 
         def tick(h, x):  # h, x: f32[S@stage, B/M@data, T, C]; h shifted, x slot 0's
-            y = stages(weights, h + x)  # stage 0: a new one (h's slot 0: the shift's zeros)
-            return pass_on(y, mesh), y  # every slot: a slice of one would need its dim whole
+            y, stats = stages(weights, h + x)  # stage 0: a new one (h's slot 0: the shift's zeros)
+            return pass_on(y, mesh, layout), (y, stats)  # every slot: a slice of one needs its dim whole
 
         h = jnp.zeros_like(inputs[0])  # bubbles: zeros
-        _, ys = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, S@stage, ...]
+        _, (ys, stats) = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, S@stage, ...]
+        stats = microbatch_means(stats, microbatches, jnp.arange(n))  # experts': [S, L/S] each
         last = (jnp.arange(n) == n - 1)[:, None, None, None]  # the last stage's slot
         out = jnp.where(last, ys[n - 1 :], 0).sum(1)  # from tick S - 1 on: an all-reduce
-        return join(out)
+        return join(out), {k: v.mean() for k, v in stats.items()}
 
     return run
 

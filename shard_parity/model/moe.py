@@ -21,6 +21,7 @@ Two ways to run the experts, equal to float32 round-off (parity_tests/test_ep.py
   back, auto/ep.py's sharding constraints.
 """
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -98,13 +99,20 @@ class Experts(nnx.Module):
         self.up = nnx.Param(normal(0.02)(rngs.params(), (e, c, 4 * c)))
         self.down = nnx.Param(normal(down_std)(rngs.params(), (e, 4 * c, c)))
 
-    def __call__(self, x):  # x: [E', N, cap, C], E' the experts these weights hold
+    def __call__(self, x, sum_partials=None):  # x: [E', N, cap, C], E' the experts held here
         h = gelu(jnp.einsum('encd,edh->ench', x, self.up[...].astype(x.dtype)))
-        return jnp.einsum('ench,ehd->encd', h, self.down[...].astype(x.dtype))
+        return added(jnp.einsum('ench,ehd->encd', h, self.down[...].astype(x.dtype)), sum_partials)
 
-    def one(self, i: int, x):  # expert i alone: x [B, cap, C]
+    def one(self, i: int, x, sum_partials=None):  # expert i alone: x [B, cap, C]
         h = gelu(jnp.einsum('bcd,dh->bch', x, self.up[i].astype(x.dtype)))
-        return jnp.einsum('bch,hd->bcd', h, self.down[i].astype(x.dtype))
+        return added(jnp.einsum('bch,hd->bcd', h, self.down[i].astype(x.dtype)), sum_partials)
+
+
+def added(y, sum_partials):
+    """Under explicit tensor parallelism each device holds 4C/m of every expert's hidden units
+    (up split by columns, down by rows, as the dense feed-forward): its down product is a
+    partial sum, which `sum_partials` adds over 'model'."""
+    return y if sum_partials is None else sum_partials(y)
 
 
 class MoE(nnx.Module):
@@ -114,7 +122,7 @@ class MoE(nnx.Module):
         self.router = nnx.Param(normal(0.02)(rngs.params(), shape))  # f32[C, E]
         self.experts = Experts(cfg, rngs)
 
-    def __call__(self, x, experts=None, stats=None):  # x: [B, T, C]
+    def __call__(self, x, experts=None, stats=None, sum_partials=None):  # x: [B, T, C]
         cfg = self.cfg
         r = route(x, self.router[...], cfg.experts_per_token, capacity(cfg, x.shape[1]))
         if stats is not None:  # the loss adds aux; the metrics log both (tasks.lm_loss)
@@ -123,8 +131,10 @@ class MoE(nnx.Module):
             y = jnp.zeros_like(x)
             for i in range(cfg.num_experts):
                 xi = jnp.einsum('btc,btd->bcd', r.dispatch[:, :, i], x)  # [B, cap, C]
-                y = y + jnp.einsum('btc,bcd->btd', r.combine[:, :, i], self.experts.one(i, xi))
+                yi = self.experts.one(i, xi, sum_partials)
+                y = y + jnp.einsum('btc,bcd->btd', r.combine[:, :, i], yi)
             return y
         xe = jnp.einsum('btec,btd->ebcd', r.dispatch, x)  # [E, B, cap, C]: each expert's tokens
-        ye = experts(xe, self.experts)  # the experts' outputs, in the same slots
+        ffn = functools.partial(self.experts, sum_partials=sum_partials)
+        ye = experts(xe, ffn)  # the experts' outputs, in the same slots
         return jnp.einsum('btec,ebcd->btd', r.combine, ye)

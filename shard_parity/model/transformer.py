@@ -14,9 +14,8 @@ are live at a time, and the backward calls `layer_weights` again rather than kee
 """
 
 import dataclasses
+import functools
 import math
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -161,7 +160,7 @@ class Block(nnx.Module):
         y, cache = self.attn(self.norm1(x), cache, index, sum_partials, attention)
         x = x + y
         if isinstance(self.ffn, MoE):  # `experts`: expert parallelism's hook; stats: the loss's
-            return x + self.ffn(self.norm2(x), experts, stats), cache
+            return x + self.ffn(self.norm2(x), experts, stats, sum_partials), cache
         return x + self.ffn(self.norm2(x), sum_partials), cache
 
 
@@ -226,10 +225,17 @@ class Transformer(nnx.Module):
             positions = jax.reshard(jnp.broadcast_to(positions, tokens.shape), typed(tokens))
         x = lookup(self.embed, tokens) + lookup(self.pos, positions)  # [B, T, C]
         new_caches = []
+        hooks = dict(sum_partials=sum_partials, attention=attention, experts=experts)
         if pipeline is not None:  # pipeline parallelism: the strategy runs the blocks
-            x = pipeline(x, self.run_stack, nnx.split(self.blocks)[1])
+            run = functools.partial(self.run_stack, layer_weights=layer_weights, **hooks)
+            x, stats = pipeline(x, run, nnx.split(self.blocks)[1])
+            if moe_stats is not None and stats:
+                moe_stats.append(stats)
         elif layer_weights is not None:  # FSDP: one layer's weights whole at a time
-            x = self.scan_layers(x, layer_weights, index, sum_partials, attention, moe_stats)
+            weights = nnx.split(self.blocks)[1]
+            x, stats = self.run_stack(weights, x, index, layer_weights, **hooks)
+            if moe_stats is not None and stats:
+                moe_stats.append(stats)
         else:  # layer by layer, unrolled
             for i, block in enumerate(self.layers()):
                 cache = None if caches is None else caches[i]
@@ -253,36 +259,29 @@ class Transformer(nnx.Module):
             for i in range(self.cfg.num_layers)
         ]
 
-    def scan_layers(self, x, layer_weights: Callable, index, sum_partials, attention, stats=None):
-        """The blocks under one `lax.scan` over their stacked params. Each step sees one layer's
-        params as stored (under FSDP its shard) and passes them through `layer_weights`. The
-        checkpoint keeps only each layer's input x for the backward (`nothing_saveable`: a
-        policy that saved all but `layer_weights`' outputs would still keep what the layer
-        derives from them, a reshaped or cast kernel), so the backward calls `layer_weights`
-        again and recomputes the layer: one layer's weights are whole at a time. MoE layers'
-        `stats` come out of the scan stacked, [L] each."""
-        graphdef, weights = nnx.split(self.blocks)
-
-        def body(x, w):  # x: [B, T, C]; w: one layer's params, as stored
-            block, layer_stats = nnx.merge(graphdef, layer_weights(w)), []
-            x = block(x, None, index, sum_partials, attention, None, layer_stats)[0]
-            return x, layer_stats
-
-        policy = jax.checkpoint_policies.nothing_saveable
-        x, layer_stats = jax.lax.scan(jax.checkpoint(body, policy=policy), x, weights)
-        if stats is not None:
-            stats.extend(layer_stats)
-        return x
-
-    def run_stack(self, weights, x):
-        """x: [b, T, C] through the layers whose stacked params are `weights` ([k, ...]: a
-        pipeline stage's k consecutive layers), in order, under a scan."""
+    def run_stack(
+        self, weights, x, index=0, layer_weights=None, sum_partials=None, attention=None,
+        experts=None,
+    ):  # fmt: skip
+        """x: [b, T, C] through the layers whose stacked params are `weights` ([k, ...]: all L,
+        or a pipeline stage's k consecutive layers), in order, under one `lax.scan`; returns
+        (x, stats), stats the MoE layers' auxiliary loss and dropped share stacked [k] each
+        ({} for dense blocks). With `layer_weights` (FSDP's per-layer gather) each layer's
+        params as stored pass through it, under `jax.checkpoint`: the checkpoint keeps only
+        each layer's input x for the backward (`nothing_saveable`: a policy that saved all but
+        `layer_weights`' outputs would still keep what the layer derives from them, a reshaped
+        or cast kernel), so the backward calls `layer_weights` again and recomputes the layer:
+        one layer's weights are whole at a time. The hooks go into every layer's call."""
         graphdef = nnx.split(self.blocks)[0]
 
-        def body(x, w):  # w: one layer's params
-            return nnx.merge(graphdef, w)(x)[0], None
+        def body(x, w):  # x: [b, T, C]; w: one layer's params, as stored
+            block, stats = nnx.merge(graphdef, layer_weights(w) if layer_weights else w), []
+            x = block(x, None, index, sum_partials, attention, experts, stats)[0]
+            return x, (stats[0] if stats else {})
 
-        return jax.lax.scan(body, x, weights)[0]
+        if layer_weights is not None:
+            body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+        return jax.lax.scan(body, x, weights)
 
     def init_caches(self, batch: int):
         """Empty KV caches: per layer two [B, seq_len, K, D] arrays in the compute dtype, the

@@ -15,7 +15,8 @@ import typing
 from absl import flags, logging
 
 from shard_parity import UsageError
-from shard_parity.placement import STRATEGIES
+from shard_parity import plan as plans
+from shard_parity.plan import STRATEGIES
 from shard_parity.runtime import config as cfg
 
 MODEL = flags.DEFINE_enum('model', 'mlp', ['mlp', 'transformer'], 'Which model to train.')
@@ -29,22 +30,25 @@ STRATEGY_HELP = {
     'transformer only)',
     'ep': "experts split over the mesh's second axis, 'expert', the batch over both (<twin>/ep.py, "
     'transformer with --num_experts only)',
+    'composed': 'every axis a named --mesh gives (<twin>/composed.py; the default for a named '
+    'mesh no single strategy covers)',
 }
 
 
 def _strategy_help(names) -> str:
     text = '; '.join(f'{n}: {STRATEGY_HELP.get(n, "<twin>/" + n + ".py")}' for n in names)
-    return f'{text}. See shard_parity/placement.py.'
+    return f'{text}. A named --mesh picks the file itself (shard_parity/plan.py).'
 
 
 STRATEGY = flags.DEFINE_enum('strategy', 'dp', list(STRATEGIES), _strategy_help(STRATEGIES))
 MESH = flags.DEFINE_string(
     'mesh',
     None,
-    "DATAxMODEL devices, e.g. 4x2: the batch is split over 'data', tensor parallelism over "
-    "'model' (with --strategy=cp, DATAxSEQ: each sequence over 'seq'; with --strategy=ep, "
-    "DATAxEXPERT: the experts over 'expert'). Default: all devices "
-    '(or --num_devices) x 1.',
+    'The mesh: named axes, e.g. data:2,fsdp:2,model:2 (any of '
+    + ', '.join(f'{a}: {d}' for a, d in plans.DOES.items())
+    + "; sizes multiply to the device count); or AxB, --strategy's two axes: DATAxMODEL for "
+    "dp and tp, FSDPxMODEL for fsdp and fsdp_tp, DATAxSEQ for cp, DATAxSTAGE for pp, "
+    'DATAxEXPERT for ep. Default: all devices (or --num_devices) on the first axis.',
 )
 
 
@@ -222,22 +226,28 @@ def offer_strategies(names) -> None:
     flag.help = f'<{"|".join(names)}>: {_strategy_help(names)}'
 
 
-def mesh_shape() -> tuple[int, int] | None:
-    """--mesh=4x2 -> (4, 2); None when unset (then --num_devices x 1)."""
-    if MESH.value is None:
-        return None
-    parts = MESH.value.lower().split('x')
-    if len(parts) != 2 or not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
-        raise UsageError(
-            f'--mesh={MESH.value}: expected DATAxMODEL, two positive integers such as 4x2'
-        )
-    shape = (int(parts[0]), int(parts[1]))
-    if NUM_DEVICES.value is not None and NUM_DEVICES.value != shape[0] * shape[1]:
+def plan(devices: int) -> plans.Plan:
+    """--mesh and --strategy as a plan (shard_parity/plan.py) over `devices` devices: a named
+    mesh's sizes multiply to that; AxB gives --strategy's two axes (at most that many)."""
+    strategy = STRATEGY.value if flags.FLAGS[STRATEGY.name].present else None
+    experts = MODEL.value == 'transformer' and NUM_EXPERTS.value > 0
+    result = plans.parse(MESH.value, strategy, devices, experts)
+    if MESH.value and NUM_DEVICES.value is not None and NUM_DEVICES.value != result.devices:
         raise UsageError(
             f'--num_devices={NUM_DEVICES.value} and --mesh={MESH.value} '
-            f'({shape[0] * shape[1]} devices) disagree: give one of them'
+            f'({result.devices} devices) disagree: give one of them'
         )
-    return shape
+    return result
+
+
+def batch_size() -> int:
+    """--batch_size, or the model's default."""
+    return TRAIN['batch_size'].value or cfg.TRAIN_DEFAULTS[MODEL.value].batch_size
+
+
+def model_config():
+    """The model's configuration from the flags: the transformer's shape, or the MLP's."""
+    return transformer_config() if MODEL.value == 'transformer' else cfg.MLPConfig()
 
 
 def train_config(resumed: dict | None = None) -> cfg.TrainConfig:

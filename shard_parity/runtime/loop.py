@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from shard_parity import UsageError
 from shard_parity.mesh import local_rows
-from shard_parity.placement import place_batch
+from shard_parity.placement import place_batch, rows
 from shard_parity.runtime import checkpoint, tasks
 
 
@@ -83,13 +83,13 @@ def stop_requested(step: int) -> bool:
     return True
 
 
-def evaluate(eval_step, params, task: tasks.Task, mesh) -> tuple[dict, dict]:
+def evaluate(eval_step, params, task: tasks.Task, mesh, strategy: str) -> tuple[dict, dict]:
     """Runs every fixed eval batch; returns the task's metrics and the per-example outputs,
     gathered from every process (each placed and evaluated only its own rows)."""
     outs = []
     for b in task.eval_batches:
-        rows = local_rows(mesh, len(next(iter(b.values()))))  # every entry has B rows
-        batch = place_batch({k: v[rows] for k, v in b.items() if k != 'mask'}, mesh)
+        mine = local_rows(mesh, len(next(iter(b.values()))), rows(mesh, strategy))  # B rows each
+        batch = place_batch({k: v[mine] for k, v in b.items() if k != 'mask'}, mesh, strategy)
         outs.append(eval_step(params, batch))
         if len(outs) > 1:  # at most two in flight, as in training: FSDP's eval all-gathers
             jax.block_until_ready(outs[-2])
@@ -147,6 +147,7 @@ class Loop:
     def __init__(self, twin, strategy, task, config, mesh, graphdef, tx, log, mngr, saved):
         parallel = twin.STRATEGIES[strategy]  # the strategy file, e.g. explicit/fsdp.py
         self.name, self.task, self.config, self.mesh = twin.NAME, task, config, mesh
+        self.strategy = strategy
         self.log, self.mngr, self.saved = log, mngr, saved
         # a strategy with a LAYOUT (explicit/ and typed/ cp.py) takes --cp_layout
         layout = saved.get('cp_layout', getattr(parallel, 'LAYOUT', None))
@@ -162,7 +163,8 @@ class Loop:
         if SIGNALS and jax.process_count() == 1:  # before the first step: nothing new to save
             raise KeyboardInterrupt
         window, pending, previous = [], [], None
-        main, rows = jax.process_index() == 0, local_rows(mesh, c.batch_size)
+        main = jax.process_index() == 0
+        mine = local_rows(mesh, c.batch_size, rows(mesh, self.strategy))
         bar = tqdm(
             range(start, c.steps),
             initial=start,
@@ -174,7 +176,7 @@ class Loop:
         )
         evals, out, saved_step = None, None, None
         for i in bar:
-            batch = place_batch(self.task.train_batches.batch(i, rows), mesh)
+            batch = place_batch(self.task.train_batches.batch(i, mine), mesh, self.strategy)
             if sharding and i == start and main:
                 show_sharding(state, batch)
             state, metrics = self.train_step(state, batch)
@@ -196,7 +198,7 @@ class Loop:
                 )
             if step % c.eval_every == 0 or step == c.steps:
                 self.clock.stop()
-                evals, out = evaluate(self.eval_step, state.params, self.task, mesh)
+                evals, out = evaluate(self.eval_step, state.params, self.task, mesh, self.strategy)
                 self.log.write(step=step, **evals)
                 if main:
                     tqdm.write(

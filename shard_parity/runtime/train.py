@@ -20,16 +20,9 @@ from flax import nnx
 
 import datasets
 from shard_parity import UsageError
-from shard_parity.mesh import DATA, EXPERT, MODEL, configure_jax, make_mesh, start_processes
-from shard_parity.placement import (
-    check_cp,
-    check_ep,
-    check_tp,
-    mesh_axes,
-    place_state,
-    state_shardings,
-)
-from shard_parity.pipeline import check_pp
+from shard_parity import plan as plans
+from shard_parity.mesh import SEQ, configure_jax, mesh_for, start_processes
+from shard_parity.placement import place_state, state_shardings
 from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings, report, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import flags as F
@@ -37,63 +30,34 @@ from shard_parity.runtime.loop import SIGNALS, Interrupted, Loop, stop_on_signal
 from shard_parity.step import create_state, make_optimizer
 
 
-MOE_STRATEGIES = ('dp', 'ep')  # where --num_experts is tested (parity_tests/test_ep.py)
-
-
-def check_batch(batch_size: int, mesh) -> None:
-    n = mesh.shape[DATA]
-    if EXPERT in mesh.shape and batch_size % (n * mesh.shape[EXPERT]):  # ep: rows over both axes
-        n = n * mesh.shape[EXPERT]
-        raise UsageError(
-            f'--batch_size={batch_size} is not divisible by the {n} devices of the mesh: '
-            f"--strategy=ep splits the rows over both axes; use a multiple of {n}"
-        )
-    if batch_size % n:
-        fits = [k for k in (1, 2, 4, 8) if batch_size % k == 0 and k < n]
-        raise UsageError(
-            f"--batch_size={batch_size} is not divisible by the {n} devices of the mesh's 'data' "
-            f'axis: each takes batch_size/{n} examples; use a multiple of {n}, or '
-            + (f'--num_devices={fits[-1]}' if mesh.devices.shape[1] == 1 else 'another --mesh')
-        )
-
-
-def check_strategy(strategy: str, model_config, mesh, module=None, layout='zigzag') -> None:
-    """Tensor parallelism needs divisible layers, context parallelism a transformer whose
-    sequence divides; dp and fsdp leave a 'model' axis as copies. `module`: the strategy file
-    (one that brings its own attention, as explicit/cp.py's ring, ignores --attention).
-    A mixture of experts runs under dp and ep alone, the strategies its parity is tested under."""
-    experts = getattr(model_config, 'num_experts', 0)
-    if experts and strategy not in MOE_STRATEGIES:
-        raise UsageError(
-            f'--strategy={strategy} with --num_experts={experts}: the mixture of experts runs '
-            f'under --strategy={" or ".join(MOE_STRATEGIES)} (the others split dense blocks); '
-            'use one of those, or --num_experts=0'
-        )
-    if strategy in ('tp', 'fsdp_tp'):
-        check_tp(model_config, mesh)
-        if mesh.shape[MODEL] == 1:
-            logging.warning(
-                "--strategy=%s on a mesh whose 'model' axis is 1 splits nothing over it: it runs "
-                'as %s; give --mesh=DATAxMODEL with MODEL > 1 to split the layers',
-                strategy,
-                'fsdp' if strategy == 'fsdp_tp' else 'dp',
-            )
-    elif strategy == 'cp':
-        check_cp(model_config, mesh, layout)
-        if getattr(model_config, 'attention', None) == 'fused' and hasattr(module, 'LAYOUT'):
-            logging.warning(
-                "--attention=fused is ignored: this twin's cp.py runs its own ring attention "
-                "in place of the model's"
-            )
-    elif strategy == 'ep':
-        check_ep(model_config, mesh)
-    elif strategy != 'pp' and mesh.shape[MODEL] > 1:  # pp: shard_parity/pipeline.py checks
+def check_strategy(
+    strategy: str, model_config, mesh, batch_size: int, microbatches=4, layout='zigzag', module=None
+) -> None:
+    """What each of the mesh's axes needs (shard_parity/plan.py: heads, layers, experts, the
+    sequence, the rows and microbatches divisible), before anything compiles. `module`: the
+    strategy file (one that brings its own attention, as explicit/cp.py's ring, ignores
+    --attention)."""
+    plan = plans.of(mesh, strategy)
+    plans.check(plan, model_config, batch_size, microbatches, layout)
+    fused = getattr(model_config, 'attention', None) == 'fused'
+    if plan.uses(SEQ) and fused and hasattr(module, 'pass_on'):  # its own ring: explicit, typed
         logging.warning(
-            "--strategy=%s splits nothing over 'model': the %d devices of each model group "
-            'hold the same shards and compute the same thing (use tp or fsdp_tp to split)',
+            "--attention=fused is ignored: this twin's %s.py runs its own ring attention in "
+            "place of the model's",
             strategy,
-            mesh.shape[MODEL],
         )
+
+
+def mesh_from_flags(axis_type, devices: int, module=None):
+    """(plan, mesh) of --mesh and --strategy over `devices` devices, checked before anything
+    compiles: the train CLI's, the inspector's and the bisector's. `module`: as check_strategy's."""
+    plan = F.plan(devices)
+    mesh = mesh_for(plan, axis_type)
+    check_strategy(
+        plan.strategy, F.model_config(), mesh, F.batch_size(), F.MICROBATCHES.value,
+        F.CP_LAYOUT.value, module,
+    )  # fmt: skip
+    return plan, mesh
 
 
 def restore_latest(mngr, state, saved: dict, mesh, steps: int):
@@ -135,10 +99,9 @@ def run(
     checkpoint every `checkpoint_every` steps (default: at each evaluation) and at the end (and
     at step 0 with `save_initial`), and resumes from the latest one in `workdir`, which it locks
     for its lifetime."""
-    check_batch(config.batch_size, mesh)
-    check_strategy(strategy, task.model_config, mesh, twin.STRATEGIES[strategy], cp_layout)
-    if strategy == 'pp':  # pipeline parallelism: equal stages, equal microbatches
-        check_pp(task.model_config, mesh, config.batch_size, microbatches)
+    plan = plans.of(mesh, strategy)
+    module = twin.STRATEGIES[strategy]
+    check_strategy(strategy, task.model_config, mesh, config.batch_size, microbatches, cp_layout, module)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = place_state(state, mesh, strategy)
@@ -150,8 +113,8 @@ def run(
         'strategy': strategy,
         'devices': mesh.size,
         'mesh': dict(mesh.shape),
-        **({'cp_layout': cp_layout} if strategy == 'cp' else {}),
-        **({'microbatches': microbatches} if strategy == 'pp' else {}),
+        **({'cp_layout': cp_layout} if plan.uses(SEQ) else {}),
+        **({'microbatches': microbatches} if plan.uses(plans.STAGE) else {}),
     }
     report.ensure_writable(workdir)
     main = jax.process_index() == 0  # with several processes, process 0 writes and prints
@@ -191,14 +154,16 @@ def quiet_failed_save() -> None:
     sys.unraisablehook = hook
 
 
-def default_devices(batch_size: int) -> int | None:
-    """--num_devices, or when neither it, --mesh nor --batch_size is given and the default batch
+def default_devices(batch_size: int) -> int:
+    """--num_devices; else, when neither --mesh nor --batch_size is given and the default batch
     does not split over every device (the transformer's 12 on 8 emulated CPU devices), the most
-    devices it splits over, said in one warning; else None (all devices)."""
-    given = F.NUM_DEVICES.value is not None or F.MESH.value or F.TRAIN['batch_size'].value
+    devices it splits over, said in one warning; else every device."""
+    given = F.MESH.value or F.TRAIN['batch_size'].value
     n = jax.device_count()
-    if given or jax.process_count() > 1 or batch_size % n == 0:
+    if F.NUM_DEVICES.value is not None:
         return F.NUM_DEVICES.value
+    if given or jax.process_count() > 1 or batch_size % n == 0:
+        return n
     fits = max(k for k in range(1, n + 1) if batch_size % k == 0)
     print(
         f'warning: the default --batch_size={batch_size} does not split over {n} devices: '
@@ -250,18 +215,15 @@ def main(twin):
             )
             jax.config.update('jax_debug_nans', F.DEBUG_NANS.value)
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{twin.NAME}_{F.MODEL.value}')
-            config = F.train_config(checkpoint.latest_train_config(workdir))
-            mesh = make_mesh(
-                default_devices(config.batch_size),
-                F.mesh_shape(),
-                mesh_axes(F.STRATEGY.value),
-                twin.AXIS_TYPE,
-            )
+            # the mesh and what its axes need first: a short --steps's warm-up check after
+            devices = default_devices(F.batch_size())
+            strategies = twin.STRATEGIES
+            plan, mesh = mesh_from_flags(twin.AXIS_TYPE, devices, strategies.get(F.STRATEGY.value))
             F.warn_ignored_flags()
-            check_batch(config.batch_size, mesh)
+            config = F.train_config(checkpoint.latest_train_config(workdir))
             final = run(
                 twin,
-                F.STRATEGY.value,
+                plan.strategy,
                 make_task(config),
                 config,
                 mesh,

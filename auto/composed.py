@@ -1,0 +1,87 @@
+"""Every axis at once, the compiler writing the collectives: placements on an N-D mesh, and a
+constraint where an axis needs one.
+
+`--mesh=data:2,fsdp:2,model:2` (any of data, fsdp, model, seq, stage, expert, in any order;
+shard_parity/plan.py) runs this step. Each array is placed split by each axis's rule
+(shard_parity/placement.py), the batch by its rows over the row axes (and under 'seq' each
+row's positions), and XLA's partitioner inserts what the placements imply. Each axis that
+needs more than a placement adds its piece, taken from its own strategy file (`hooks`):
+
+    fsdp    gather_layer: each layer constrained whole where it runs, its gradient split again
+    model   nothing: Megatron's placement alone (XLA adds the row-parallel layers' partial sums)
+    seq     nothing: the positions placed over 'seq' (XLA moves what attention needs)
+    expert  exchange: the experts' slots constrained by expert, then by row again
+    stage   pipeline: GPipe as a buffer shifted over 'stage', the stages vmapped
+
+and the gradients are asked for in the params' layout, so that XLA reduces each over the axes
+that split the batch to the shard its device keeps. Compare explicit/composed.py.
+"""
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shard_parity.mesh import EXPERT, FSDP, SEQ, STAGE
+from shard_parity.placement import REPLICATED, layer_specs, named, state_specs
+from shard_parity.plan import of
+from shard_parity.step import bind, make_train_step
+
+from .cp import LAYOUT
+from .ep import exchange
+from .fsdp import gather_layer
+from .pp import MICROBATCHES, pipeline
+
+STRATEGY = 'composed'  # a named mesh: every axis the mesh names does its job
+
+
+def batch_specs(plan):  # the rows over the row axes; under 'seq' each row's positions too
+    rows = plan.rows[0] if len(plan.rows) == 1 else plan.rows or None
+    return P(rows, SEQ) if plan.uses(SEQ) else P(rows)
+
+
+def hooks(plan, specs, mesh, batch, microbatches, layout):
+    """The model call's keywords: the piece of each axis the plan uses."""
+    call = {}
+    if plan.uses(FSDP):  # each layer gathered where it runs, in the pipeline's stages too
+        call.update(gather_layer(layer_specs(specs), mesh))
+    if plan.uses(EXPERT):
+        call['experts'] = lambda xe, experts: exchange(xe, experts, mesh, plan.rows)
+    if plan.uses(STAGE):  # the buffer's microbatches laid out as the activations are
+        call['pipeline'] = pipeline(microbatches, mesh, (*batch_specs(plan), None))
+    return call
+
+
+def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
+    plan = of(mesh)
+
+    def fn(params, batch):  # params @ each axis's split; batch: x[B, T] @ P(rows)
+        specs = state_specs(params, STRATEGY, mesh)
+        call = hooks(plan, specs, mesh, batch, microbatches, layout)
+        grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
+        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, batch_specs(plan)))
+        (_, metrics), grads = grad_fn(params, batch)  # XLA inserts every axis's collectives
+        # grads in the params' layout: XLA reduces each over the batch's axes to its shard
+        grads = jax.lax.with_sharding_constraint(grads, named(mesh, specs))
+        return jax.lax.with_sharding_constraint(metrics, NamedSharding(mesh, REPLICATED)), grads
+
+    return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
+
+
+def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
+    # the gradients, then the shared update: each device updates the shards it holds
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches, layout)
+    return make_train_step(grads_fn, tx, mesh, STRATEGY)
+
+
+def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
+    plan = of(mesh)
+
+    def evaluate(params, batch):  # per-example outputs, split like the rows
+        specs = state_specs(params, STRATEGY, mesh)
+        call = hooks(plan, specs, mesh, batch, microbatches, layout)
+        call.pop('layer_weights', None)  # XLA gathers the weights where they are used
+        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, batch_specs(plan)))
+        out = bind(graphdef, eval_fn, **call)(params, batch)
+        return jax.lax.with_sharding_constraint(out, NamedSharding(mesh, P(batch_specs(plan)[0])))
+
+    return jax.jit(evaluate)

@@ -1,0 +1,135 @@
+"""Every axis at once, written by hand: one shard_map over an N-D mesh, each collective a line
+over its own axis.
+
+`--mesh=data:2,fsdp:2,model:2` (any of data, fsdp, model, seq, stage, expert, in any order;
+shard_parity/plan.py) runs this step. Each device holds its shard of every array, split by each
+axis's rule (shard_parity/placement.py), and its rows of the batch: B / (data x fsdp x expert)
+sequences, under 'seq' T / seq positions of each. Each axis adds its piece, taken from its own
+strategy file, to the model call (`hooks`):
+
+    fsdp    gather_layer: each layer all-gathered where it runs, its gradient reduce-scattered
+    model   sum_partials: the psum of each row-parallel layer's partial sums
+    seq     the ring: K/V blocks ppermuted round 'seq', flash-style (positions in zigzag order)
+    expert  exchange: two all_to_alls per MoE layer, to the experts' devices and back
+    stage   pipeline: GPipe over 'stage', one ppermute per tick, the hooks above inside a stage
+
+and the gradients are reduced once, after `grad` (`reduce`): averaged over each axis that
+split the batch ('data', 'seq', and the rows of 'fsdp' and 'expert'), except where a piece did
+it already ('fsdp''s reduce-scatter, the experts' all_to_all, which adds its group's terms). A
+gradient is never reduced over 'model' or 'stage': those devices hold different shards of it.
+Compare auto/composed.py and typed/composed.py.
+"""
+
+import jax
+
+from shard_parity.mesh import EXPERT, FSDP, MODEL, SEQ, STAGE
+from shard_parity.model.ring import model_call, reorder
+from shard_parity.placement import REPLICATED, is_expert, layer_specs, outside_layers, state_specs
+from shard_parity.plan import of
+from shard_parity.step import bind, make_train_step
+
+from .cp import LAYOUT, pass_on
+from .ep import exchange
+from .fsdp import gather, gather_layer, scatter
+from .pp import MICROBATCHES, pipeline
+from .tp import sum_partials
+
+STRATEGY = 'composed'  # a named mesh: every axis the mesh names does its job
+
+
+def batch_specs(plan):  # the rows over the row axes; under 'seq' each row's positions too
+    rows = plan.rows[0] if len(plan.rows) == 1 else plan.rows or None
+    return jax.sharding.PartitionSpec(rows, SEQ) if plan.uses(SEQ) else jax.sharding.PartitionSpec(rows)
+
+
+def hooks(plan, specs, mesh, batch, microbatches, layout):
+    """The model call's keywords: the piece of each axis the plan uses, inside shard_map."""
+    call = {}
+    if plan.uses(FSDP):  # each layer gathered where it runs, in the pipeline's stages too
+        call.update(gather_layer(layer_specs(specs), mesh))
+    if plan.uses(MODEL):
+        call['sum_partials'] = sum_partials
+    if plan.uses(SEQ):  # this device's positions, i32[T/n], and the ring's attention
+        call.update(model_call(batch['x'].shape[1], SEQ, pass_on, layout))
+    if plan.uses(EXPERT):
+        call['experts'] = exchange
+    if plan.uses(STAGE):
+        call['pipeline'] = pipeline(microbatches, mesh)
+    return call
+
+
+def averaged_over(plan, spec) -> tuple[str, ...]:
+    """The batch axes a gradient (or the param before `grad`) is averaged over here: not those
+    it is split over, nor 'fsdp', whose gather and reduce-scatter do their own."""
+    return tuple(a for a in plan.batch_axes if a not in spec and a != FSDP)
+
+
+def vary(params, specs, plan):
+    # As dp's pcast: varying over the batch axes, so that `grad` returns this device's own term
+    # (over 'fsdp' `gather` casts what it does not gather; an expert is varying over 'expert').
+    cast = lambda w, s: jax.lax.pcast(w, axes, to='varying') if (axes := averaged_over(plan, s)) else w  # noqa: E731
+    return jax.tree.map(cast, params, specs)
+
+
+def reduce(grads, specs, plan):
+    """The gradient all-reduces: a mean over `averaged_over`'s axes; an expert's gradient is
+    already the sum over its 'expert' group (the all_to_all's transpose), so / n."""
+
+    def one(path, g, spec):
+        axes = averaged_over(plan, spec)
+        g = jax.lax.pmean(g, axes) if axes else g  # the all-reduce over 'data' (and 'seq', ...)
+        return g / plan.size(EXPERT) if is_expert(path) and plan.uses(EXPERT) else g
+
+    return jax.tree_util.tree_map_with_path(one, grads, specs)
+
+
+def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
+    plan = of(mesh)
+
+    def fn(params, batch):  # params: my shard of each array; batch: x[B/rows, T/seq]
+        specs = state_specs(params, STRATEGY, mesh)  # from the global shapes, outside
+
+        def local(shards, batch):
+            call = hooks(plan, specs, mesh, batch, microbatches, layout)
+            grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
+            shards = vary(shards, specs, plan)
+            params = outside_layers(gather, shards, specs) if plan.uses(FSDP) else shards
+            (_, metrics), grads = grad_fn(params, batch)  # every axis's collectives inside
+            grads = outside_layers(scatter, grads, specs) if plan.uses(FSDP) else grads
+            return jax.lax.pmean(metrics, plan.batch_axes), reduce(grads, specs, plan)
+
+        split = jax.shard_map(
+            local, mesh=mesh, in_specs=(specs, batch_specs(plan)), out_specs=(REPLICATED, specs)
+        )
+        # under 'seq' the positions in the layout's order first: a local gather of whole rows
+        return split(params, reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch)
+
+    return jax.jit(fn)
+
+
+def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
+    # the gradients, then the shared update: each device updates the shards it holds
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches, layout)
+    return make_train_step(grads_fn, tx, mesh, STRATEGY)
+
+
+def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
+    plan = of(mesh)
+
+    def evaluate(params, batch):  # per-example outputs of my rows, the same on every other axis
+        specs = state_specs(params, STRATEGY, mesh)
+
+        def local(shards, batch):
+            call = hooks(plan, specs, mesh, batch, microbatches, layout)
+            call.pop('layer_weights', None)  # all the all-gathers up front, below
+            params = jax.tree.map(gather, shards, specs) if plan.uses(FSDP) else shards
+            out = bind(graphdef, eval_fn, **call)(params, batch)
+            return jax.lax.pmean(out, SEQ) if plan.uses(SEQ) else out  # the parts' means
+
+        rows = batch_specs(plan)[0]
+        split = jax.shard_map(
+            local, mesh=mesh, in_specs=(specs, batch_specs(plan)), out_specs=jax.sharding.PartitionSpec(rows)
+        )
+        return split(params, reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch)
+
+    return jax.jit(evaluate)
