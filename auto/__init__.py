@@ -7,4 +7,5 @@ from auto import composed, cp, dp, ep, fsdp, fsdp_tp, pp, tp
 
 NAME = 'auto'
 AXIS_TYPE = AxisType.Auto  # the mesh the compiler partitions over
+RING = False  # under 'seq' this twin runs its own attention (XLA partitions the model's own attention): --attention unused
 STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep, 'composed': composed}

@@ -7,4 +7,5 @@ from explicit import composed, cp, dp, ep, fsdp, fsdp_tp, pp, tp
 
 NAME = 'explicit'
 AXIS_TYPE = AxisType.Auto  # shard_map makes the axes Manual inside its functions
+RING = True  # under 'seq' this twin runs its own attention (the ring, shard_parity/model/ring.py): --attention unused
 STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep, 'composed': composed}

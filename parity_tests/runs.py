@@ -14,8 +14,8 @@ import sys
 from parity_tests import divergence as D
 from parity_tests import leaves
 from shard_parity import UsageError
-from shard_parity.mesh import make_mesh
-from shard_parity.placement import mesh_axes
+from shard_parity import plan as plans
+from shard_parity.mesh import mesh_for
 from shard_parity.runtime import checkpoint, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.step import make_optimizer
@@ -132,9 +132,9 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
 
 
 def side(saved: dict, run: str) -> D.Side:
-    mesh = make_mesh(shape=tuple(saved['mesh'].values()), axes=mesh_axes(saved['strategy']))
-    found = D.load_side(saved['twin'], saved['strategy'], mesh)
-    return found._replace(name=f"{run} ({saved['twin']} {saved['strategy']} {saved['devices']})")
+    plan = plans.from_saved(saved['strategy'], saved['mesh'])  # runs before named meshes too
+    found = D.load_side(saved['twin'], plan.strategy, mesh_for(plan))
+    return found._replace(name=f"{run} ({saved['twin']} {plan.strategy} {plan.text()})")
 
 
 def make_task(saved: dict, config):

@@ -11,7 +11,14 @@ from flax import nnx
 import auto
 import explicit
 import typed
-from parity_tests.helpers import TINY_TRANSFORMER, fresh_state, logits, make_case, save_checkpoint
+from parity_tests.helpers import (
+    TINY_TRANSFORMER,
+    fresh_state,
+    logits,
+    make_case,
+    save_checkpoint,
+    strategy_mesh,
+)
 from shard_parity import UsageError
 from shard_parity.mesh import make_mesh
 from shard_parity.placement import place_batch, place_state
@@ -71,10 +78,6 @@ MOVES = {  # tp's meshes split at most 2 ways over 'model': the tiny model has 2
 FAST_MOVES = ('auto-dp-to-typed-fsdp_tp', 'typed-tp-to-explicit-fsdp')
 
 
-def twin_mesh(twin, shape):
-    return make_mesh(shape=shape, axis_type=twin.AXIS_TYPE)
-
-
 @pytest.mark.parametrize(
     'saved_by, restored_by',
     [
@@ -87,15 +90,16 @@ def test_checkpoints_move_between_twins_meshes_and_strategies(saved_by, restored
     case = make_case('transformer')
     graphdef, tx, state = fresh_state(case=case)
     # One step of the saving twin, so the optimizer's moments are no longer zeros either.
-    mesh_a = twin_mesh(TWINS[a], shape_a)
+    mesh_a = strategy_mesh(strategy_a, shape_a, TWINS[a])
     step = TWINS[a].STRATEGIES[strategy_a].train_step(graphdef, case.loss_fn, tx, mesh_a)
     state, metrics = step(
-        place_state(state, mesh_a, strategy_a), place_batch(case.batches.batch(0), mesh_a)
+        place_state(state, mesh_a, strategy_a),
+        place_batch(case.batches.batch(0), mesh_a, strategy_a),
     )
     jax.block_until_ready(metrics)
     save_checkpoint(tmp_path, state, case)
 
-    mesh_b = twin_mesh(TWINS[b], shape_b)
+    mesh_b = strategy_mesh(strategy_b, shape_b, TWINS[b])
     _, graphdef2, restored = checkpoint.restore(tmp_path, mesh_b, strategy_b)
     saved_leaves, restored_leaves = jax.tree.leaves(state), jax.tree.leaves(restored)
     # First: the placement differs, so the comparisons below compare differently held arrays.
@@ -131,6 +135,6 @@ def test_a_checkpoint_of_per_layer_blocks_is_converted_on_read(tmp_path):
         assert legacy.per_layer(mngr, 0)
     want = TrainState(state.step, state.params, moments(state.params))
     for strategy in ('dp', 'fsdp'):
-        _, _, restored = checkpoint.restore(tmp_path, make_mesh(), strategy)
+        _, _, restored = checkpoint.restore(tmp_path, strategy_mesh(strategy), strategy)
         for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(restored), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -230,11 +230,11 @@ def test_fused_attention_under_a_ring_says_it_is_ignored(caplog):
     fused = dataclasses.replace(TINY_TRANSFORMER, attention='fused')
     mesh = make_mesh(shape=(2, 4), axes=mesh_axes('cp'))
     with caplog.at_level('WARNING'):
-        check_strategy('cp', fused, mesh, 16, 1, 'zigzag', auto.STRATEGIES['cp'])
+        check_strategy('cp', fused, mesh, 16, 1, 'zigzag', auto.RING)
         assert 'is ignored' not in caplog.text
-        check_strategy('cp', fused, mesh, 16, 1, 'zigzag', explicit.STRATEGIES['cp'])
+        check_strategy('cp', fused, mesh, 16, 1, 'zigzag', explicit.RING)
     assert "--attention=fused is ignored: this twin's cp.py runs its own ring" in caplog.text
     caplog.clear()
     with caplog.at_level('WARNING'):
-        check_strategy('cp', fused, mesh, 16, 1, 'zigzag', typed.STRATEGIES['cp'])  # typed's ring too
+        check_strategy('cp', fused, mesh, 16, 1, 'zigzag', typed.RING)  # typed's ring too
     assert 'is ignored' in caplog.text

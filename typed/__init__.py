@@ -8,8 +8,9 @@ Mind the names: this folder, typed/, is JAX's Explicit mode; our explicit/ is JA
 
 from jax.sharding import AxisType
 
-from typed import cp, dp, ep, fsdp, fsdp_tp, pp, tp
+from typed import composed, cp, dp, ep, fsdp, fsdp_tp, pp, tp
 
 NAME = 'typed'
 AXIS_TYPE = AxisType.Explicit  # the mesh's axes: shardings are types, checked while tracing
-STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep}
+RING = True  # under 'seq' this twin runs its own attention (the ring, in shard_map): --attention unused
+STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep, 'composed': composed}

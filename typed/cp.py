@@ -28,17 +28,20 @@ def pass_on(blocks):  # (k, v, ...), f32[B/d, T/n, K, D] each: device i's go to 
     return jax.lax.ppermute(blocks, SEQ, [(i, (i + 1) % n) for i in range(n)])  # collective-permute
 
 
+def ring(t, mesh, layout, spec=SEQUENCE):
+    """The model call's keywords: the positions, i32[T] in the layout's order, and attention
+    round the ring; q, k, v laid out `spec` (the composed step's: its rows, 'seq', 'model')."""
+    attention = jax.shard_map(  # Manual mode, for the ring only: q, k, v f32[B/d, T/n, ...]
+        attention_on(SEQ, pass_on, layout), mesh=mesh, in_specs=spec, out_specs=spec
+    )
+    return {'positions': order(t, mesh.shape[SEQ], layout), 'attention': attention}
+
+
 def in_order(batch, mesh, layout):
     """batch x: i32[B@data, T], whole rows -> (x: i32[B@data, T@seq], each row's positions in
     the layout's order; the model call's keywords: those positions, i32[T], and attention)."""
-    attention = jax.shard_map(  # Manual mode, for the ring only: q, k, v f32[B/d, T/n, ...]
-        attention_on(SEQ, pass_on, layout), mesh=mesh, in_specs=SEQUENCE, out_specs=SEQUENCE
-    )
     batch = jax.reshard(reorder(batch, mesh.shape[SEQ], layout), NamedSharding(mesh, SEQUENCE))
-    return batch, {
-        'positions': order(batch['x'].shape[1], mesh.shape[SEQ], layout),  # i32[T]
-        'attention': attention,
-    }
+    return batch, ring(batch['x'].shape[1], mesh, layout)
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, layout=LAYOUT):

@@ -34,17 +34,20 @@ def reshard(x, mesh, spec):  # x: this layout, here; the data moves only at a re
     return jax.reshard(x, NamedSharding(mesh, spec))
 
 
-def reduced(w, spec):  # f32[C@data, 4C] -> f32[C, 4C]{R:data}; a vector: whole (reduced_shardings)
-    return P(*without(spec, FSDP), reduced={FSDP}) if w.ndim >= 2 else without(spec, FSDP)
+def reduced(w, spec, axes=(FSDP,)):  # f32[C@fsdp, 4C] -> f32[C, 4C]{R:fsdp}; a vector: whole
+    whole = without(spec, FSDP)  # (reduced_shardings); not over an axis it is still split over
+    over = set(axes) - set(whole)
+    return P(*whole, reduced=over) if w.ndim >= 2 and over else whole
 
 
-def gather_layer(specs, mesh):
+def gather_layer(specs, mesh, axes=(FSDP,)):
     """`layer_weights` for the model (none without stacked layers): one layer's shards -> its
-    whole weights, where the layer runs; their gradient -> the shards' sum, in the backward."""
+    whole weights, where the layer runs; their gradient -> the shards' sum, in the backward.
+    `axes`: what the whole weights are `reduced` over (HSDP's too: typed/composed.py)."""
 
     @jax.custom_vjp
     def layer_weights(shards):  # the layer's all-gathers
-        return jax.tree.map(lambda w, s: reshard(w, mesh, reduced(w, s)), shards, specs)
+        return jax.tree.map(lambda w, s: reshard(w, mesh, reduced(w, s, axes)), shards, specs)
 
     def backward(_, grads):  # {U:data} -> split: the layer's reduce-scatters, in the backward
         return (jax.tree.map(lambda g, s: reshard(g, mesh, s), grads, specs),)

@@ -36,6 +36,11 @@ def pass_on(y, mesh, layout):  # f32[S@stage, B/M@data, T, C]: slot i's output g
     return jax.shard_map(shift, mesh=mesh, in_specs=spec, out_specs=spec)(y)
 
 
+def behind(w, mesh, *lead):  # f32[L@stage, ...]'s layout after L (the other axes'), behind `lead`
+    spec = jax.typeof(w).sharding.spec
+    return NamedSharding(mesh, P(*lead, *spec.partitions[1:], reduced=spec.reduced))
+
+
 def pipeline(microbatches, mesh, layout=BATCH):
     """The model's `pipeline`: x f32[B@data, T, C] (its `layout`) through all L layers, S
     stages."""
@@ -43,11 +48,13 @@ def pipeline(microbatches, mesh, layout=BATCH):
     def run(x, run_stack, weights):  # weights: f32[L@stage, ...]
         n = mesh.shape[STAGE]
         if n == 1:  # no pipeline (check_pp warns), and vmap trips on a size-1 Explicit axis
-            weights = jax.reshard(weights, NamedSharding(mesh, P()))  # [L@stage] -> [L]: free
+            weights = jax.tree.map(lambda w: jax.reshard(w, behind(w, mesh, None)), weights)  # [L]
             ys, stats = jax.lax.map(lambda x: run_stack(weights, x), split(x, microbatches))
             return join(ys), {k: v.mean() for k, v in stats.items()}
-        at = NamedSharding(mesh, P(STAGE))  # [S@stage, L/S, ...]
-        weights = jax.tree.map(lambda w: w.reshape(n, -1, *w.shape[1:], out_sharding=at), weights)
+        weights = jax.tree.map(  # [S@stage, L/S, ...], each keeping its other axes' splits
+            lambda w: w.reshape(n, -1, *w.shape[1:], out_sharding=behind(w, mesh, STAGE, None)),
+            weights,
+        )
         stages = jax.vmap(run_stack, spmd_axis_name=STAGE)  # stage s on slot s, on its device
         inputs = in_first_slot(split(x, microbatches), mesh, layout)  # f32[M, S@stage, B/M@data, T, C]
 

@@ -15,7 +15,6 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import DATA
 from shard_parity.placement import BATCH, reduced_shardings, state_shardings
 from shard_parity.step import bind, make_train_step
 
@@ -23,8 +22,8 @@ STRATEGY = 'tp'  # --strategy=tp: layers split over 'model', the batch over 'dat
 
 
 def sum_partials(y):  # y: f32[B@data, T, C]{U:model}, the partial sums of a row-parallel matmul
-    mesh = jax.typeof(y).sharding.mesh
-    return jax.reshard(y, NamedSharding(mesh, P(DATA)))  # the all-reduce of activations ("g")
+    sharding = jax.typeof(y).sharding  # -> f32[B@data, T, C]: the all-reduce of activations ("g")
+    return jax.reshard(y, NamedSharding(sharding.mesh, P(*sharding.spec.partitions)))
 
 
 def loss_and_grads(graphdef, loss_fn, mesh):

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from shard_parity import UsageError
-from shard_parity.model.ops import gelu, wide
+from shard_parity.model.ops import gelu, typed_partials, wide
 
 normal = nnx.initializers.normal
 AUX_WEIGHT = 0.01  # Switch Transformer's coefficient of the load-balancing loss
@@ -101,7 +101,9 @@ class Experts(nnx.Module):
 
     def __call__(self, x, sum_partials=None):  # x: [E', N, cap, C], E' the experts held here
         h = gelu(jnp.einsum('encd,edh->ench', x, self.up[...].astype(x.dtype)))
-        return added(jnp.einsum('ench,ehd->encd', h, self.down[...].astype(x.dtype)), sum_partials)
+        down = self.down[...].astype(x.dtype)  # Explicit mode, h's 4C split: partial sums, said
+        y = jnp.einsum('ench,ehd->encd', h, down, out_sharding=typed_partials(h, down, False))
+        return added(y, sum_partials)
 
     def one(self, i: int, x, sum_partials=None):  # expert i alone: x [B, cap, C]
         h = gelu(jnp.einsum('bcd,dh->bch', x, self.up[i].astype(x.dtype)))

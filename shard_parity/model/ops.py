@@ -122,17 +122,18 @@ def typed_ct(x):
 def typed_partials(x, w, transposed: bool):
     """In Explicit mode, a product whose contracted dimension is split (a row-parallel layer:
     x[..., K@model] @ w[K@model, N]) comes out `unreduced` over that axis: each device's partial
-    sum, which the strategy's `sum_partials` adds (typed/tp.py). None where nothing is split."""
+    sum, which the strategy's `sum_partials` adds (typed/tp.py). None where nothing is split.
+    A stacked w[E, K, N] (the experts', shard_parity/model/moe.py) keeps x's leading dimensions."""
     sx, sw = typed(x), typed(w)
     if sx is None or sw is None:
         return None
     xs = sx.spec.partitions + (None,) * (x.ndim - len(sx.spec.partitions))
-    ws = sw.spec.partitions + (None,) * (2 - len(sw.spec.partitions))
+    ws = sw.spec.partitions + (None,) * (w.ndim - len(sw.spec.partitions))
     split = xs[-1]
     if split is None:
         return None
     axes = frozenset(split if isinstance(split, tuple) else (split,))
-    dims = (*xs[:-1], ws[0 if transposed else 1])
+    dims = (*xs[:-1], ws[-2 if transposed else -1])
     return NamedSharding(sx.mesh, P(*dims, unreduced=axes))
 
 

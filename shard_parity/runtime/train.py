@@ -31,16 +31,15 @@ from shard_parity.step import create_state, make_optimizer
 
 
 def check_strategy(
-    strategy: str, model_config, mesh, batch_size: int, microbatches=4, layout='zigzag', module=None
+    strategy: str, model_config, mesh, batch_size: int, microbatches=4, layout='zigzag', ring=False
 ) -> None:
     """What each of the mesh's axes needs (shard_parity/plan.py: heads, layers, experts, the
-    sequence, the rows and microbatches divisible), before anything compiles. `module`: the
-    strategy file (one that brings its own attention, as explicit/cp.py's ring, ignores
-    --attention)."""
+    sequence, the rows and microbatches divisible), before anything compiles. `ring`: the
+    twin runs its own ring attention under 'seq' (its RING), and ignores --attention."""
     plan = plans.of(mesh, strategy)
     plans.check(plan, model_config, batch_size, microbatches, layout)
     fused = getattr(model_config, 'attention', None) == 'fused'
-    if plan.uses(SEQ) and fused and hasattr(module, 'pass_on'):  # its own ring: explicit, typed
+    if plan.uses(SEQ) and fused and ring:
         logging.warning(
             "--attention=fused is ignored: this twin's %s.py runs its own ring attention in "
             "place of the model's",
@@ -48,14 +47,14 @@ def check_strategy(
         )
 
 
-def mesh_from_flags(axis_type, devices: int, module=None):
+def mesh_from_flags(axis_type, devices: int, ring=False):
     """(plan, mesh) of --mesh and --strategy over `devices` devices, checked before anything
-    compiles: the train CLI's, the inspector's and the bisector's. `module`: as check_strategy's."""
+    compiles: the train CLI's, the inspector's and the bisector's. `ring`: as check_strategy's."""
     plan = F.plan(devices)
     mesh = mesh_for(plan, axis_type)
     check_strategy(
         plan.strategy, F.model_config(), mesh, F.batch_size(), F.MICROBATCHES.value,
-        F.CP_LAYOUT.value, module,
+        F.CP_LAYOUT.value, ring,
     )  # fmt: skip
     return plan, mesh
 
@@ -100,8 +99,9 @@ def run(
     at step 0 with `save_initial`), and resumes from the latest one in `workdir`, which it locks
     for its lifetime."""
     plan = plans.of(mesh, strategy)
-    module = twin.STRATEGIES[strategy]
-    check_strategy(strategy, task.model_config, mesh, config.batch_size, microbatches, cp_layout, module)
+    check_strategy(
+        strategy, task.model_config, mesh, config.batch_size, microbatches, cp_layout, twin.RING
+    )
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = place_state(state, mesh, strategy)
@@ -217,8 +217,7 @@ def main(twin):
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{twin.NAME}_{F.MODEL.value}')
             # the mesh and what its axes need first: a short --steps's warm-up check after
             devices = default_devices(F.batch_size())
-            strategies = twin.STRATEGIES
-            plan, mesh = mesh_from_flags(twin.AXIS_TYPE, devices, strategies.get(F.STRATEGY.value))
+            plan, mesh = mesh_from_flags(twin.AXIS_TYPE, devices, twin.RING)
             F.warn_ignored_flags()
             config = F.train_config(checkpoint.latest_train_config(workdir))
             final = run(

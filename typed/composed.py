@@ -1,0 +1,112 @@
+"""Every axis at once in JAX's Explicit mode: the types carry each axis's split, a reshard
+moves data, and Manual mode only where no type says the move (the ring, the pipeline's shift).
+
+`--mesh=data:2,fsdp:2,model:2` (any of data, fsdp, model, seq, stage, expert, in any order;
+shard_parity/plan.py) runs this step. Each array's type is split by each axis's rule
+(shard_parity/placement.py), the batch's by its rows over the row axes (and under 'seq' each
+row's positions). Each axis adds its piece, taken from its own strategy file (`hooks`):
+
+    fsdp    gather_layer: each layer resharded whole where it runs, its gradient split again
+    model   sum_partials: each row-parallel layer's `unreduced` partial sums resharded, added
+    seq     ring: shard_map round 'seq' for attention only (positions in zigzag order)
+    expert  exchange: the experts' slots resharded by expert, then by row again
+    stage   pipeline: the buffer f32[S@stage, ...], the stages vmapped, the shift a shard_map
+
+and the gradients: every weight is `reduced` over the batch axes it is not split over (a free
+cast; under 'fsdp' the gather's type), so its gradient comes out `unreduced`, and one reshard
+to the state's layout adds them (and under 'fsdp' scatters them). Compare explicit/composed.py.
+"""
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shard_parity.mesh import EXPERT, FSDP, MODEL, SEQ, STAGE
+from shard_parity.model.ring import reorder
+from shard_parity.placement import (
+    layer_specs,
+    named,
+    outside_layers,
+    reduced_shardings,
+    state_shardings,
+    state_specs,
+    without,
+)
+from shard_parity.plan import of
+from shard_parity.step import bind, make_train_step
+
+from .cp import LAYOUT, ring
+from .ep import exchange
+from .fsdp import gather_layer
+from .pp import MICROBATCHES, pipeline
+from .tp import sum_partials
+
+STRATEGY = 'composed'  # a named mesh: every axis the mesh names does its job
+
+
+def batch_specs(plan):  # the rows over the row axes; under 'seq' each row's positions too
+    rows = plan.rows[0] if len(plan.rows) == 1 else plan.rows or None
+    return P(rows, SEQ) if plan.uses(SEQ) else P(rows)
+
+
+def hooks(plan, specs, mesh, batch, microbatches, layout):
+    """The model call's keywords: the piece of each axis the plan uses."""
+    call = {}
+    if plan.uses(FSDP):  # each layer gathered where it runs, reduced over every batch axis
+        call.update(gather_layer(layer_specs(specs), mesh, plan.batch_axes))
+    if plan.uses(MODEL):
+        call['sum_partials'] = sum_partials
+    if plan.uses(SEQ):  # the positions, i32[T], and the ring's attention: heads over 'model'
+        heads = MODEL if plan.uses(MODEL) else None
+        call.update(ring(batch['x'].shape[1], mesh, layout, P(*batch_specs(plan), heads)))
+    if plan.uses(EXPERT):
+        call['experts'] = lambda xe, experts: exchange(xe, experts, mesh, plan.rows)
+    if plan.uses(STAGE):  # the buffer's microbatches laid out as the activations are
+        call['pipeline'] = pipeline(microbatches, mesh, (*batch_specs(plan), None))
+    return call
+
+
+def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
+    plan = of(mesh)
+
+    def fn(params, batch):  # params: f32[in@fsdp, out@model] etc.; batch: x i32[B@rows, T]
+        specs = state_specs(params, STRATEGY, mesh)
+        call = hooks(plan, specs, mesh, batch, microbatches, layout)
+        grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
+        # under 'seq' the positions in the layout's order first: a local gather of whole rows
+        batch = reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch
+        batch = jax.reshard(batch, NamedSharding(mesh, batch_specs(plan)))
+        # Free (and the all-gather over 'fsdp'): reduced over the batch axes, so the gradients
+        # come out unreduced. Not the blocks under 'fsdp' (gather_layer's, per layer) nor under
+        # 'stage': vmap refuses a reduced operand (a JAX bug, docs/pipeline.md; typed/pp.py).
+        reduced = reduced_shardings(params, mesh, STRATEGY, gathered=plan.uses(FSDP))
+        cast = outside_layers if plan.uses(FSDP) or plan.uses(STAGE) else jax.tree.map
+        params = cast(jax.reshard, params, reduced)
+        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:(data, ...)}
+        # unreduced -> the state's layout: the all-reduces (over 'fsdp' the reduce-scatters)
+        return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))
+
+    return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
+
+
+def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
+    # the gradients, then the shared update: each device updates the shards it holds
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches, layout)
+    return make_train_step(grads_fn, tx, mesh, STRATEGY, place=jax.reshard)  # moves: reshard
+
+
+def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
+    plan = of(mesh)
+
+    def evaluate(params, batch):  # per-example outputs f32[B@rows]
+        specs = state_specs(params, STRATEGY, mesh)
+        call = hooks(plan, specs, mesh, batch, microbatches, layout)
+        call.pop('layer_weights', None)  # all the all-gathers up front, below
+        batch = reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch
+        batch = jax.reshard(batch, NamedSharding(mesh, batch_specs(plan)))
+        if plan.uses(FSDP):  # every weight gathered over 'fsdp', as typed/fsdp.py's eval
+            params = jax.reshard(params, named(mesh, without(specs, FSDP)))
+        out = bind(graphdef, eval_fn, **call)(params, batch)
+        return jax.reshard(out, NamedSharding(mesh, P(batch_specs(plan)[0])))
+
+    return jax.jit(evaluate)
