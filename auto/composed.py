@@ -21,8 +21,8 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import EXPERT, FSDP, SEQ, STAGE
-from shard_parity.placement import REPLICATED, layer_specs, named, state_specs
+from shard_parity.mesh import EXPERT, FSDP, STAGE
+from shard_parity.placement import activations, REPLICATED, layer_specs, named, state_specs
 from shard_parity.plan import of
 from shard_parity.step import bind, make_train_step
 
@@ -34,20 +34,15 @@ from .pp import MICROBATCHES, pipeline
 STRATEGY = 'composed'  # a named mesh: every axis the mesh names does its job
 
 
-def batch_specs(plan):  # the rows over the row axes; under 'seq' each row's positions too
-    rows = plan.rows[0] if len(plan.rows) == 1 else plan.rows or None
-    return P(rows, SEQ) if plan.uses(SEQ) else P(rows)
-
-
 def hooks(plan, specs, mesh, batch, microbatches, layout):
     """The model call's keywords: the piece of each axis the plan uses."""
     call = {}
     if plan.uses(FSDP):  # each layer gathered where it runs, in the pipeline's stages too
         call.update(gather_layer(layer_specs(specs), mesh))
     if plan.uses(EXPERT):
-        call['experts'] = lambda xe, experts: exchange(xe, experts, mesh, plan.rows)
-    if plan.uses(STAGE):  # the buffer's microbatches laid out as the activations are
-        call['pipeline'] = pipeline(microbatches, mesh, (*batch_specs(plan), None))
+        call['experts'] = lambda xe, experts: exchange(xe, experts, mesh)
+    if plan.uses(STAGE):
+        call['pipeline'] = pipeline(microbatches, mesh)
     return call
 
 
@@ -58,7 +53,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, layout=LA
         specs = state_specs(params, STRATEGY, mesh)
         call = hooks(plan, specs, mesh, batch, microbatches, layout)
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
-        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, batch_specs(plan)))
+        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, P(*activations(mesh))))
         (_, metrics), grads = grad_fn(params, batch)  # XLA inserts every axis's collectives
         # grads in the params' layout: XLA reduces each over the batch's axes to its shard
         grads = jax.lax.with_sharding_constraint(grads, named(mesh, specs))
@@ -80,8 +75,8 @@ def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT)
         specs = state_specs(params, STRATEGY, mesh)
         call = hooks(plan, specs, mesh, batch, microbatches, layout)
         call.pop('layer_weights', None)  # XLA gathers the weights where they are used
-        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, batch_specs(plan)))
+        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, P(*activations(mesh))))
         out = bind(graphdef, eval_fn, **call)(params, batch)
-        return jax.lax.with_sharding_constraint(out, NamedSharding(mesh, P(batch_specs(plan)[0])))
+        return jax.lax.with_sharding_constraint(out, NamedSharding(mesh, P(activations(mesh)[0])))
 
     return jax.jit(evaluate)

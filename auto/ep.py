@@ -17,29 +17,26 @@ all-reduced. Compare explicit/ep.py.
 
 import jax
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import DATA, EXPERT
-from shard_parity.placement import EXPERT_BATCH, REPLICATED, named, state_specs
+from shard_parity.placement import (
+    EXPERT_BATCH,
+    REPLICATED,
+    expert_slots,
+    named,
+    row_slots,
+    state_specs,
+)
 from shard_parity.step import bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
-ROWS = (DATA, EXPERT)  # the axes that split the batch's rows: B/(d n) per device
-
-
-def by_expert(rows):  # [E, B, cap, C]: E/n experts' slots of the rows of my other row axes
-    others = tuple(a for a in rows if a != EXPERT)
-    return P(EXPERT, others[0] if len(others) == 1 else others or None)
-
-
-def exchange(xe, experts, mesh, rows=ROWS):  # xe: [E, B, cap, C] @ P(None, ('data', 'expert'))
+def exchange(xe, experts, mesh):  # xe: [E, B, cap, C] @ P(None, ('data', 'expert'))
     # to the experts' devices: XLA inserts the exchange (an all-to-all over 'expert')
-    x = jax.lax.with_sharding_constraint(xe, NamedSharding(mesh, by_expert(rows)))
+    x = jax.lax.with_sharding_constraint(xe, NamedSharding(mesh, expert_slots(mesh)))
     # each device runs its E/n experts on their slots; the outputs stay there (unpinned, XLA
     # computed them in the rows' layout and all-gathered the experts' weights for it)
-    y = jax.lax.with_sharding_constraint(experts(x), NamedSharding(mesh, by_expert(rows)))
+    y = jax.lax.with_sharding_constraint(experts(x), NamedSharding(mesh, expert_slots(mesh)))
     # back to the tokens' devices: the second exchange
-    return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P(None, rows)))
+    return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, row_slots(mesh)))
 
 
 def loss_and_grads(graphdef, loss_fn, mesh):

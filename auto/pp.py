@@ -21,37 +21,37 @@ from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import STAGE
 from shard_parity.pipeline import feed, in_first_slot, join, microbatch_means, split
-from shard_parity.placement import BATCH, REPLICATED, state_shardings
+from shard_parity.placement import BATCH, REPLICATED, activations, state_shardings
 from shard_parity.step import bind, make_train_step
 
 STRATEGY = 'pp'  # --strategy=pp: the stacked layers split into stages over 'stage'
 MICROBATCHES = 4  # --microbatches: M, the rows of each 'data' device cut into M pieces
 
 
-def pass_on(y, mesh, layout):  # f32[S, B/M, T, C]: slot i's output to slot i + 1 (the last's to none)
+def pass_on(y, mesh):  # f32[S, B/M, T, C]: slot i's output to slot i + 1 (the last's to none)
     y = jnp.concatenate([jnp.zeros_like(y[:1]), y[:-1]])  # XLA: a collective-permute
-    return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P(STAGE, *layout)))
+    return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P(STAGE, *activations(mesh))))
 
 
-def pipeline(microbatches, mesh, layout=BATCH):
+def pipeline(microbatches, mesh):
     """The model's `pipeline`: x f32[B, T, C] @ `layout` (P('data')) through all L layers, S
     stages."""
 
     def run(x, run_stack, weights):  # weights: f32[L, ...] @ P('stage')
-        n = mesh.shape[STAGE]
+        s, n = jnp.arange(mesh.shape[STAGE]), mesh.shape[STAGE]  # every slot's stage
         weights = jax.tree.map(lambda w: w.reshape(n, -1, *w.shape[1:]), weights)  # [S, L/S, ...]
         stages = jax.vmap(run_stack, spmd_axis_name=STAGE)  # stage s on slot s, on its device
-        inputs = in_first_slot(split(x, microbatches), mesh, layout)  # [M, S, B/M, T, C], slot 0
+        inputs = in_first_slot(split(x, microbatches), mesh)  # [M, S, B/M, T, C], slot 0
 
         def tick(h, x):  # h, x: f32[S, B/M, T, C] @ P('stage', 'data'); h shifted, x slot 0's
             y, stats = stages(weights, h + x)  # stage 0: a new one (h's slot 0: the shift's zeros)
-            return pass_on(y, mesh, layout), (y, stats)  # every slot: taking one here moves it per tick
+            return pass_on(y, mesh), (y, stats)  # every slot: taking one here moves it per tick
 
         h = jnp.zeros_like(inputs[0])  # bubbles: zeros
         _, (ys, stats) = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, S, B/M, T, C]
-        stats = microbatch_means(stats, microbatches, jnp.arange(n))  # experts': [S, L/S] each
+        means = microbatch_means(stats, microbatches, s)  # experts' statistics: [S, L/S]
         # the last stage's, from tick S - 1 on: XLA sends them round
-        return join(ys[n - 1 :, -1]), {k: v.mean() for k, v in stats.items()}
+        return join(ys[n - 1 :, -1]), {k: v.mean() for k, v in means.items()}
 
     return run
 

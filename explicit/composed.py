@@ -21,10 +21,18 @@ Compare auto/composed.py and typed/composed.py.
 """
 
 import jax
+from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import EXPERT, FSDP, MODEL, SEQ, STAGE
 from shard_parity.model.ring import model_call, reorder
-from shard_parity.placement import REPLICATED, is_expert, layer_specs, outside_layers, state_specs
+from shard_parity.placement import (
+    activations,
+    REPLICATED,
+    is_expert,
+    layer_specs,
+    outside_layers,
+    state_specs,
+)
 from shard_parity.plan import of
 from shard_parity.step import bind, make_train_step
 
@@ -35,11 +43,6 @@ from .pp import MICROBATCHES, pipeline
 from .tp import sum_partials
 
 STRATEGY = 'composed'  # a named mesh: every axis the mesh names does its job
-
-
-def batch_specs(plan):  # the rows over the row axes; under 'seq' each row's positions too
-    rows = plan.rows[0] if len(plan.rows) == 1 else plan.rows or None
-    return jax.sharding.PartitionSpec(rows, SEQ) if plan.uses(SEQ) else jax.sharding.PartitionSpec(rows)
 
 
 def hooks(plan, specs, mesh, batch, microbatches, layout):
@@ -59,26 +62,18 @@ def hooks(plan, specs, mesh, batch, microbatches, layout):
 
 
 def averaged_over(plan, spec) -> tuple[str, ...]:
-    """The batch axes a gradient (or the param before `grad`) is averaged over here: not those
-    it is split over, nor 'fsdp', whose gather and reduce-scatter do their own."""
+    """The batch axes a gradient (and its param, cast before `grad`) is averaged over here:
+    not those it is split over, nor 'fsdp', whose gather and reduce-scatter do their own."""
     return tuple(a for a in plan.batch_axes if a not in spec and a != FSDP)
-
-
-def vary(params, specs, plan):
-    # As dp's pcast: varying over the batch axes, so that `grad` returns this device's own term
-    # (over 'fsdp' `gather` casts what it does not gather; an expert is varying over 'expert').
-    cast = lambda w, s: jax.lax.pcast(w, axes, to='varying') if (axes := averaged_over(plan, s)) else w  # noqa: E731
-    return jax.tree.map(cast, params, specs)
 
 
 def reduce(grads, specs, plan):
     """The gradient all-reduces: a mean over `averaged_over`'s axes; an expert's gradient is
     already the sum over its 'expert' group (the all_to_all's transpose), so / n."""
 
-    def one(path, g, spec):
-        axes = averaged_over(plan, spec)
-        g = jax.lax.pmean(g, axes) if axes else g  # the all-reduce over 'data' (and 'seq', ...)
-        return g / plan.size(EXPERT) if is_expert(path) and plan.uses(EXPERT) else g
+    def one(path, g, spec):  # the all-reduce over 'data' (and 'seq', the rows of 'expert')
+        g = jax.lax.pmean(g, averaged_over(plan, spec))
+        return g / plan.size(EXPERT) if is_expert(path) else g
 
     return jax.tree_util.tree_map_with_path(one, grads, specs)
 
@@ -92,14 +87,18 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, layout=LA
         def local(shards, batch):
             call = hooks(plan, specs, mesh, batch, microbatches, layout)
             grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
-            shards = vary(shards, specs, plan)
+            # As dp's pcast: varying over the batch axes, so that `grad` returns this device's
+            # own term (over 'fsdp' `gather` casts; an expert is varying over 'expert' already).
+            cast = lambda w, s: jax.lax.pcast(w, averaged_over(plan, s), to='varying')  # noqa: E731
+            shards = jax.tree.map(cast, shards, specs)
             params = outside_layers(gather, shards, specs) if plan.uses(FSDP) else shards
             (_, metrics), grads = grad_fn(params, batch)  # every axis's collectives inside
             grads = outside_layers(scatter, grads, specs) if plan.uses(FSDP) else grads
             return jax.lax.pmean(metrics, plan.batch_axes), reduce(grads, specs, plan)
 
+        batch_spec = P(*activations(mesh))
         split = jax.shard_map(
-            local, mesh=mesh, in_specs=(specs, batch_specs(plan)), out_specs=(REPLICATED, specs)
+            local, mesh=mesh, in_specs=(specs, batch_spec), out_specs=(REPLICATED, specs)
         )
         # under 'seq' the positions in the layout's order first: a local gather of whole rows
         return split(params, reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch)
@@ -126,9 +125,9 @@ def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT)
             out = bind(graphdef, eval_fn, **call)(params, batch)
             return jax.lax.pmean(out, SEQ) if plan.uses(SEQ) else out  # the parts' means
 
-        rows = batch_specs(plan)[0]
+        rows = activations(mesh)[0]
         split = jax.shard_map(
-            local, mesh=mesh, in_specs=(specs, batch_specs(plan)), out_specs=jax.sharding.PartitionSpec(rows)
+            local, mesh=mesh, in_specs=(specs, P(*activations(mesh))), out_specs=P(rows)
         )
         return split(params, reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch)
 

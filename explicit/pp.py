@@ -45,10 +45,12 @@ def pipeline(microbatches, mesh):
 
         h = jnp.zeros_like(inputs[0])  # bubbles: zeros
         _, (ys, stats) = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, B/dM, T, C]
-        # a mixture of experts' statistics: my layers' means, then all layers': an all-reduce
-        stats = {k: jax.lax.pmean(v.mean(), STAGE) for k, v in microbatch_means(stats, microbatches, s).items()}
+        means = microbatch_means(stats, microbatches, s)  # experts' statistics: my layers'
         # the last stage's, from tick S - 1 on, to every stage: an all-reduce over 'stage'
-        return join(jax.lax.psum(jnp.where(s == n - 1, ys[n - 1 :], 0), STAGE)), stats
+        # ...and all layers' means: an all-reduce over 'stage'
+        return join(jax.lax.psum(jnp.where(s == n - 1, ys[n - 1 :], 0), STAGE)), {
+            k: jax.lax.pmean(v.mean(), STAGE) for k, v in means.items()
+        }
 
     return run
 

@@ -13,8 +13,9 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import DATA, STAGE
+from shard_parity.mesh import STAGE
 from shard_parity.model.ops import typed
+from shard_parity.placement import activations
 
 
 def split(x, microbatches: int):
@@ -35,14 +36,14 @@ def feed(inputs, stages: int):
     return jnp.pad(inputs, [(0, stages - 1)] + [(0, 0)] * (inputs.ndim - 1))
 
 
-def in_first_slot(inputs, mesh, layout=P(DATA)):
-    """[M, b, ...] @ P(None, 'data') -> [M, S, b, ...] @ P(None, 'stage', 'data') (`layout`:
-    a microbatch's, P('data') under pp; under the composed step its rows' and positions'): for a buffer
+def in_first_slot(inputs, mesh):
+    """[M, b, ...] @ P(None, 'data') -> [M, S, b, ...] @ P(None, 'stage', 'data') (under the
+    composed step its rows' and positions': placement.activations): for a buffer
     of S slots (auto/, typed/), microbatch m in slot 0, stage 0's, and zeros in the others. Laid
     out once, before the ticks' loop: each tick's microbatch then enters the buffer with no data
     moved, and their gradient, a sum over the slots, leaves stage 0 in one all-reduce after the
     loop. (`h.at[0].set(x)` at every tick made the compiler sum it over 'stage' at every tick.)"""
-    stages, sharding = mesh.shape[STAGE], NamedSharding(mesh, P(None, STAGE, *layout))
+    stages, sharding = mesh.shape[STAGE], NamedSharding(mesh, P(None, STAGE, *activations(mesh)))
     explicit = typed(inputs) is not None  # Explicit mode (typed/): the layout is the type
     xs = jnp.broadcast_to(inputs[:, None], (len(inputs), stages, *inputs.shape[1:]),
                           out_sharding=sharding if explicit else None)  # fmt: skip

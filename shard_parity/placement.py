@@ -146,6 +146,27 @@ def rows(mesh, strategy: str = 'composed') -> P:
     return P(axes[0] if len(axes) == 1 else axes or None)
 
 
+def activations(mesh) -> tuple:
+    """Where auto/ and typed/ keep a transformer's activations x [B, T, C] on `mesh` (a pp or ep
+    mesh, or a named one's every axis): the rows over the row axes, under 'seq' the positions."""
+    plan = plans.of(mesh)
+    rows = plan.rows[0] if len(plan.rows) == 1 else plan.rows or None
+    return (rows, SEQ) if plan.uses(SEQ) else (rows,)
+
+
+def expert_slots(mesh) -> P:
+    """[E, B, cap, C], the experts' slots by expert: E/n experts' slots on each device of the
+    expert axis, of the rows of its other row axes (ep's P('expert', 'data'))."""
+    others = tuple(a for a in plans.of(mesh).rows if a != EXPERT)
+    return P(EXPERT, others[0] if len(others) == 1 else others or None)
+
+
+def row_slots(mesh) -> P:
+    """[E, B, cap, C], the experts' slots by row: every expert's slots of this device's rows
+    (ep's P(None, ('data', 'expert')))."""
+    return P(None, plans.of(mesh).rows)
+
+
 def state_shardings(state, mesh, strategy: str):
     """`state_specs` as NamedShardings on `mesh`: where Orbax restores and jit keeps each array."""
     return named(mesh, state_specs(state, strategy, mesh))

@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 from shard_parity.mesh import EXPERT, FSDP, MODEL, SEQ, STAGE
 from shard_parity.model.ring import reorder
 from shard_parity.placement import (
+    activations,
     layer_specs,
     named,
     outside_layers,
@@ -44,11 +45,6 @@ from .tp import sum_partials
 STRATEGY = 'composed'  # a named mesh: every axis the mesh names does its job
 
 
-def batch_specs(plan):  # the rows over the row axes; under 'seq' each row's positions too
-    rows = plan.rows[0] if len(plan.rows) == 1 else plan.rows or None
-    return P(rows, SEQ) if plan.uses(SEQ) else P(rows)
-
-
 def hooks(plan, specs, mesh, batch, microbatches, layout):
     """The model call's keywords: the piece of each axis the plan uses."""
     call = {}
@@ -58,11 +54,11 @@ def hooks(plan, specs, mesh, batch, microbatches, layout):
         call['sum_partials'] = sum_partials
     if plan.uses(SEQ):  # the positions, i32[T], and the ring's attention: heads over 'model'
         heads = MODEL if plan.uses(MODEL) else None
-        call.update(ring(batch['x'].shape[1], mesh, layout, P(*batch_specs(plan), heads)))
+        call.update(ring(batch['x'].shape[1], mesh, layout, P(*activations(mesh), heads)))
     if plan.uses(EXPERT):
-        call['experts'] = lambda xe, experts: exchange(xe, experts, mesh, plan.rows)
-    if plan.uses(STAGE):  # the buffer's microbatches laid out as the activations are
-        call['pipeline'] = pipeline(microbatches, mesh, (*batch_specs(plan), None))
+        call['experts'] = lambda xe, experts: exchange(xe, experts, mesh)
+    if plan.uses(STAGE):
+        call['pipeline'] = pipeline(microbatches, mesh)
     return call
 
 
@@ -75,7 +71,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, layout=LA
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         # under 'seq' the positions in the layout's order first: a local gather of whole rows
         batch = reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch
-        batch = jax.reshard(batch, NamedSharding(mesh, batch_specs(plan)))
+        batch = jax.reshard(batch, NamedSharding(mesh, P(*activations(mesh))))
         # Free (and the all-gather over 'fsdp'): reduced over the batch axes, so the gradients
         # come out unreduced. Not the blocks under 'fsdp' (gather_layer's, per layer) nor under
         # 'stage': vmap refuses a reduced operand (a JAX bug, docs/pipeline.md; typed/pp.py).
@@ -103,10 +99,10 @@ def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT)
         call = hooks(plan, specs, mesh, batch, microbatches, layout)
         call.pop('layer_weights', None)  # all the all-gathers up front, below
         batch = reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch
-        batch = jax.reshard(batch, NamedSharding(mesh, batch_specs(plan)))
+        batch = jax.reshard(batch, NamedSharding(mesh, P(*activations(mesh))))
         if plan.uses(FSDP):  # every weight gathered over 'fsdp', as typed/fsdp.py's eval
             params = jax.reshard(params, named(mesh, without(specs, FSDP)))
         out = bind(graphdef, eval_fn, **call)(params, batch)
-        return jax.reshard(out, NamedSharding(mesh, P(batch_specs(plan)[0])))
+        return jax.reshard(out, NamedSharding(mesh, P(activations(mesh)[0])))
 
     return jax.jit(evaluate)

@@ -12,27 +12,23 @@ runs the experts there, and reshards the outputs back. Compare explicit/ep.py's 
 
 import jax
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import DATA, EXPERT
-from shard_parity.placement import EXPERT_BATCH, reduced_shardings, state_shardings
+from shard_parity.placement import (
+    EXPERT_BATCH,
+    expert_slots,
+    reduced_shardings,
+    row_slots,
+    state_shardings,
+)
 from shard_parity.step import bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
-ROWS = (DATA, EXPERT)  # the axes that split the batch's rows: B/(d n) per device
-
-
-def by_expert(rows):  # [E, B, cap, C]: E/n experts' slots of the rows of my other row axes
-    others = tuple(a for a in rows if a != EXPERT)
-    return P(EXPERT, others[0] if len(others) == 1 else others or None)
-
-
-def exchange(xe, experts, mesh, rows=ROWS):  # xe: f32[E, B@(data,expert), cap, C]
+def exchange(xe, experts, mesh):  # xe: f32[E, B@(data,expert), cap, C]
     # to the experts' devices: f32[E@expert, B@data, cap, C], an all-to-all over 'expert'
-    x = jax.reshard(xe, NamedSharding(mesh, by_expert(rows)))
+    x = jax.reshard(xe, NamedSharding(mesh, expert_slots(mesh)))
     y = experts(x)  # each device runs its E/n experts on their slots
     # back to the tokens' devices: the second exchange
-    return jax.reshard(y, NamedSharding(mesh, P(None, rows)))
+    return jax.reshard(y, NamedSharding(mesh, row_slots(mesh)))
 
 
 def loss_and_grads(graphdef, loss_fn, mesh):

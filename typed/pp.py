@@ -20,19 +20,25 @@ from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import STAGE
 from shard_parity.pipeline import feed, in_first_slot, join, microbatch_means, split
-from shard_parity.placement import BATCH, outside_layers, reduced_shardings, state_shardings
+from shard_parity.placement import (
+    BATCH,
+    activations,
+    outside_layers,
+    reduced_shardings,
+    state_shardings,
+)
 from shard_parity.step import bind, make_train_step
 
 STRATEGY = 'pp'  # --strategy=pp: the stacked layers split into stages over 'stage'
 MICROBATCHES = 4  # --microbatches: M, the rows of each 'data' device cut into M pieces
 
 
-def pass_on(y, mesh, layout):  # f32[S@stage, B/M@data, T, C]: slot i's output goes to slot i + 1
+def pass_on(y, mesh):  # f32[S@stage, B/M@data, T, C]: slot i's output goes to slot i + 1
     def shift(y):  # Manual mode: f32[1, B/dM, T, C], my slot
         n = jax.lax.axis_size(STAGE)
         return jax.lax.ppermute(y, STAGE, [(i, i + 1) for i in range(n - 1)])  # collective-permute
 
-    spec = P(STAGE, *layout)
+    spec = P(STAGE, *activations(mesh))
     return jax.shard_map(shift, mesh=mesh, in_specs=spec, out_specs=spec)(y)
 
 
@@ -41,12 +47,12 @@ def behind(w, mesh, *lead):  # f32[L@stage, ...]'s layout after L (the other axe
     return NamedSharding(mesh, P(*lead, *spec.partitions[1:], reduced=spec.reduced))
 
 
-def pipeline(microbatches, mesh, layout=BATCH):
+def pipeline(microbatches, mesh):
     """The model's `pipeline`: x f32[B@data, T, C] (its `layout`) through all L layers, S
     stages."""
 
     def run(x, run_stack, weights):  # weights: f32[L@stage, ...]
-        n = mesh.shape[STAGE]
+        s, n = jnp.arange(mesh.shape[STAGE]), mesh.shape[STAGE]  # every slot's stage
         if n == 1:  # no pipeline (check_pp warns), and vmap trips on a size-1 Explicit axis
             weights = jax.tree.map(lambda w: jax.reshard(w, behind(w, mesh, None)), weights)  # [L]
             ys, stats = jax.lax.map(lambda x: run_stack(weights, x), split(x, microbatches))
@@ -56,18 +62,18 @@ def pipeline(microbatches, mesh, layout=BATCH):
             weights,
         )
         stages = jax.vmap(run_stack, spmd_axis_name=STAGE)  # stage s on slot s, on its device
-        inputs = in_first_slot(split(x, microbatches), mesh, layout)  # f32[M, S@stage, B/M@data, T, C]
+        inputs = in_first_slot(split(x, microbatches), mesh)  # f32[M, S@stage, B/M@data, T, C]
 
         def tick(h, x):  # h, x: f32[S@stage, B/M@data, T, C]; h shifted, x slot 0's
             y, stats = stages(weights, h + x)  # stage 0: a new one (h's slot 0: the shift's zeros)
-            return pass_on(y, mesh, layout), (y, stats)  # every slot: a slice of one needs its dim whole
+            return pass_on(y, mesh), (y, stats)  # every slot: a slice of one needs its dim whole
 
         h = jnp.zeros_like(inputs[0])  # bubbles: zeros
         _, (ys, stats) = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, S@stage, ...]
-        stats = microbatch_means(stats, microbatches, jnp.arange(n))  # experts': [S, L/S] each
-        last = (jnp.arange(n) == n - 1)[:, None, None, None]  # the last stage's slot
+        means = microbatch_means(stats, microbatches, s)  # experts' statistics: [S, L/S]
+        last = (s == n - 1)[:, None, None, None]  # the last stage's slot
         out = jnp.where(last, ys[n - 1 :], 0).sum(1)  # from tick S - 1 on: an all-reduce
-        return join(out), {k: v.mean() for k, v in stats.items()}
+        return join(out), {k: v.mean() for k, v in means.items()}
 
     return run
 
