@@ -95,7 +95,7 @@ def test_fsdp_report_flags_what_nobody_asked_for():
     assert r['version'] == 2
     for name in ('auto', 'explicit', 'typed'):
         for op in r['programs'][name]:
-            assert op['axes'] == ['data'] and op['file'] and op['line'] > 0, op
+            assert op['axes'] == ['fsdp'] and op['file'] and op['line'] > 0, op
             assert op['phase'] in ('forward', 'backward', 'outside-grad')
             assert op['predicted_us'] > 0
         lo, hi = r['predicted'][name]['step_us']
@@ -106,7 +106,7 @@ def test_fsdp_report_flags_what_nobody_asked_for():
     }
     kinds = [s['kind'] for s in r['surprises']['auto']]
     assert 'unrequested-reshard' in kinds and 'twin-difference' in kinds
-    assert 'whole-weight-gather' not in kinds  # FSDP's placement gathers weights over 'data'
+    assert 'whole-weight-gather' not in kinds  # FSDP's placement gathers weights over 'fsdp'
     no_reduce_scatter = [d for d in r['difference_lines'] if d['kind'] == 'reduce-scatter']
     assert no_reduce_scatter and all(d['file'] == 'explicit/fsdp.py' for d in no_reduce_scatter)
     # the same gathers under a placement that does not gather weights are flagged

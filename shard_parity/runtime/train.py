@@ -92,6 +92,7 @@ def run(
     save_initial=False,
     cp_layout='zigzag',
     microbatches=4,
+    checked=False,
 ) -> dict | None:
     """Trains `task` with `twin.STRATEGIES[strategy]` (e.g. auto's dp.py); returns the last line,
     or None when `workdir` already holds step --steps (then nothing is written). Saves a
@@ -99,9 +100,10 @@ def run(
     at step 0 with `save_initial`), and resumes from the latest one in `workdir`, which it locks
     for its lifetime."""
     plan = plans.of(mesh, strategy)
-    check_strategy(
-        strategy, task.model_config, mesh, config.batch_size, microbatches, cp_layout, twin.RING
-    )
+    if not checked:  # the CLI checked before reading the warm-up (mesh_from_flags)
+        check_strategy(
+            strategy, task.model_config, mesh, config.batch_size, microbatches, cp_layout, twin.RING
+        )
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = place_state(state, mesh, strategy)
@@ -233,6 +235,7 @@ def main(twin):
                 F.SAVE_INITIAL.value,
                 F.CP_LAYOUT.value,
                 F.MICROBATCHES.value,
+                checked=True,
             )
         except FloatingPointError as e:  # raised by JAX's checks under --debug_nans
             if F.VERBOSE.value:
