@@ -20,7 +20,7 @@ from flax import nnx
 
 import datasets
 from shard_parity import UsageError
-from shard_parity.mesh import DATA, EXPERT, MODEL, configure_jax, make_mesh, start_processes
+from shard_parity.mesh import DATA, EXPERT, MODEL, configure_jax, make_mesh
 from shard_parity.placement import (
     check_cp,
     check_ep,
@@ -34,6 +34,7 @@ from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings, 
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import flags as F
 from shard_parity.runtime.loop import SIGNALS, Interrupted, Loop, stop_on_signals
+from shard_parity.runtime.processes import start_processes
 from shard_parity.step import create_state, make_optimizer
 
 
