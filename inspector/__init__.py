@@ -9,6 +9,6 @@ The command line is `python -m parity_tests.collectives` (or `python -m inspecto
 docs/inspector.md.
 """
 
-from inspector.program import Report, inspect
+from .program import Report, inspect
 
 __all__ = ['Report', 'inspect']

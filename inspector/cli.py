@@ -16,8 +16,6 @@ import sys
 
 from absl import app, flags
 
-from inspector import cost
-from inspector.render import print_attribution, print_report
 from shard_parity import UsageError
 from shard_parity.mesh import configure_jax, make_mesh
 from shard_parity.placement import mesh_axes
@@ -25,6 +23,9 @@ from shard_parity.runtime import config as cfg
 from shard_parity.runtime import declare_key_flags
 from shard_parity.runtime import flags as F
 from shard_parity.runtime.train import check_batch, check_strategy
+
+from . import cost
+from .render import print_attribution, print_report
 
 JSON = flags.DEFINE_bool('json', False, 'Print one JSON object instead of the tables.')
 HARDWARE = flags.DEFINE_enum(
@@ -64,12 +65,12 @@ def load_program(spec: str):
 def report_of_flags():
     configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
     if PROGRAM.value:
-        from inspector.program import inspect
+        from .program import inspect
 
         jitted, args = load_program(PROGRAM.value)
         measure = cost.HARDWARE[HARDWARE.value].emulation  # on the CPU: beside the measured time
         return inspect(jitted, *args, hardware=HARDWARE.value, measure=measure).json(), True
-    from inspector.twins import inspect
+    from .twins import inspect
 
     mesh = make_mesh(F.NUM_DEVICES.value, F.mesh_shape(), mesh_axes(F.STRATEGY.value))
     config = F.train_config()
@@ -95,18 +96,18 @@ def main(argv):
     if JSON.value:
         print(json.dumps(report, indent=1))
     elif own:
-        from inspector.render import program_text
+        from .render import program_text
 
         print(program_text(report), end='')
     else:
         print_report(report)
         print_attribution(report)
     if HTML.value:
-        from inspector.html import write_html
+        from .html import write_html
 
         print(f'wrote {write_html(report, HTML.value)}', file=sys.stderr)
     if TRACE.value:
-        from inspector.trace import write_trace
+        from .trace import write_trace
 
         print(f'wrote {write_trace(report, TRACE.value)}', file=sys.stderr)
     found = sum(len(s) for s in report['surprises'].values())

@@ -7,8 +7,8 @@ package); this module keeps `python -m parity_tests.collectives` as its entry po
     python -m parity_tests.collectives --strategy=fsdp --html=/tmp/fsdp.html --cpu_devices=8
 """
 
-from inspector.cli import main, run  # noqa: F401  (main: absl's entry, as before)
-from inspector.twins import differences, inspect  # noqa: F401
+from shard_parity.inspector.cli import main, run  # noqa: F401  (main: absl's entry, as before)
+from shard_parity.inspector.twins import differences, inspect  # noqa: F401
 
 if __name__ == '__main__':
     run()

@@ -83,11 +83,11 @@ class Case(NamedTuple):
 
 
 def make_case(name: str, model_config=TINY_TRANSFORMER) -> Case:
-    import datasets
-    from datasets import batches, mnist, shakespeare
+    from shard_parity.datasets import batches, mnist, shakespeare
+    from shard_parity.datasets.root import data_root
     from shard_parity.model.transformer import Transformer
 
-    root = datasets.data_root()
+    root = data_root()
     if name == 'mlp':
         images, labels = mnist.load(root)['train']
         return Case(
@@ -297,7 +297,7 @@ def read_metrics(workdir):
 def inspect_collectives(model='mlp', strategy='dp', mesh=(8, 1), batch_size=None, **shape):
     """What `python -m parity_tests.collectives --json` prints, computed in this process: the
     collectives of each compiled train step. `shape`: TransformerConfig fields."""
-    from inspector.twins import inspect
+    from shard_parity.inspector.twins import inspect
     from shard_parity.mesh import make_mesh
     from shard_parity.placement import mesh_axes
 

@@ -16,9 +16,8 @@ import jax
 import numpy as np
 import pytest
 
-import auto
 from parity_tests.helpers import REPO, TINY_TRANSFORMER, make_case, run_cli
-from shard_parity import UsageError
+from shard_parity import UsageError, auto
 from shard_parity.mesh import make_mesh
 from shard_parity.runtime import checkpoint, tasks
 from shard_parity.runtime.train import run

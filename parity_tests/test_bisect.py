@@ -10,12 +10,10 @@ import numpy as np
 import optax
 import pytest
 
-import auto
-import explicit
 from parity_tests import divergence as D
 from parity_tests import runs
 from parity_tests.helpers import REPO, fresh_state, make_case
-from shard_parity import UsageError
+from shard_parity import UsageError, auto, explicit
 from shard_parity.mesh import make_mesh
 from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.step import make_optimizer, one_device_loss_and_grads, one_device_train_step
@@ -83,7 +81,7 @@ def test_tp_pmean_names_the_attention_and_the_model_axis():
     assert "B is the other / 2, the 'model' axis size" in report.hints[0]
 
 
-BROKEN = """from explicit.dp import loss_and_grads, train_step  # noqa: F401
+BROKEN = """from shard_parity.explicit.dp import loss_and_grads, train_step  # noqa: F401
 import jax
 
 

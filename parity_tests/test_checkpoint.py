@@ -8,11 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import auto
-import explicit
-import typed
 from parity_tests.helpers import TINY_TRANSFORMER, fresh_state, logits, make_case, save_checkpoint
-from shard_parity import UsageError
+from shard_parity import UsageError, auto, explicit, typed
 from shard_parity.mesh import make_mesh
 from shard_parity.placement import place_batch, place_state
 from shard_parity.runtime import checkpoint, legacy

@@ -158,7 +158,7 @@ def test_each_train_cli_offers_exactly_its_twins_strategies(tmp_path):
     from shard_parity.placement import STRATEGIES
 
     for name in ('auto', 'explicit', 'typed'):
-        offered = list(importlib.import_module(name).STRATEGIES)
+        offered = list(importlib.import_module(f'shard_parity.{name}').STRATEGIES)
         help_text = subprocess.run(
             [sys.executable, '-m', f'{name}.train', '--help'], cwd=REPO, capture_output=True,
             text=True, check=False,
@@ -219,10 +219,8 @@ def test_fused_attention_under_a_ring_says_it_is_ignored(caplog):
     cp.py lets XLA split the model's own attention, fused included: no warning)."""
     import dataclasses
 
-    import auto
-    import explicit
-    import typed
     from parity_tests.helpers import TINY_TRANSFORMER
+    from shard_parity import auto, explicit, typed
     from shard_parity.mesh import make_mesh
     from shard_parity.placement import mesh_axes
     from shard_parity.runtime.train import check_strategy

@@ -10,10 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-import auto
-import explicit
 from parity_tests.helpers import REPO, fresh_state, inspect_collectives
 from parity_tests.hlo import collectives, compiled_text
+from shard_parity import auto, explicit
 from shard_parity.placement import place_batch, place_state
 from shard_parity.runtime.tasks import classification_loss
 from shard_parity.step import one_device_train_step

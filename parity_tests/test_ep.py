@@ -12,9 +12,6 @@ import jax
 import numpy as np
 import pytest
 
-import auto
-import explicit
-import typed
 from parity_tests.helpers import (
     LOSS_TOL,
     TOL,
@@ -35,6 +32,7 @@ from parity_tests.helpers import (
     twin_loss_and_grads,
 )
 from parity_tests.zoo import ep_swapped_axes
+from shard_parity import auto, explicit, typed
 from shard_parity.mesh import make_mesh
 from shard_parity.model import moe
 from shard_parity.placement import check_ep, mesh_axes, place_batch, place_state

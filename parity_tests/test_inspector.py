@@ -17,10 +17,10 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import inspector
-from inspector import cost, surprises
 from parity_tests import planted
 from parity_tests.helpers import REPO, inspect_collectives
+from shard_parity import inspector
+from shard_parity.inspector import cost, surprises
 
 PLANTED = 'parity_tests/planted.py'
 

@@ -9,11 +9,11 @@ import jax
 import pytest
 from jax.sharding import AxisType
 
-import inspector
-from inspector import cost, surprises
-from inspector.attribute import mesh_axes
-from inspector.hlo import Module, device_groups
-from inspector.program import captured_stderr
+from shard_parity import inspector
+from shard_parity.inspector import cost, surprises
+from shard_parity.inspector.attribute import mesh_axes
+from shard_parity.inspector.hlo import Module, device_groups
+from shard_parity.inspector.program import captured_stderr
 
 
 def test_replica_groups_in_all_three_spellings_name_the_same_axes():

@@ -13,9 +13,6 @@ import jax
 import numpy as np
 import pytest
 
-import auto
-import explicit
-import typed
 from parity_tests import divergence as D
 from parity_tests.helpers import (
     LOSS_TOL,
@@ -36,6 +33,7 @@ from parity_tests.helpers import (
     train_twin_x64,
 )
 from parity_tests.zoo import pp_wrong_way
+from shard_parity import auto, explicit, typed
 from shard_parity.mesh import make_mesh
 from shard_parity.pipeline import check_pp
 from shard_parity.placement import mesh_axes, place_batch, place_state

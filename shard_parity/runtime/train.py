@@ -18,9 +18,10 @@ import jax
 from absl import flags, logging
 from flax import nnx
 
-import datasets
 from shard_parity import UsageError
+from shard_parity.datasets.root import DataError
 from shard_parity.mesh import DATA, EXPERT, MODEL, configure_jax, make_mesh
+from shard_parity.pipeline import check_pp
 from shard_parity.placement import (
     check_cp,
     check_ep,
@@ -29,14 +30,12 @@ from shard_parity.placement import (
     place_state,
     state_shardings,
 )
-from shard_parity.pipeline import check_pp
 from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings, report, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import flags as F
 from shard_parity.runtime.loop import SIGNALS, Interrupted, Loop, stop_on_signals
 from shard_parity.runtime.processes import start_processes
 from shard_parity.step import create_state, make_optimizer
-
 
 MOE_STRATEGIES = ('dp', 'ep')  # where --num_experts is tested (parity_tests/test_ep.py)
 
@@ -278,7 +277,7 @@ def main(twin):
             if F.VERBOSE.value:
                 traceback.print_exc()
             sys.exit(f'error: --debug_nans stopped training at the first NaN: {str(e)[:300]}')
-        except (UsageError, datasets.DataError, OSError) as e:
+        except (UsageError, DataError, OSError) as e:
             if F.VERBOSE.value:
                 traceback.print_exc()
             sys.exit(f'error: {e}')
