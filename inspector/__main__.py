@@ -1,4 +1,4 @@
-"""python -m inspector: the same command as python -m parity_tests.collectives."""
+"""`python -m inspector` (installed: `python -m shard_parity.inspector`): see cli.py."""
 
 from .cli import run
 

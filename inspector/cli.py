@@ -1,10 +1,10 @@
-"""The inspector's command line (run as `python -m parity_tests.collectives` or
-`python -m inspector`): this repository's twins for one strategy, or any program of yours.
+"""The inspector's command line, `python -m inspector`: this repository's twins for one strategy,
+or any program of yours.
 
-    python -m parity_tests.collectives --model=mlp --cpu_devices=8
-    python -m parity_tests.collectives --model=transformer --strategy=fsdp --hardware=tpu-v5e-8 \
+    python -m inspector --model=mlp --cpu_devices=8
+    python -m inspector --model=transformer --strategy=fsdp --hardware=tpu-v5e-8 \
         --html=/tmp/fsdp.html --trace=/tmp/fsdp.json --cpu_devices=8
-    python -m parity_tests.collectives --program=mypkg.mymod:build --cpu_devices=8
+    python -m inspector --program=mypkg.mymod:build --cpu_devices=8
 
 `--program=MODULE:FUNCTION`: FUNCTION() (in a module on PYTHONPATH) builds its mesh and returns
 (jitted function, tuple of its arguments: arrays or jax.ShapeDtypeStructs with shardings).

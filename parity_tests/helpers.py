@@ -45,7 +45,7 @@ TP_TRANSFORMER = cfg.TransformerConfig(
 
 # The tolerances, each with its error model (docs/determinism.md, "Tolerances"). Every comparison
 # goes through `assert_close`, which records its margin (error / allowed) for
-# `python -m parity_tests.margins`; the suite keeps each parity margin at 10x or more.
+# `python -m tools.margins`; the suite keeps each parity margin at 10x or more.
 #
 # One step, float32: a loss or gradient computed in another order (each device's rows summed,
 # then the partial sums added) differs from the one-device value by a few float32 roundings:
@@ -295,7 +295,7 @@ def read_metrics(workdir):
 
 
 def inspect_collectives(model='mlp', strategy='dp', mesh=(8, 1), batch_size=None, **shape):
-    """What `python -m parity_tests.collectives --json` prints, computed in this process: the
+    """What `python -m inspector --json` prints, computed in this process: the
     collectives of each compiled train step. `shape`: TransformerConfig fields."""
     from shard_parity.inspector.twins import inspect
     from shard_parity.mesh import make_mesh

@@ -171,7 +171,7 @@ def build():
 def test_cli_inspects_a_program_of_yours_and_fails_on_its_surprise(tmp_path):
     (tmp_path / 'mine.py').write_text(MINE)
     env = dict(os.environ, PYTHONPATH=f'{tmp_path}{os.pathsep}{REPO}')
-    command = [sys.executable, '-m', 'parity_tests.collectives', '--program=mine:build']
+    command = [sys.executable, '-m', 'inspector', '--program=mine:build']
 
     def run(*flags):
         return subprocess.run(

@@ -159,7 +159,7 @@ def run(
         state, start = restore_latest(mngr, state, saved, mesh, config.steps)
         if state is None:
             return None
-        if save_initial and start == 0:  # step 0, for python -m parity_tests.bisect RUN_A RUN_B
+        if save_initial and start == 0:  # step 0, for python -m tools.bisect RUN_A RUN_B
             checkpoint.save(mngr, state, saved)
         text = json.dumps(saved, indent=2) + '\n'
         if main:

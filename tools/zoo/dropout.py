@@ -1,6 +1,6 @@
 """Data parallelism with input dropout, drawn right: each example's mask comes from a key folded
 with its row in the global batch, so 1 device and n devices drop the same pixels. The reference
-for dropout_key.py (the bug zoo); compare both with --twins=parity_tests.zoo.dropout,...
+for dropout_key.py (the bug zoo); compare both with --twins=tools.zoo.dropout,...
 """
 
 import jax

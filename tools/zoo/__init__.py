@@ -1,6 +1,6 @@
 """The bug zoo: the classic mistakes of hand-written collectives, each a strategy module that is
 a copy of an explicit/ file with one thing changed (marked `# BUG:`), for
-`python -m parity_tests.bisect --twins=explicit,parity_tests.zoo.<name>` to find. test_bisect.py
+`python -m tools.bisect --twins=explicit,tools.zoo.<name>` to find. test_bisect.py
 asserts what the bisector says about each.
 
     tp_pmean        explicit/tp.py, pmean over 'model' where the psum belongs
