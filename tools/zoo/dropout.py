@@ -1,15 +1,19 @@
-"""Data parallelism with input dropout, drawn right: each example's mask comes from a key folded
-with its row in the global batch, so 1 device and n devices drop the same pixels. The reference
-for dropout_key.py (the bug zoo); compare both with --twins=tools.zoo.dropout,...
+"""explicit/dp.py with input dropout, drawn right: each example's mask comes from a key folded
+with its row in the global batch, so 1 device and n devices drop the same pixels. No bug: the
+reference for dropout_key.py (the bug zoo); compare both with
+--twins=tools.zoo.dropout,tools.zoo.dropout_key. `bind` is dp.py's with dropout(batch) in
+front, so the model sees the dropped pixels wherever dp.py binds it: training and evaluation.
 """
 
 import jax
 
+from shard_parity import step
+from shard_parity.explicit import dp
 from shard_parity.mesh import DATA
-from shard_parity.placement import BATCH, REPLICATED
-from shard_parity.step import bind, make_train_step
 
-STRATEGY = 'dp'
+from . import planted
+
+planted(globals(), dp)
 KEY = jax.random.key(0)
 
 
@@ -23,28 +27,6 @@ def dropout(batch, keep=0.9):
     return dict(batch, image=x * jax.vmap(draw)(rows(x.shape[0])) / keep)
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
-    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
-
-    def fn(params, batch):
-        params = jax.lax.pcast(params, DATA, to='varying')
-        (_, metrics), grads = grad_fn(params, dropout(batch))
-        return jax.lax.pmean((metrics, grads), DATA)
-
-    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, BATCH), out_specs=REPLICATED))
-
-
-def train_step(graphdef, loss_fn, tx, mesh):
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
-
-
-def eval_step(graphdef, eval_fn, mesh):
-    fn = bind(graphdef, eval_fn)
-
-    def evaluate(params, batch):
-        local = lambda params, batch: fn(params, dropout(batch))  # noqa: E731
-        return jax.shard_map(local, mesh=mesh, in_specs=(REPLICATED, BATCH), out_specs=BATCH)(
-            params, batch
-        )
-
-    return jax.jit(evaluate)
+def bind(graphdef, fn, **call):  # shard_parity/step.py's, on the batch after dropout
+    bound = step.bind(graphdef, fn, **call)
+    return lambda params, batch: bound(params, dropout(batch))

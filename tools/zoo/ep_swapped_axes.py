@@ -3,28 +3,16 @@
 The mesh's two axes swapped in the exchange: on a square mesh (2x2) every shape still fits, but
 each expert's slots go to the device of another 'data' row that holds the same experts as the
 sender, so they run through the wrong experts. The routing is local and stays right.
-
-The original's docstring: expert parallelism written by hand: each token goes to its expert's device and back, two
-all_to_all lines of this file per MoE layer.
-
-On a DATA x EXPERT mesh (`--mesh=2x4`) the rows are split over both axes (`P(('data',
-'expert'))`: B/(d n) whole sequences per device), each expert's weights live on one device of
-the 'expert' axis (`P(None, 'expert')` of the stacked f32[L, E, ...]: E/n experts each), and
-every other weight is whole on every device, as in dp. Each device routes its own tokens
-(shard_parity/model/moe.py: top-K, capacity per sequence, so the same drops on any mesh) and
-gathers them per expert, xe: [E, B/(d n), cap, C]. `exchange` below sends expert e's slots to
-the device holding e and receives, from each of the n devices of its 'expert' group, the slots
-of its own E/n experts; they run there, and the outputs go back the same way. The gradients of
-the experts stay where the experts live; the others are averaged, as dp's. Compare auto/ep.py.
 """
 
 import jax
 
-from shard_parity.mesh import DATA, EXPERT
-from shard_parity.placement import EXPERT_BATCH, REPLICATED, is_expert, state_specs
-from shard_parity.step import bind, make_train_step
+from shard_parity.explicit import ep
+from shard_parity.mesh import DATA
 
-STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
+from . import planted
+
+planted(globals(), ep)
 
 
 def exchange(xe, experts):  # xe: [E, b, cap, C], my b rows' slots for every expert
@@ -34,55 +22,3 @@ def exchange(xe, experts):  # xe: [E, b, cap, C], my b rows' slots for every exp
     y = experts(x)  # my E/n experts on every slot they were sent
     # the second all-to-all: each output back to the device its token came from: [E, b, cap, C]
     return jax.lax.all_to_all(y, DATA, split_axis=1, concat_axis=0, tiled=True)  # BUG: 'data'
-
-
-def average(grads, n: int):
-    """The experts' gradients summed over 'data' (each of the d copies of an expert saw other
-    rows; the all-to-all's transpose already added its group's n devices' terms), as the mean
-    over all d n devices' losses; every other gradient averaged over both axes, as dp's."""
-    return jax.tree_util.tree_map_with_path(
-        lambda p, g: (
-            jax.lax.pmean(g, DATA) / n if is_expert(p) else jax.lax.pmean(g, (DATA, EXPERT))
-        ),
-        grads,
-    )
-
-
-def loss_and_grads(graphdef, loss_fn, mesh):
-    hook = bind(graphdef, loss_fn, experts=exchange)
-    grad_fn = jax.value_and_grad(hook, has_aux=True)
-
-    def fn(params, batch):  # params: whole, experts E/n each; batch: x[B/(d n), T]
-        # As dp's pcast: varying over the axes each array is not yet split over, so that `grad`
-        # returns this device's own gradient (the experts are varying over 'expert' already).
-        params = jax.tree_util.tree_map_with_path(
-            lambda p, w: jax.lax.pcast(w, DATA if is_expert(p) else (DATA, EXPERT), to='varying'),
-            params,
-        )
-        (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of my rows
-        return jax.lax.pmean(metrics, (DATA, EXPERT)), average(grads, mesh.shape[EXPERT])
-
-    def split(params, batch):  # the rows over both axes; each device's experts, the rest whole
-        specs = state_specs(params, STRATEGY, mesh)
-        return jax.shard_map(
-            fn, mesh=mesh, in_specs=(specs, EXPERT_BATCH), out_specs=(REPLICATED, specs)
-        )(params, batch)
-
-    return jax.jit(split)
-
-
-def train_step(graphdef, loss_fn, tx, mesh):
-    # the gradients, then the shared update: each device updates the arrays or experts it holds
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
-
-
-def eval_step(graphdef, eval_fn, mesh):
-    fn = bind(graphdef, eval_fn, experts=exchange)
-
-    def evaluate(params, batch):  # per-example outputs of my rows; the tokens still travel
-        specs = state_specs(params, STRATEGY, mesh)
-        return jax.shard_map(fn, mesh=mesh, in_specs=(specs, EXPERT_BATCH), out_specs=EXPERT_BATCH)(
-            params, batch
-        )
-
-    return jax.jit(evaluate)

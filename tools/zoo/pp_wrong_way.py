@@ -2,73 +2,15 @@
 the previous stage, so the last stage only ever runs on the bubble's zeros (the bug zoo)."""
 
 import jax
-import jax.numpy as jnp
 
-from shard_parity.mesh import DATA, STAGE
-from shard_parity.pipeline import feed, join, split
-from shard_parity.placement import BATCH, REPLICATED, state_specs
-from shard_parity.step import bind, make_train_step
+from shard_parity.explicit import pp
+from shard_parity.mesh import STAGE
 
-STRATEGY = 'pp'  # --strategy=pp: the stacked layers split into stages over 'stage'
-MICROBATCHES = 4  # --microbatches: M, the rows of each 'data' device cut into M pieces
+from . import planted
+
+planted(globals(), pp)
 
 
 def pass_on(y, mesh):  # f32[B/dM, T, C]: stage i's output should go to stage i + 1
     n = mesh.shape[STAGE]
     return jax.lax.ppermute(y, STAGE, [(i + 1, i) for i in range(n - 1)])  # BUG: to stage i - 1
-
-
-def pipeline(microbatches, mesh):
-    """The model's `pipeline`: x f32[B/d, T, C] through all L layers, S stages, GPipe."""
-
-    def run(x, run_stack, weights):  # weights: my stage's L/S layers, [L/S, ...]
-        s, n = jax.lax.axis_index(STAGE), mesh.shape[STAGE]
-        # Varying over 'stage': else grad sums stage 0's input gradient over 'stage' every tick
-        inputs = jax.lax.pcast(split(x, microbatches), STAGE, to='varying')  # [M, B/dM, T, C]
-
-        def tick(h, x):  # h: what the previous stage passed me last tick; x: stage 0's input
-            y = run_stack(weights, jnp.where(s == 0, x, h))  # stage 0: a new one
-            return pass_on(y, mesh), y
-
-        h = jnp.zeros_like(inputs[0])  # bubbles: zeros
-        _, ys = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, B/dM, T, C]
-        # the last stage's, from tick S - 1 on, to every stage: an all-reduce over 'stage'
-        return join(jax.lax.psum(jnp.where(s == n - 1, ys[n - 1 :], 0), STAGE))
-
-    return run
-
-
-def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES):
-    call = {'pipeline': pipeline(microbatches, mesh)}
-    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
-
-    def fn(params, batch):  # params: my stage's layers, the rest whole; batch: x[B/d, T]
-        # As in dp: varying over 'data', each device's loss a different term. Over 'stage' the
-        # blocks vary (each stage's own layers); the rest is the same on every stage device.
-        params = jax.lax.pcast(params, DATA, to='varying')
-        (_, metrics), grads = grad_fn(params, batch)  # grads: my stage's layers, the rest whole
-        return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce over 'data'
-
-    def on_devices(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
-        specs = state_specs(params, STRATEGY, mesh)
-        return jax.shard_map(fn, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs))(
-            params, batch
-        )
-
-    return jax.jit(on_devices)
-
-
-def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES):
-    # the gradients, then the shared update: each stage updates its own layers
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY)
-
-
-def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES):
-    fn = bind(graphdef, eval_fn, pipeline=pipeline(microbatches, mesh))
-
-    def evaluate(params, batch):  # per-sequence outputs of my rows, the same on every stage
-        specs = state_specs(params, STRATEGY, mesh)
-        return jax.shard_map(fn, mesh=mesh, in_specs=(specs, BATCH), out_specs=BATCH)(params, batch)
-
-    return jax.jit(evaluate)
