@@ -3,7 +3,7 @@ and the compiler inserts the collectives. One whole file per strategy."""
 
 from jax.sharding import AxisType
 
-from auto import composed, cp, dp, ep, fsdp, fsdp_tp, pp, tp
+from . import composed, cp, dp, ep, fsdp, fsdp_tp, pp, tp
 
 NAME = 'auto'
 AXIS_TYPE = AxisType.Auto  # the mesh the compiler partitions over

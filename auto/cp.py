@@ -5,7 +5,7 @@ tokens are placed `P('data', 'seq')` and the weights replicated (shard_parity/pl
 From that alone XLA's sharding propagation splits every activation the same way: the
 embeddings, LayerNorms and feed-forward layers need nothing from other devices, and attention,
 where each query needs every earlier key, gets whatever collectives the partitioner picks
-(python -m parity_tests.collectives --strategy=cp shows them; on the CPU, all-gathers of the
+(python -m inspector --strategy=cp shows them; on the CPU, all-gathers of the
 keys and values over 'seq'). The model is called unchanged. Compare explicit/cp.py's ring.
 """
 

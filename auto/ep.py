@@ -8,7 +8,7 @@ einsum (shard_parity/model/moe.py), xe: [E, B, cap, C], split like the rows. `ex
 asks for it split by expert instead (`P('expert', 'data')`), runs the experts there, keeps
 their outputs there, and asks for them split like the rows again: between the constraints the
 partitioner must move every slot to its expert's device and back, and it picks the collectives
-(python -m parity_tests.collectives --strategy=ep shows them). What it chose (jax 0.10.2, CPU):
+(python -m inspector --strategy=ep shows them). What it chose (jax 0.10.2, CPU):
 the same two all-to-alls per layer forward and two backward as explicit/ep.py; without the
 middle constraint it ran the experts' second matmul in the rows' layout and all-gathered the
 experts' weights for it (docs/experts.md). The experts' gradients stay split; the others are

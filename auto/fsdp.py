@@ -6,7 +6,7 @@ blocks are stacked and run under a scan (shard_parity/model/transformer.py). `la
 which the scan calls on each layer's shards where that layer runs, constrains them to the whole
 layout: XLA all-gathers that one layer inside the loop body. Its backward constrains the
 layer's gradient to the split layout, in the backward's loop body: a reduce-scatter there (or
-an all-reduce and a slice, python -m parity_tests.collectives --strategy=fsdp shows which). The
+an all-reduce and a slice, python -m inspector --strategy=fsdp shows which). The
 checkpoint policy keeps no gathered weight for the backward, which gathers each layer again.
 Without these constraints XLA may gather the whole stack before the loop and keep it.
 Everything outside the blocks (and all of the MLP) XLA gathers where it is used.

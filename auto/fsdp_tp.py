@@ -12,9 +12,10 @@ the backward, and each layer's gradient reduced to its shards there. Compare exp
 import jax
 from jax.sharding import NamedSharding
 
-from auto.fsdp import gather_layer
 from shard_parity.placement import FSDP_BATCH, REPLICATED, layer_specs, state_shardings, state_specs
 from shard_parity.step import bind, make_train_step
+
+from .fsdp import gather_layer
 
 STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'fsdp'
 

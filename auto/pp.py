@@ -10,7 +10,7 @@ is what stage s works on. At every tick all stages run at once (`vmap` over the 
 dimension, `spmd_axis_name='stage'`: each device runs its own slot with its own layers), then
 `pass_on` shifts the buffer one slot down, and stage 0's slot takes the next microbatch. The
 shift moves data between the 'stage' devices, and XLA writes it as a collective-permute
-(python -m parity_tests.collectives --strategy=pp shows it); the backward is `grad`'s. Bubble
+(python -m inspector --strategy=pp shows it); the backward is `grad`'s. Bubble
 slots hold zeros that nothing reads, so their gradients are zeros. Compare explicit/pp.py.
 """
 

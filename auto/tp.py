@@ -5,7 +5,7 @@ The placement is Megatron's (shard_parity/placement.py): column-parallel kernels
 XLA's sharding propagation splits the activations between the two: `x @ W_col` comes out split
 on its features, so the heads are split too, and `h @ W_row` contracts a split dimension, which
 leaves partial sums that it all-reduces over 'model': the psum explicit/tp.py writes. No
-activation needs an annotation here (python -m parity_tests.collectives --strategy=tp shows
+activation needs an annotation here (python -m inspector --strategy=tp shows
 the all-reduces match). The model is called unchanged. Compare explicit/tp.py.
 """
 

@@ -62,10 +62,8 @@ def cli(n: int, batch_sizes, rounds: int, steps: int, model_config, cpu_fma=Fals
 
 def measure(n: int, batch_sizes, rounds: int, steps: int, model_config) -> list[dict]:
     """The child's side of `cli`: the runs, interleaved, in this process."""
-    import auto
-    import explicit
-    import typed
     from benchmarks.timing import balanced_orders
+    from shard_parity import auto, explicit, typed
     from shard_parity.runtime import config as cfg
 
     twins = {'auto': auto, 'explicit': explicit, 'typed': typed, 'auto_copy': auto}

@@ -16,10 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-import auto
-import explicit
-import typed
-from shard_parity import memory
+from shard_parity import auto, explicit, memory, typed
 from shard_parity.mesh import MODEL, make_mesh
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import mesh_axes, rows

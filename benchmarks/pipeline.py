@@ -55,8 +55,8 @@ def programs(step_for, tx):
 
 def block_flops(compiled) -> float:
     """FLOPs of 4 layers: 8 layers' program minus 4 layers'."""
-    from inspector.hlo import Module
-    from inspector.program import flops
+    from shard_parity.inspector.hlo import Module
+    from shard_parity.inspector.program import flops
 
     return float(np.subtract(*[flops(c, Module(c.as_text())) for c, *_ in compiled[::-1]]))
 
@@ -81,7 +81,7 @@ def block_seconds(timed: dict, rounds: int) -> dict:
 
 def measure(stages=STAGES, microbatches=MICROBATCHES, rounds=7, parallel=None) -> list[dict]:
     """`parallel`: how many stage devices compute at once (P above); by default S."""
-    import explicit
+    from shard_parity import explicit
     from shard_parity.mesh import make_mesh
     from shard_parity.placement import mesh_axes, place_batch, place_state
     from shard_parity.runtime import config as cfg

@@ -9,10 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import auto
-import explicit
-import typed
 from benchmarks.timing import interleaved
+from shard_parity import auto, explicit, typed
 from shard_parity.mesh import make_mesh
 from shard_parity.model import attention
 from shard_parity.model.mlp import MLP

@@ -14,7 +14,7 @@ import tempfile
 import urllib.error
 import urllib.request
 
-from datasets import DataError
+from .root import DataError
 
 _CHUNK = 1 << 20
 _WHERE = (

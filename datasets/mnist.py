@@ -14,8 +14,8 @@ import zlib
 
 import numpy as np
 
-from datasets import DataError
-from datasets.download import ensure
+from .download import ensure
+from .root import DataError
 
 MIRROR = 'https://ossci-datasets.s3.amazonaws.com/mnist/'
 MD5 = {  # official, as published by torchvision; tests swap in their own

@@ -10,8 +10,8 @@ import pathlib
 
 import numpy as np
 
-from datasets import DataError
-from datasets.download import ensure
+from .download import ensure
+from .root import DataError
 
 MIRROR = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/'
 FILE = 'input.txt'

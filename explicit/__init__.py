@@ -3,7 +3,7 @@ collective is a line of its strategy file. One whole file per strategy."""
 
 from jax.sharding import AxisType
 
-from explicit import composed, cp, dp, ep, fsdp, fsdp_tp, pp, tp
+from . import composed, cp, dp, ep, fsdp, fsdp_tp, pp, tp
 
 NAME = 'explicit'
 AXIS_TYPE = AxisType.Auto  # shard_map makes the axes Manual inside its functions

@@ -12,11 +12,12 @@ reduce-scattered there. Compare auto/fsdp_tp.py.
 
 import jax
 
-from explicit.fsdp import gather, gather_layer, scatter
-from explicit.tp import sum_partials
 from shard_parity.mesh import FSDP
 from shard_parity.placement import FSDP_BATCH, REPLICATED, layer_specs, outside_layers, state_specs
 from shard_parity.step import bind, make_train_step
+
+from .fsdp import gather, gather_layer, scatter
+from .tp import sum_partials
 
 STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'fsdp'
 

@@ -4,10 +4,11 @@ The sampling loop and flags are shared by every twin (shard_parity/runtime/gener
 twin only places the restored parameters.
 """
 
+import sys
+
 from absl import app
 
-import explicit
 from shard_parity.runtime.generate import main
 
 if __name__ == '__main__':
-    app.run(main(explicit))
+    app.run(main(sys.modules[__package__]))  # this twin, under the name it was run by

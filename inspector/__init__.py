@@ -2,13 +2,22 @@
 forward or backward, over which mesh axes, written or partitioner-inserted, how often per step,
 what it would cost on named hardware, and what is surprising about it.
 
+    from shard_parity import inspector
     report = inspector.inspect(jax.jit(f), *args)   # arrays or ShapeDtypeStructs
     print(report.text()); report.json(); report.html('report.html')
 
-The command line is `python -m parity_tests.collectives` (or `python -m inspector`); see
+Generic, for any jitted program (these import nothing of the twins, the models or the train
+CLI; test_inspector_parsing.py checks): program.py (`inspect`, `Report`), hlo.py (the compiled
+program's collectives), attribute.py (line, phase, axes, origin, trips), cost.py (predicted
+times), surprises.py, and the reports: render.py, html.py, trace.py.
+What knows this project: twins.py (each twin's compiled step for one strategy, side by side),
+expect.py (the collectives each strategy should hold), and cli.py's twin mode (the train CLI's
+flags and checks; its --program=MODULE:FUNCTION mode is the generic one).
+
+The command line is `python -m inspector` (installed: `python -m shard_parity.inspector`); see
 docs/inspector.md.
 """
 
-from inspector.program import Report, inspect
+from .program import Report, inspect
 
 __all__ = ['Report', 'inspect']

@@ -1,6 +1,6 @@
-"""python -m inspector: the same command as python -m parity_tests.collectives."""
+"""`python -m inspector` (installed: `python -m shard_parity.inspector`): see cli.py."""
 
-from inspector.cli import run
+from .cli import run
 
 if __name__ == '__main__':
     run()

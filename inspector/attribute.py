@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 
-from inspector.hlo import Frame, Module, _collective_lines, device_groups
+from .hlo import Frame, Module, _collective_lines, device_groups
 
 WRITTEN = {
     'psum', 'pmean', 'pmax', 'pmin', 'all_gather', 'ppermute', 'psum_scatter', 'reduce_scatter',
@@ -40,6 +40,12 @@ def shorten(path: str) -> str:
     return path
 
 
+def ours(path: str) -> bool:
+    """Under this project (a checkout, or shard_parity installed in site-packages: the twins'
+    files), not in a library installed beside it (a checkout's .venv)."""
+    return path.startswith(REPO + os.sep) and '-packages' + os.sep not in path[len(REPO) :]
+
+
 def user_frames(stack: list[Frame]) -> list[Frame]:
     """The frames in the user's own code (no jax, flax, optax or standard library), innermost
     first, with paths shortened; up to the inspector's own frame that lowered the program (what
@@ -48,7 +54,7 @@ def user_frames(stack: list[Frame]) -> list[Frame]:
     for f in stack:
         if f.file.startswith(_HERE):
             break
-        if not any(part in f.file for part in _LIBRARY):
+        if ours(f.file) or not any(part in f.file for part in _LIBRARY):
             out.append(Frame(shorten(f.file), f.line, f.function))
     return out
 

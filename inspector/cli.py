@@ -1,10 +1,10 @@
-"""The inspector's command line (run as `python -m parity_tests.collectives` or
-`python -m inspector`): this repository's twins for one strategy, or any program of yours.
+"""The inspector's command line, `python -m inspector`: this repository's twins for one strategy,
+or any program of yours.
 
-    python -m parity_tests.collectives --model=mlp --cpu_devices=8
-    python -m parity_tests.collectives --model=transformer --strategy=fsdp --hardware=tpu-v5e-8 \
+    python -m inspector --model=mlp --cpu_devices=8
+    python -m inspector --model=transformer --strategy=fsdp --hardware=tpu-v5e-8 \
         --html=/tmp/fsdp.html --trace=/tmp/fsdp.json --cpu_devices=8
-    python -m parity_tests.collectives --program=mypkg.mymod:build --cpu_devices=8
+    python -m inspector --program=mypkg.mymod:build --cpu_devices=8
 
 `--program=MODULE:FUNCTION`: FUNCTION() (in a module on PYTHONPATH) builds its mesh and returns
 (jitted function, tuple of its arguments: arrays or jax.ShapeDtypeStructs with shardings).
@@ -18,13 +18,14 @@ import jax
 from absl import app, flags
 from jax.sharding import AxisType
 
-from inspector import cost
-from inspector.render import print_attribution, print_report
 from shard_parity import UsageError
 from shard_parity.mesh import configure_jax
 from shard_parity.runtime import declare_key_flags
 from shard_parity.runtime import flags as F
 from shard_parity.runtime.train import mesh_from_flags
+
+from . import cost
+from .render import print_attribution, print_report
 
 JSON = flags.DEFINE_bool('json', False, 'Print one JSON object instead of the tables.')
 HARDWARE = flags.DEFINE_enum(
@@ -64,12 +65,12 @@ def load_program(spec: str):
 def report_of_flags():
     configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
     if PROGRAM.value:
-        from inspector.program import inspect
+        from .program import inspect
 
         jitted, args = load_program(PROGRAM.value)
         measure = cost.HARDWARE[HARDWARE.value].emulation  # on the CPU: beside the measured time
         return inspect(jitted, *args, hardware=HARDWARE.value, measure=measure).json(), True
-    from inspector.twins import inspect
+    from .twins import inspect
 
     # the train CLI's checks, same messages
     plan, mesh = mesh_from_flags(AxisType.Auto, F.NUM_DEVICES.value or jax.device_count())
@@ -93,18 +94,18 @@ def main(argv):
     if JSON.value:
         print(json.dumps(report, indent=1))
     elif own:
-        from inspector.render import program_text
+        from .render import program_text
 
         print(program_text(report), end='')
     else:
         print_report(report)
         print_attribution(report)
     if HTML.value:
-        from inspector.html import write_html
+        from .html import write_html
 
         print(f'wrote {write_html(report, HTML.value)}', file=sys.stderr)
     if TRACE.value:
-        from inspector.trace import write_trace
+        from .trace import write_trace
 
         print(f'wrote {write_trace(report, TRACE.value)}', file=sys.stderr)
     found = sum(len(s) for s in report['surprises'].values())

@@ -7,7 +7,7 @@ import html
 import json
 import os
 
-from inspector.attribute import REPO
+from .attribute import REPO
 
 _STYLE = """
 body{font:13px system-ui,sans-serif;margin:16px;color:#222}

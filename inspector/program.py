@@ -14,9 +14,9 @@ import time
 import jax
 import numpy as np
 
-from inspector import cost, surprises
-from inspector.attribute import attribute
-from inspector.hlo import Module, _collective_lines
+from . import cost, surprises
+from .attribute import attribute
+from .hlo import Module, _collective_lines
 
 VERSION = 2  # of the JSON: 1 had kind, shapes, dtypes, replica_groups, bytes, group_size
 
@@ -169,7 +169,7 @@ class Report:
     data: dict
 
     def text(self) -> str:
-        from inspector.render import program_text
+        from .render import program_text
 
         return program_text(self.data)
 
@@ -177,12 +177,12 @@ class Report:
         return self.data
 
     def html(self, path: str) -> str:
-        from inspector.html import write_html
+        from .html import write_html
 
         return write_html(self.data, path)
 
     def trace(self, path: str) -> str:
-        from inspector.trace import write_trace
+        from .trace import write_trace
 
         return write_trace(self.data, path)
 

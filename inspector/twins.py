@@ -12,13 +12,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-import auto
-import explicit
-import typed
-from inspector import cost, surprises
-from inspector.attribute import shorten
-from inspector.expect import expectation
-from inspector.program import VERSION, analyse, bytes_by_line, compile_all, measure_us
+from shard_parity import auto, explicit, typed
 from shard_parity.mesh import FSDP, with_axis_type
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
@@ -27,6 +21,11 @@ from shard_parity.placement import rows, state_shardings
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import tasks
 from shard_parity.step import create_state, make_optimizer, one_device_train_step
+
+from . import cost, surprises
+from .attribute import shorten
+from .expect import expectation
+from .program import VERSION, analyse, bytes_by_line, compile_all, measure_us
 
 
 

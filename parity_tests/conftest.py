@@ -3,7 +3,7 @@
 The twins are compared with XLA's fused multiply-adds off (shard_parity/mesh.py explains why);
 tests that run the train CLIs in subprocesses get the same settings from the CLI's defaults.
 Shared helpers live in parity_tests/helpers.py; this file holds the fixtures, the report header
-(the processor and versions a failure report needs) and --margins (python -m parity_tests.margins).
+(the processor and versions a failure report needs) and --margins (python -m tools.margins).
 """
 
 import atexit
@@ -66,7 +66,7 @@ def pytest_addoption(parser):
         '--margins',
         action='store_true',
         help='after the run, print how much of its tolerance each parity comparison used '
-        '(python -m parity_tests.margins runs the parity tests with it)',
+        '(python -m tools.margins runs the parity tests with it)',
     )
 
 

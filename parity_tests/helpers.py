@@ -45,7 +45,7 @@ TP_TRANSFORMER = cfg.TransformerConfig(
 
 # The tolerances, each with its error model (docs/determinism.md, "Tolerances"). Every comparison
 # goes through `assert_close`, which records its margin (error / allowed) for
-# `python -m parity_tests.margins`; the suite keeps each parity margin at 10x or more.
+# `python -m tools.margins`; the suite keeps each parity margin at 10x or more.
 #
 # One step, float32: a loss or gradient computed in another order (each device's rows summed,
 # then the partial sums added) differs from the one-device value by a few float32 roundings:
@@ -83,11 +83,11 @@ class Case(NamedTuple):
 
 
 def make_case(name: str, model_config=TINY_TRANSFORMER) -> Case:
-    import datasets
-    from datasets import batches, mnist, shakespeare
+    from shard_parity.datasets import batches, mnist, shakespeare
+    from shard_parity.datasets.root import data_root
     from shard_parity.model.transformer import Transformer
 
-    root = datasets.data_root()
+    root = data_root()
     if name == 'mlp':
         images, labels = mnist.load(root)['train']
         return Case(
@@ -304,9 +304,9 @@ def read_metrics(workdir):
 
 
 def inspect_collectives(model='mlp', strategy='dp', mesh=(8, 1), batch_size=None, **shape):
-    """What `python -m parity_tests.collectives --json` prints, computed in this process: the
+    """What `python -m inspector --json` prints, computed in this process: the
     collectives of each compiled train step. `shape`: TransformerConfig fields."""
-    from inspector.twins import inspect
+    from shard_parity.inspector.twins import inspect
     from shard_parity.mesh import make_mesh
     from shard_parity.placement import mesh_axes
 

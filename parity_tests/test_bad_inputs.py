@@ -16,9 +16,8 @@ import jax
 import numpy as np
 import pytest
 
-import auto
 from parity_tests.helpers import REPO, TINY_TRANSFORMER, make_case, run_cli
-from shard_parity import UsageError
+from shard_parity import UsageError, auto
 from shard_parity.mesh import make_mesh
 from shard_parity.runtime import checkpoint, tasks
 from shard_parity.runtime.train import run
@@ -530,12 +529,12 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     '--learning_rate nan or inf': ('explicit.train', ['--learning_rate=nan']),
     '--batch_size beyond the training split': ('auto.train', ['--batch_size=100000']),
     '--data_dir naming a file': ('auto.train', [f'--data_dir={REPO}/setup.cfg']),
-    'inspector: --program not MODULE:FUNCTION': ('parity_tests.collectives', ['--program=mymod']),
+    'inspector: --program not MODULE:FUNCTION': ('inspector', ['--program=mymod']),
     'inspector: --program module not importable': (
-        'parity_tests.collectives',
+        'inspector',
         ['--program=nosuchmodule:build'],
     ),
-    'inspector: unknown --hardware': ('parity_tests.collectives', ['--hardware=a100']),
+    'inspector: unknown --hardware': ('inspector', ['--hardware=a100']),
     '--seed beyond 2**31 - 1': ('explicit.generate', ['--seed=99999999999999999999']),
     'a coordinator address nobody answers': (
         'auto.train',

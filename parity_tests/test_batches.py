@@ -7,7 +7,7 @@ count and a resumed run all see the same data.
 import numpy as np
 import pytest
 
-from datasets import batches
+from shard_parity.datasets import batches
 
 
 def classification(n=103, seed=0, batch_size=10):

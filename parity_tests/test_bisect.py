@@ -1,5 +1,5 @@
 """Claim: the bisector names where two twins first disagree: the step, the phase, the first
-layer that differs and the hint, for each mistake of the bug zoo (parity_tests/zoo/); and it
+layer that differs and the hint, for each mistake of the bug zoo (tools/zoo/); and it
 finds nothing where the twins agree."""
 
 import dataclasses
@@ -10,15 +10,13 @@ import numpy as np
 import optax
 import pytest
 
-import auto
-import explicit
-from parity_tests import divergence as D
-from parity_tests import runs
 from parity_tests.helpers import REPO, fresh_state, make_case, strategy_mesh
-from shard_parity import UsageError
+from shard_parity import UsageError, auto, explicit
 from shard_parity.mesh import make_mesh
 from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.step import make_optimizer, one_device_loss_and_grads, one_device_train_step
+from shard_parity.tools import divergence as D
+from shard_parity.tools import runs
 
 DATA_HINT = "the 'data' axis size: in B a sum where a mean belongs"
 FSDP_HINT = "the 'fsdp' axis size: in B a sum where a mean belongs"
@@ -30,7 +28,7 @@ ZOO = {  # module: (strategy, mesh, reference, phase, layer, ratio, hint fragmen
     'dropout_key': (
         'dp',
         (8, 1),
-        'parity_tests.zoo.dropout',
+        'tools.zoo.dropout',
         'forward',
         'layers.0',
         None,
@@ -57,7 +55,7 @@ def test_the_zoo_names_the_expert_layer_of_all_to_alls_over_the_wrong_axis():
     case = make_case('transformer', moe)
     graphdef, tx, state = fresh_state(0, case)
     mesh = make_mesh(shape=(2, 2), axes=mesh_axes('ep'))
-    sides = [D.load_side(n, 'ep', mesh) for n in ('explicit', 'parity_tests.zoo.ep_swapped_axes')]
+    sides = [D.load_side(n, 'ep', mesh) for n in ('explicit', 'tools.zoo.ep_swapped_axes')]
     report = D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, 1)
     assert (report.step, report.phase, report.layer) == (0, 'forward', 'blocks.0.ffn')
 
@@ -71,20 +69,20 @@ def test_agreeing_twins_pass_and_a_bug_does_not():
 @pytest.mark.parametrize('bug', ZOO)
 def test_the_zoo(bug):
     strategy, shape, reference, phase, layer, ratio, hint = ZOO[bug]
-    report = run(reference, f'parity_tests.zoo.{bug}', strategy, shape)
+    report = run(reference, f'tools.zoo.{bug}', strategy, shape)
     assert (report.step, report.phase, report.layer) == (0, phase, layer)
     assert report.ratio == pytest.approx(ratio, rel=1e-4) if ratio else report.ratio is None
     assert any(hint in h for h in report.hints), report.hints
 
 
 def test_tp_pmean_names_the_attention_and_the_model_axis():
-    report = run('auto', 'parity_tests.zoo.tp_pmean', 'tp', (4, 2), model='transformer')
+    report = run('auto', 'tools.zoo.tp_pmean', 'tp', (4, 2), model='transformer')
     assert (report.step, report.phase, report.layer) == (0, 'forward', 'blocks.0.attn')
     assert report.ratio == pytest.approx(0.5, rel=1e-4)
     assert "B is the other / 2, the 'model' axis size" in report.hints[0]
 
 
-BROKEN = """from explicit.dp import loss_and_grads, train_step  # noqa: F401
+BROKEN = """from shard_parity.explicit.dp import loss_and_grads, train_step  # noqa: F401
 import jax
 
 
@@ -122,12 +120,20 @@ def test_cli_checks_its_input_as_the_train_cli_does_and_exits_2_or_3(tmp_path):
     }
     for flags, (code, message) in cases.items():
         result = subprocess.run(
-            [sys.executable, '-m', 'parity_tests.bisect', '--cpu_devices=8', *flags],
+            [sys.executable, '-m', 'tools.bisect', '--cpu_devices=8', *flags],
             cwd=REPO, capture_output=True, text=True, timeout=300, env=env,
         )  # fmt: skip
         lines = result.stderr.strip().splitlines()
         assert result.returncode == code and lines[-1].startswith('error: '), result.stderr[-2000:]
         assert message in lines[-1] and 'Traceback' not in result.stderr
+
+
+def test_the_zoo_answers_to_its_old_name_too(mesh8):
+    """--twins=explicit,parity_tests.zoo.no_pcast, the spelling from before the tools moved to
+    tools/ (issue 31), names the same module."""
+    names = ('parity_tests.zoo.no_pcast', 'tools.zoo.no_pcast')
+    old, new = (D.load_side(name, 'dp', mesh8) for name in names)
+    assert old.module is new.module and old.name == 'parity_tests.zoo.no_pcast'
 
 
 def test_bad_twins_get_one_line(mesh8):
@@ -147,9 +153,9 @@ def test_cli_reports_the_zoo_and_exits_1():
         [
             sys.executable,
             '-m',
-            'parity_tests.bisect',
+            'tools.bisect',
             *flags,
-            '--twins=explicit,parity_tests.zoo.no_pcast',
+            '--twins=explicit,tools.zoo.no_pcast',
         ],
         cwd=REPO,
         capture_output=True,

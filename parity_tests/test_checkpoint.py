@@ -8,9 +8,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import auto
-import explicit
-import typed
 from parity_tests.helpers import (
     TINY_TRANSFORMER,
     fresh_state,
@@ -19,7 +16,7 @@ from parity_tests.helpers import (
     save_checkpoint,
     strategy_mesh,
 )
-from shard_parity import UsageError
+from shard_parity import UsageError, auto, explicit, typed
 from shard_parity.mesh import make_mesh
 from shard_parity.placement import place_batch, place_state
 from shard_parity.runtime import checkpoint, legacy

@@ -1,8 +1,11 @@
 """Claim: `python -m auto.train` and `python -m explicit.train` run long on 8 emulated devices
 without the CPU all-reduce deadlock, keep the metrics.jsonl contract, agree line for line, and
-answer bad input with one clear line and a non-zero exit."""
+answer bad input with one clear line and a non-zero exit; every CLI and tool answers --help, the
+tools by their old names too."""
 
+import importlib.util
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -158,7 +161,7 @@ def test_each_train_cli_offers_exactly_its_twins_strategies(tmp_path):
     from shard_parity.placement import STRATEGIES
 
     for name in ('auto', 'explicit', 'typed'):
-        offered = list(importlib.import_module(name).STRATEGIES)
+        offered = list(importlib.import_module(f'shard_parity.{name}').STRATEGIES)
         help_text = subprocess.run(
             [sys.executable, '-m', f'{name}.train', '--help'], cwd=REPO, capture_output=True,
             text=True, check=False,
@@ -196,8 +199,8 @@ def test_settings_that_change_nothing_warn_once(tmp_path):
         ('typed.train', '--[no]save_initial'),
         ('auto.generate', '--[no]kv_cache'),
         ('explicit.generate', '--max_new_bytes'),
-        ('parity_tests.collectives', '--strategy'),
-        ('parity_tests.bisect', '--num_layers'),  # the train CLI's flags it reads, too
+        ('inspector', '--strategy'),
+        ('tools.bisect', '--num_layers'),  # the train CLI's flags it reads, too
         ('benchmarks.run', '--sections'),
     ],
 )
@@ -214,15 +217,43 @@ def test_help_lists_each_clis_own_flags(module, own):
     assert '--xla_' not in result.stdout  # only its own flags: --helpfull has the rest
 
 
+TOOLS = {  # each tool's command: its old name, and a flag of its own that its --help lists
+    'tools.compare': ('parity_tests.compare', '--max_loss_gap'),
+    'tools.launch': ('parity_tests.launch', '--grace_seconds'),
+    'tools.bisect': ('parity_tests.bisect', '--twins'),
+    'tools.margins': ('parity_tests.margins', '--margins'),  # pytest's --help, with the suite's
+    'inspector': ('parity_tests.collectives', '--hardware'),
+}
+
+
+def test_each_old_tool_name_runs_the_new_one():
+    """The tools moved out of parity_tests/ (issue 31); their old modules stay, as aliases."""
+    for new, (old, _) in TOOLS.items():
+        alias = pathlib.Path(REPO, *old.split('.')).with_suffix('.py').read_text()
+        assert f"runpy.run_module('shard_parity.{new}', run_name='__main__'" in alias, old
+        assert f'`python -m {new}`' in alias.split('\n')[0], old  # its docstring says so
+        assert importlib.util.find_spec(f'shard_parity.{new}') is not None, new
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('module', [*TOOLS, *(old for old, _ in TOOLS.values())])
+def test_each_tool_answers_help_by_its_name_and_its_old_one(module):
+    new = next(new for new, (old, _) in TOOLS.items() if module in (new, old))
+    result = subprocess.run(
+        [sys.executable, '-m', module, '--help'], cwd=REPO, capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert TOOLS[new][1] in result.stdout, result.stdout[-2000:]
+
+
 def test_fused_attention_under_a_ring_says_it_is_ignored(caplog):
     """explicit/cp.py runs its own ring attention: --attention=fused changes nothing there (auto/
     cp.py lets XLA split the model's own attention, fused included: no warning)."""
     import dataclasses
 
-    import auto
-    import explicit
-    import typed
     from parity_tests.helpers import TINY_TRANSFORMER
+    from shard_parity import auto, explicit, typed
     from shard_parity.mesh import make_mesh
     from shard_parity.placement import mesh_axes
     from shard_parity.runtime.train import check_strategy

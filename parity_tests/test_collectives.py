@@ -10,10 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-import auto
-import explicit
 from parity_tests.helpers import REPO, fresh_state, inspect_collectives
-from parity_tests.hlo import collectives, compiled_text
+from shard_parity import auto, explicit
+from shard_parity.inspector.hlo import collectives, compiled_text
 from shard_parity.placement import place_batch, place_state
 from shard_parity.runtime.tasks import classification_loss
 from shard_parity.step import one_device_train_step
@@ -109,7 +108,7 @@ def test_inspector_pins_the_transformer_collectives():
 def test_inspector_cli_prints_the_same_json():
     """The CLI (its flags, --json) over the same function the tests above call in process."""
     result = subprocess.run(
-        [sys.executable, '-m', 'parity_tests.collectives', '--json', '--cpu_devices=8'],
+        [sys.executable, '-m', 'inspector', '--json', '--cpu_devices=8'],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""`python -m parity_tests.compare A B`: it agrees when the runs agree, for both models' logs, and
+"""`python -m tools.compare A B`: it agrees when the runs agree, for both models' logs, and
 says why when they do not."""
 
 import json
@@ -19,7 +19,7 @@ def workdir(tmp_path, name, lines):
 
 
 def compare(*args):
-    cmd = [sys.executable, '-m', 'parity_tests.compare', *map(str, args)]
+    cmd = [sys.executable, '-m', 'tools.compare', *map(str, args)]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
 
 

@@ -15,9 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import auto
-import explicit
-import typed
 from parity_tests.helpers import (
     LOSS_TOL,
     TOL,
@@ -37,6 +34,7 @@ from parity_tests.helpers import (
     train_twin_x64,
     twin_loss_and_grads,
 )
+from shard_parity import auto, explicit, typed
 from shard_parity.mesh import SEQ, make_mesh
 from shard_parity.model import ring as ring_module
 from shard_parity import plan as plans

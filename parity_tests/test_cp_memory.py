@@ -17,9 +17,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import explicit
-import typed
 from benchmarks.sections import NANOGPT, setup
+from shard_parity import explicit, typed
 from shard_parity.mesh import SEQ, make_mesh
 from shard_parity.model import attention, ring
 from shard_parity.placement import mesh_axes, place_batch, place_state

@@ -16,9 +16,9 @@ import struct
 import numpy as np
 import pytest
 
-import datasets
-from datasets import DataError, download, mnist, shakespeare
 from parity_tests._http import closed_port_url, serve
+from shard_parity.datasets import download, mnist, shakespeare
+from shard_parity.datasets.root import DataError, data_root
 
 
 @pytest.fixture
@@ -192,7 +192,7 @@ def test_shakespeare_download_and_split(server, tmp_path, monkeypatch):
 def test_real_shared_data():
     if not os.environ.get('SHARD_PARITY_DATA_DIR'):
         pytest.skip('set SHARD_PARITY_DATA_DIR (e.g. ../shared/data) to check the real data')
-    root = datasets.data_root()
+    root = data_root()
     splits = mnist.load(root, download=False)
     (x, y), (x_test, y_test) = splits['train'], splits['test']
     assert x.shape == (8000, 784) and x_test.shape == (2000, 784) and x.dtype == np.float32
@@ -206,22 +206,10 @@ def test_real_shared_data():
 def test_data_root_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv('SHARD_PARITY_DATA_DIR', '/env/data')
     monkeypatch.setenv('XDG_CACHE_HOME', '/xdg')
-    assert datasets.data_root('/flag/data') == pathlib.Path('/flag/data')
-    assert datasets.data_root() == pathlib.Path('/env/data')
+    assert data_root('/flag/data') == pathlib.Path('/flag/data')
+    assert data_root() == pathlib.Path('/env/data')
     monkeypatch.delenv('SHARD_PARITY_DATA_DIR')
-    assert datasets.data_root() == pathlib.Path('/xdg/shard-parity')
+    assert data_root() == pathlib.Path('/xdg/shard-parity')
     monkeypatch.delenv('XDG_CACHE_HOME')
     monkeypatch.setenv('HOME', str(tmp_path))
-    assert datasets.data_root() == tmp_path / '.cache' / 'shard-parity'
-
-
-def test_warns_when_hugging_face_datasets_is_installed(monkeypatch, recwarn):
-    def not_installed(name):
-        raise datasets.importlib.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(datasets.importlib.metadata, 'distribution', not_installed)
-    datasets._warn_if_shadowing()
-    assert not recwarn.list
-    monkeypatch.setattr(datasets.importlib.metadata, 'distribution', lambda name: object())
-    with pytest.warns(UserWarning, match='shadows Hugging Face `datasets`'):
-        datasets._warn_if_shadowing()
+    assert data_root() == tmp_path / '.cache' / 'shard-parity'

@@ -2,7 +2,8 @@
 --help. `--save_initial` (docs/bisect.md) was missing from the train CLI's --help.
 
 Reads README.md and docs/*.md: each command `python -m <twin>.train|generate ...` or
-`python -m parity_tests.compare ...` (a shell line, continued by `\\`) is checked against that
+`python -m tools.compare ...` (by its long name shard_parity.<...> too, and compare by its old
+one, parity_tests.compare; a shell line, continued by `\\`) is checked against that
 CLI's registry (flags.py's TRAIN_CLI and GENERATE_CLI: what --help lists; compare.py's own
 flags), and every `--name` anywhere must be a flag some CLI of this project defines. No process
 is started."""
@@ -15,7 +16,8 @@ from shard_parity.runtime import flags as F
 
 DOCS = [pathlib.Path(REPO) / 'README.md', *sorted((pathlib.Path(REPO) / 'docs').glob('*.md'))]
 COMMAND = re.compile(
-    r'-m\s+((?:auto|explicit|typed)\.(train|generate)|parity_tests\.(compare))\b([^`\n|;&]*)'
+    r'-m\s+(?:shard_parity\.)?((?:auto|explicit|typed)\.(train|generate)'
+    r'|(?:tools|parity_tests)\.(compare))\b([^`\n|;&]*)'
 )
 FLAG = re.compile(r'(?<![\w-])--(?:\[no\])?([a-z]\w+)')
 # Not ours: absl's help flags, XLA's, SLURM's srun, and the word in "every setting is a --flag".
@@ -30,7 +32,7 @@ def registries() -> dict[str, set[str]]:
     return {
         'train': {h.name for h in F.TRAIN_CLI},
         'generate': {h.name for h in F.GENERATE_CLI},
-        'compare': defined_in('parity_tests/compare.py'),
+        'compare': defined_in('tools/compare.py'),
     }
 
 
@@ -57,7 +59,9 @@ def test_every_flag_in_a_documented_command_is_in_that_clis_help():
     assert missing(planted, {**known, 'train': known['train'] - {'save_initial'}}) == [
         'train: --save_initial'
     ]  # the check can fail, continued lines included
-    assert missing('python -m parity_tests.compare A B --nosuch', known) == ['compare: --nosuch']
+    for compare in ('tools.compare', 'shard_parity.tools.compare', 'parity_tests.compare'):
+        assert missing(f'python -m {compare} A B --nosuch', known) == ['compare: --nosuch']
+    assert missing('python -m shard_parity.auto.train --nosuch', known) == ['train: --nosuch']
     found = {path.name: list(commands(path.read_text())) for path in DOCS}
     assert sum(map(len, found.values())) >= 15, found  # the regex still finds the commands
     assert {path.name: missing(path.read_text(), known) for path in DOCS} == {

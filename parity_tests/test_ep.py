@@ -12,9 +12,6 @@ import jax
 import numpy as np
 import pytest
 
-import auto
-import explicit
-import typed
 from parity_tests.helpers import (
     LOSS_TOL,
     TOL,
@@ -34,7 +31,7 @@ from parity_tests.helpers import (
     train_twin_x64,
     twin_loss_and_grads,
 )
-from parity_tests.zoo import ep_swapped_axes
+from shard_parity import auto, explicit, typed
 from shard_parity.mesh import make_mesh
 from shard_parity.model import moe
 from shard_parity import plan as plans
@@ -42,6 +39,7 @@ from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.runtime import checkpoint, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.step import bind, one_device_loss_and_grads
+from shard_parity.tools.zoo import ep_swapped_axes
 
 # One block, width 32, 16 positions: every layer kind, fast compiles. 'drops': capacity factor
 # 1.0 (the even share: some experts overflow); 'all': factor E / K, capacity T, none dropped.

@@ -17,7 +17,6 @@ import jax
 import numpy as np
 import pytest
 
-import auto
 from parity_tests.helpers import (
     CLI_MODELS,
     REPO,
@@ -27,7 +26,7 @@ from parity_tests.helpers import (
     run_cli,
     save_checkpoint,
 )
-from shard_parity import UsageError
+from shard_parity import UsageError, auto
 from shard_parity.mesh import make_mesh
 from shard_parity.runtime import checkpoint, integrity, report, tasks
 from shard_parity.runtime.train import run

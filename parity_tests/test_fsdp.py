@@ -7,8 +7,6 @@ import jax
 import numpy as np
 import pytest
 
-import auto
-import explicit
 from parity_tests.helpers import (
     CLI_MODELS,
     LOSS_TOL,
@@ -26,7 +24,8 @@ from parity_tests.helpers import (
     train_twin_x64,
     twin_loss_and_grads,
 )
-from parity_tests.hlo import collectives, compiled_text
+from shard_parity import auto, explicit
+from shard_parity.inspector.hlo import collectives, compiled_text
 from shard_parity.placement import layer_dims, place_batch, place_state
 from shard_parity.runtime.tasks import classification_loss
 from shard_parity.step import one_device_loss_and_grads

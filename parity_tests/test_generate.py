@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-import typed
 from parity_tests.helpers import (
     REPO,
     TINY_TRANSFORMER,
@@ -21,7 +20,7 @@ from parity_tests.helpers import (
     run_cli,
     save_checkpoint,
 )
-from shard_parity import UsageError
+from shard_parity import UsageError, typed
 from shard_parity.mesh import make_mesh
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import place_state

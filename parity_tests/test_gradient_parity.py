@@ -8,8 +8,6 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-import auto
-import explicit
 from parity_tests.helpers import (
     TOL,
     assert_close,
@@ -17,6 +15,7 @@ from parity_tests.helpers import (
     fresh_state,
     twin_loss_and_grads,
 )
+from shard_parity import auto, explicit
 from shard_parity.mesh import DATA
 from shard_parity.placement import place_batch
 from shard_parity.step import bind, one_device_loss_and_grads

@@ -17,10 +17,10 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import inspector
-from inspector import cost, surprises
 from parity_tests import planted
 from parity_tests.helpers import REPO, inspect_collectives
+from shard_parity import inspector
+from shard_parity.inspector import cost, surprises
 
 PLANTED = 'parity_tests/planted.py'
 
@@ -171,7 +171,7 @@ def build():
 def test_cli_inspects_a_program_of_yours_and_fails_on_its_surprise(tmp_path):
     (tmp_path / 'mine.py').write_text(MINE)
     env = dict(os.environ, PYTHONPATH=f'{tmp_path}{os.pathsep}{REPO}')
-    command = [sys.executable, '-m', 'parity_tests.collectives', '--program=mine:build']
+    command = [sys.executable, '-m', 'inspector', '--program=mine:build']
 
     def run(*flags):
         return subprocess.run(

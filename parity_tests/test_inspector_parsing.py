@@ -1,19 +1,48 @@
 """Claim: the inspector reads what XLA prints, in every spelling the supported JAX versions use
 (replica groups as lists, iota and mesh; source lines inline and as a stack-frame table), prices
 collectives by the ring formulas with a latency floor, and catches the partitioner's warnings
-that XLA writes below Python. No program is compiled here: the inputs are XLA's own text."""
+that XLA writes below Python; its generic part imports nothing of this project. No program is
+compiled here: the inputs are XLA's own text."""
 
+import ast
 import os
+import pathlib
 
 import jax
 import pytest
 from jax.sharding import AxisType
 
-import inspector
-from inspector import cost, surprises
-from inspector.attribute import mesh_axes
-from inspector.hlo import Module, device_groups
-from inspector.program import captured_stderr
+from shard_parity import inspector
+from shard_parity.inspector import cost, surprises
+from shard_parity.inspector.attribute import mesh_axes
+from shard_parity.inspector.hlo import Module, device_groups
+from shard_parity.inspector.program import captured_stderr
+
+# inspector/__init__.py: what inspects any jitted program, apart from what knows the twins
+GENERIC = {'program', 'hlo', 'attribute', 'cost', 'surprises', 'render', 'html', 'trace'}
+PROJECT = {'shard_parity', 'auto', 'explicit', 'typed', 'tools', 'parity_tests', 'datasets'}
+
+
+def project_imports(source: str) -> set[str]:
+    """What `source` imports of this project other than the generic inspector modules."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split('.')[0] in PROJECT}
+        elif isinstance(node, ast.ImportFrom) and node.level:  # from . import x, from .x import y
+            names = [node.module] if node.module else [a.name for a in node.names]
+            found |= {f'.{n}' for n in names if n.split('.')[0] not in GENERIC}
+        elif isinstance(node, ast.ImportFrom) and node.module.split('.')[0] in PROJECT:
+            found.add(node.module)
+    return found
+
+
+def test_the_generic_inspector_imports_nothing_of_the_twins():
+    planted = 'from . import cost\nfrom .twins import inspect\nfrom shard_parity.mesh import DATA'
+    assert project_imports(planted) == {'.twins', 'shard_parity.mesh'}  # the check can fail
+    folder = pathlib.Path(inspector.__file__).parent
+    for name in sorted(GENERIC):
+        assert project_imports((folder / f'{name}.py').read_text()) == set(), name
 
 
 def test_replica_groups_in_all_three_spellings_name_the_same_axes():

@@ -1,4 +1,4 @@
-"""`python -m parity_tests.launch`: it never hangs on a process that exits or on a signal (and,
+"""`python -m tools.launch`: it never hangs on a process that exits or on a signal (and,
 given --timeout, not on processes that all hang), passes signals on, names a missing program in
 one line, keeps gloo's lines and its own notes off the progress bar unless --verbose, and leaves no
 process and no temporary folder behind (except a failed process's log).
@@ -66,7 +66,7 @@ class Launch:
             [
                 sys.executable,
                 '-m',
-                'parity_tests.launch',
+                'tools.launch',
                 '--num_processes=2',
                 '--cpu_devices_per_process=1',
                 f'--grace_seconds={grace}',
@@ -208,12 +208,12 @@ def test_timeout_stops_processes_that_all_hang(launcher):
 
 def test_a_forgotten_double_dash_is_named():
     result = subprocess.run(
-        [sys.executable, '-m', 'parity_tests.launch', 'python', '-m', 'auto.train', '--steps=5'],
+        [sys.executable, '-m', 'tools.launch', 'python', '-m', 'auto.train', '--steps=5'],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 1 and 'Traceback' not in result.stderr
     assert result.stderr.strip().splitlines() == [
-        'error: put -- before the command: python -m parity_tests.launch [--num_processes=N] '
+        'error: put -- before the command: python -m tools.launch [--num_processes=N] '
         '-- python -m auto.train --steps=5'
     ]
 

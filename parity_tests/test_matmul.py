@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import auto
 from parity_tests.helpers import fresh_state
-from parity_tests.hlo import compiled_text
+from shard_parity import auto
+from shard_parity.inspector.hlo import compiled_text
 from shard_parity.model.ops import matmul
 from shard_parity.placement import place_batch, place_state
 from shard_parity.runtime.tasks import classification_loss

@@ -13,10 +13,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding
 
-import auto
-import explicit
-import typed
-from shard_parity import memory
+from shard_parity import auto, explicit, memory, typed
 from shard_parity.mesh import make_mesh
 from shard_parity.model.transformer import Transformer
 from parity_tests.helpers import strategy_mesh

@@ -10,9 +10,6 @@ import jax
 import numpy as np
 import pytest
 
-import auto
-import explicit
-import typed
 from parity_tests.helpers import (
     TOL,
     TP_TRANSFORMER,
@@ -27,6 +24,7 @@ from parity_tests.helpers import (
     train_twin_x64,
     twin_loss_and_grads,
 )
+from shard_parity import auto, explicit, typed
 from shard_parity.mesh import MODEL, make_mesh
 from shard_parity.model import attention
 from shard_parity.runtime import config as cfg

@@ -35,7 +35,7 @@ def launch(*command, n=2, timeout=240):
         [
             sys.executable,
             '-m',
-            'parity_tests.launch',
+            'tools.launch',
             f'--num_processes={n}',
             '--cpu_devices_per_process=4',
             '--',
@@ -86,7 +86,7 @@ def test_a_killed_process_stops_the_run_in_bounded_time(tmp_path):
     command = [
         sys.executable,
         '-m',
-        'parity_tests.launch',
+        'tools.launch',
         '--num_processes=2',
         '--cpu_devices_per_process=4',
         '--grace_seconds=30',
@@ -149,7 +149,7 @@ def test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise(tmp_
     stopped or saved, and the launcher killed both. Now a scheduler's SIGTERM (to each process,
     by hand) and the launcher's both stop every process at one step, saved, exit 143; the
     resumed run ends bitwise where an undisturbed one does."""
-    from parity_tests.net import free_port  # not from launch.py: its flags would clash
+    from shard_parity.tools.net import free_port  # not from launch.py: its flags would clash
 
     flags = [*FLAGS['mlp'], '--log_every=5', '--eval_every=1000', '--checkpoint_every=1000']
     flags += ['--decay_steps=1000']
@@ -172,7 +172,7 @@ def test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise(tmp_
     assert (run / 'checkpoints' / str(first)).is_dir()
     # The launcher's SIGTERM, on the resumed run, passed on to both processes.
     launcher = subprocess.Popen(
-        [sys.executable, '-m', 'parity_tests.launch', '--num_processes=2',
+        [sys.executable, '-m', 'tools.launch', '--num_processes=2',
          '--cpu_devices_per_process=4', '--', *train, '--steps=100000'],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -194,7 +194,7 @@ def test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise(tmp_
 def test_ctrl_c_works_while_process_0_waits_for_the_others(tmp_path):
     """Process 0 alone waited 5 minutes in JAX's C++ for the others, silent and deaf to Ctrl-C:
     now it says what it waits for within seconds, and Ctrl-C ends it at once."""
-    from parity_tests.net import free_port
+    from shard_parity.tools.net import free_port
 
     command = [sys.executable, '-m', 'explicit.train', *FLAGS['mlp'], '--cpu_devices=1']
     command += [f'--coordinator_address=127.0.0.1:{free_port()}', '--num_processes=2']

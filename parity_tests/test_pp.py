@@ -2,7 +2,7 @@
 stages over the mesh's 'stage' axis, runs M microbatches through them on the GPipe schedule,
 and gives the one-device run's loss and every gradient leaf, and 20 AdamW steps track it, in all
 three twins, for S = 2 and 4, M = S and 2S, MHA and GQA; a ppermute turned the wrong way is
-caught (parity_tests/zoo/pp_wrong_way.py); explicit's compiled step holds one collective-permute
+caught (tools/zoo/pp_wrong_way.py); explicit's compiled step holds one collective-permute
 per tick each way and no gathered weight; checkpoints move between dp and pp with bitwise
 logits; the train CLI runs it. Bad input: shard_parity/plan.py's checks."""
 
@@ -13,10 +13,6 @@ import jax
 import numpy as np
 import pytest
 
-import auto
-import explicit
-import typed
-from parity_tests import divergence as D
 from parity_tests.helpers import (
     LOSS_TOL,
     TOL,
@@ -35,13 +31,15 @@ from parity_tests.helpers import (
     train_twin,
     train_twin_x64,
 )
-from parity_tests.zoo import pp_wrong_way
+from shard_parity import auto, explicit, typed
 from shard_parity.mesh import make_mesh
 from shard_parity import plan as plans
 from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.runtime import checkpoint
 from shard_parity.runtime import config as cfg
 from shard_parity.step import one_device_loss_and_grads
+from shard_parity.tools import divergence as D
+from shard_parity.tools.zoo import pp_wrong_way
 
 # 4 layers: 1 or 2 per stage. The blocks run under a scan, so more layers cost no compile time.
 MHA = cfg.TransformerConfig(seq_len=16, num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=32)
@@ -101,7 +99,7 @@ def test_pp_matches_the_one_device_run(name, model, stages, microbatches, one_de
 @pytest.mark.slow
 def test_the_ppermute_turning_the_wrong_way_is_caught(one_device):
     """The comparison can fail: handing each stage's output back to the previous stage leaves
-    the last stage running on zeros (parity_tests/zoo/pp_wrong_way.py)."""
+    the last stage running on zeros (tools/zoo/pp_wrong_way.py)."""
     case, want, _ = one_device('gqa')
     got, _ = pp_loss_and_grads(pp_wrong_way, case, 2, 2)
     assert not np.isclose(float(got['loss']), float(want['loss']), **TOL), (got, want)
@@ -122,7 +120,7 @@ def test_the_bisector_finds_the_wrong_way_at_the_pipelines_output():
     case = make_case('transformer', GQA)
     graphdef, tx, state = fresh_state(case=case)
     mesh = pp_mesh(4)
-    sides = [D.load_side(n, 'pp', mesh) for n in ('explicit', 'parity_tests.zoo.pp_wrong_way')]
+    sides = [D.load_side(n, 'pp', mesh) for n in ('explicit', 'tools.zoo.pp_wrong_way')]
     report = D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, 1)
     assert (report.step, report.phase, report.layer) == (0, 'forward', 'norm')
     assert report.ratio == 0.0

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from inspector.html import write_html
 from parity_tests.helpers import inspect_collectives
+from shard_parity.inspector.html import write_html
 
 CHROMIUM_ARGS = [
     '--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',

@@ -10,8 +10,6 @@ import jax
 import numpy as np
 import pytest
 
-import auto
-import explicit
 from parity_tests.helpers import (
     LOSS_TOL,
     PARAM_TOL,
@@ -23,6 +21,7 @@ from parity_tests.helpers import (
     train_twin,
     train_twin_x64,
 )
+from shard_parity import auto, explicit
 from shard_parity.mesh import make_mesh
 
 

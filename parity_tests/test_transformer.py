@@ -9,10 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import auto
-import explicit
 from parity_tests.helpers import LOSS_TOL, TINY_TRANSFORMER, assert_close, fresh_state, make_case
-from shard_parity import UsageError
+from shard_parity import UsageError, auto, explicit
 from shard_parity.model import attention
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import place_batch, place_state

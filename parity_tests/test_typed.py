@@ -12,9 +12,6 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-import auto
-import explicit
-import typed
 from parity_tests.helpers import (
     TOL,
     assert_close,
@@ -25,6 +22,7 @@ from parity_tests.helpers import (
     twin_loss_and_grads,
     strategy_mesh,
 )
+from shard_parity import auto, explicit, typed
 from shard_parity.mesh import DATA, MODEL, make_mesh
 from shard_parity.placement import layer_dims, place_batch, place_state
 from shard_parity.step import one_device_loss_and_grads

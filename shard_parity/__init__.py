@@ -1,14 +1,25 @@
 """What every twin shares, so that a difference between twins can only come from the twins.
+The project's one installed name: the twins, the inspector, the tools and the data loaders are
+its subpackages (shard_parity.auto, .explicit, .typed, .inspector, .tools, .datasets).
 
-    mesh.py       the DATA x MODEL mesh, emulated CPU devices, processes
+    mesh.py       the DATA x MODEL mesh, emulated CPU devices
     placement.py  where each array lives under each strategy, and the placing itself
     step.py       TrainState, AdamW, apply_gradients, the one-device step
     model/        the MLP, the transformer, attention and the custom-backward ops
-    runtime/      configs, flags, tasks, the loop, checkpoints, reports, the CLIs
+    runtime/      configs, flags, tasks, the loop, checkpoints, reports, processes, the CLIs
 
 The parallelism itself lives in the twins' strategy files (auto/dp.py, explicit/fsdp.py, ...);
-nothing in this package imports them.
+none of the modules above imports them.
 """
+
+import os
+
+# A checkout keeps auto/, explicit/, typed/, inspector/, tools/ and datasets/ beside this folder
+# (an install puts them inside it: setup.cfg's package_dir); the checkout's root joins __path__,
+# so shard_parity.auto is auto/ with or without an install, and nothing else is top-level.
+_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isfile(os.path.join(_root, 'setup.cfg')):
+    __path__.append(_root)
 
 
 class UsageError(Exception):

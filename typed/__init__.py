@@ -8,7 +8,7 @@ Mind the names: this folder, typed/, is JAX's Explicit mode; our explicit/ is JA
 
 from jax.sharding import AxisType
 
-from typed import composed, cp, dp, ep, fsdp, fsdp_tp, pp, tp
+from . import composed, cp, dp, ep, fsdp, fsdp_tp, pp, tp
 
 NAME = 'typed'
 AXIS_TYPE = AxisType.Explicit  # the mesh's axes: shardings are types, checked while tracing

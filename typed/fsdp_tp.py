@@ -23,7 +23,8 @@ from shard_parity.placement import (
     state_specs,
 )
 from shard_parity.step import bind, make_train_step
-from typed.fsdp import gather_layer
+
+from .fsdp import gather_layer
 
 STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'fsdp'
 

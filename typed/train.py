@@ -4,10 +4,11 @@ The loop, flags and outputs are shared by every twin (shard_parity/runtime/train
 supplies only its strategy files (see typed/__init__.py).
 """
 
+import sys
+
 from absl import app
 
-import typed
 from shard_parity.runtime.train import main
 
 if __name__ == '__main__':
-    app.run(main(typed))
+    app.run(main(sys.modules[__package__]))  # this twin, under the name it was run by

@@ -3,9 +3,9 @@ of a batch split over 8 devices, written twice. `accumulate` lets the compiler p
 gradient's all-reduce, and it puts one in every microbatch; `accumulate_once` sums each
 device's microbatch gradients locally (a shard_map) and all-reduces once, after the loop.
 
-    PYTHONPATH=docs/examples python -m parity_tests.collectives --program=accumulate:build \
+    PYTHONPATH=docs/examples python -m inspector --program=accumulate:build \
         --cpu_devices=8
-    PYTHONPATH=docs/examples python -m parity_tests.collectives --program=accumulate:build_fixed \
+    PYTHONPATH=docs/examples python -m inspector --program=accumulate:build_fixed \
         --cpu_devices=8
 """
 

@@ -1,7 +1,7 @@
 """Everything around the step: configs, flags, tasks (data, losses, evaluation), the training
-loop, checkpoints, reports, and the train and generate CLIs that every twin runs. Here: what a
-CLI's --help lists (flags.py holds the flags themselves; benchmarks/run.py, which defines its
-own, uses this too)."""
+loop, checkpoints, reports, joining several processes, and the train and generate CLIs that
+every twin runs. Here: what a CLI's --help lists (flags.py holds the flags themselves;
+benchmarks/run.py, which defines its own, uses this too)."""
 
 import functools
 import logging as py_logging

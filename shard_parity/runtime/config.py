@@ -46,7 +46,7 @@ class TrainConfig:
     log_grad_norm: bool = _field(
         False,
         'Log the global norm of the averaged gradient (train_grad_norm in metrics.jsonl), for '
-        'python -m parity_tests.bisect RUN_A RUN_B. Under fsdp, tp and cp it adds a scalar '
+        'python -m tools.bisect RUN_A RUN_B. Under fsdp, tp and cp it adds a scalar '
         'all-reduce per sharded array.',
     )
 

@@ -173,13 +173,13 @@ CHECKPOINT_EVERY = flags.DEFINE_integer(
 SAVE_INITIAL = flags.DEFINE_bool(
     'save_initial',
     False,
-    'Also save the initial state as a step-0 checkpoint, so that python -m parity_tests.bisect '
+    'Also save the initial state as a step-0 checkpoint, so that python -m tools.bisect '
     'RUN_A RUN_B can replay from the start.',
 )
 KEEP = flags.DEFINE_integer('keep', 3, 'How many checkpoints to keep.', lower_bound=1)
 DEBUG_NANS = flags.DEFINE_bool('debug_nans', False, "Turn on JAX's NaN checks (slow).")
 VERBOSE = flags.DEFINE_bool('verbose', False, 'Show the traceback of an expected error too.')
-# Several processes (one per host, or several on one machine: python -m parity_tests.launch).
+# Several processes (one per host, or several on one machine: python -m tools.launch).
 COORDINATOR = flags.DEFINE_string(
     'coordinator_address', None, 'host:port of process 0, for jax.distributed.initialize.'
 )

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import datasets
-from datasets import batches, mnist, shakespeare
 from shard_parity import UsageError
+from shard_parity.datasets import batches, mnist, shakespeare
+from shard_parity.datasets.root import data_root
 from shard_parity.model.mlp import MLP
 from shard_parity.model.moe import AUX_WEIGHT
 from shard_parity.model.ops import cross_entropy
@@ -53,7 +53,7 @@ def classification_eval(model, batch):
 
 
 def mnist_task(config: cfg.TrainConfig, data_dir: str | None = None, download=True) -> Task:
-    data = mnist.load(datasets.data_root(data_dir), download=download)
+    data = mnist.load(data_root(data_dir), download=download)
     if config.batch_size > len(data['train'][1]):
         raise UsageError(
             f'--batch_size={config.batch_size} is larger than the MNIST training split '
@@ -113,7 +113,7 @@ EVAL_BATCHES = 100  # fixed validation windows: 100 x 12 x 64 = 76,800 bytes at 
 def shakespeare_task(
     config: cfg.TrainConfig, model_config: cfg.TransformerConfig, data_dir=None, download=True
 ) -> Task:
-    train, val = shakespeare.load(datasets.data_root(data_dir), download=download)
+    train, val = shakespeare.load(data_root(data_dir), download=download)
     b, t = config.batch_size, model_config.seq_len
     if t >= len(val):
         raise UsageError(

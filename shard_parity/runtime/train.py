@@ -18,15 +18,16 @@ import jax
 from absl import flags, logging
 from flax import nnx
 
-import datasets
 from shard_parity import UsageError
 from shard_parity import plan as plans
-from shard_parity.mesh import SEQ, configure_jax, mesh_for, start_processes
+from shard_parity.datasets.root import DataError
+from shard_parity.mesh import SEQ, configure_jax, mesh_for
 from shard_parity.placement import place_state, state_shardings
 from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings, report, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import flags as F
 from shard_parity.runtime.loop import SIGNALS, Interrupted, Loop, stop_on_signals
+from shard_parity.runtime.processes import start_processes
 from shard_parity.step import create_state, make_optimizer
 
 
@@ -124,7 +125,7 @@ def run(
         state, start = restore_latest(mngr, state, saved, mesh, config.steps)
         if state is None:
             return None
-        if save_initial and start == 0:  # step 0, for python -m parity_tests.bisect RUN_A RUN_B
+        if save_initial and start == 0:  # step 0, for python -m tools.bisect RUN_A RUN_B
             checkpoint.save(mngr, state, saved)
         text = json.dumps(saved, indent=2) + '\n'
         if main:
@@ -241,7 +242,7 @@ def main(twin):
             if F.VERBOSE.value:
                 traceback.print_exc()
             sys.exit(f'error: --debug_nans stopped training at the first NaN: {str(e)[:300]}')
-        except (UsageError, datasets.DataError, OSError) as e:
+        except (UsageError, DataError, OSError) as e:
             if F.VERBOSE.value:
                 traceback.print_exc()
             sys.exit(f'error: {e}')

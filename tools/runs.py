@@ -1,9 +1,9 @@
-"""The bisector on two train runs' workdirs: `python -m parity_tests.bisect RUN_A RUN_B`.
+"""The bisector on two train runs' workdirs: `python -m tools.bisect RUN_A RUN_B`.
 
 Finds the first logged step where the two metrics.jsonl differ (train_loss, train_grad_norm
 with --log_grad_norm, the eval figures), restores the newest checkpoint both runs have before
 it, each with its own twin, strategy and mesh from its config.json, and replays step by step
-from there (parity_tests/divergence.py). A step-0 checkpoint (train with --save_initial) lets
+from there (tools/divergence.py). A step-0 checkpoint (train with --save_initial) lets
 it start from the beginning.
 """
 
@@ -11,14 +11,15 @@ import json
 import pathlib
 import sys
 
-from parity_tests import divergence as D
-from parity_tests import leaves
 from shard_parity import UsageError
 from shard_parity import plan as plans
 from shard_parity.mesh import mesh_for
 from shard_parity.runtime import checkpoint, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.step import make_optimizer
+
+from . import divergence as D
+from . import leaves
 
 SAME = ('model', 'model_config', 'train')  # what two runs must share to be replayed together
 

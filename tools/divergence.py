@@ -33,7 +33,6 @@ import jax
 import numpy as np
 from flax import nnx
 
-from parity_tests.leaves import compare, compare_trees, hints
 from shard_parity import UsageError
 from shard_parity import plan as plans
 from shard_parity.mesh import MODEL, with_axis_type
@@ -46,11 +45,13 @@ from shard_parity.step import (
     one_device_train_step,
 )
 
+from .leaves import compare, compare_trees, hints
+
 INTERFACE = ('loss_and_grads', 'train_step', 'eval_step')
 
 
 class Side(NamedTuple):
-    name: str  # as given: 'auto', 'one_device', 'parity_tests.zoo.no_pcast', ...
+    name: str  # as given: 'auto', 'one_device', 'tools.zoo.no_pcast', ...
     module: Any  # loss_and_grads, train_step, eval_step
     mesh: Any  # None: one device, no mesh
     strategy: str  # how its state is placed (shard_parity/placement.py)
@@ -64,20 +65,33 @@ def _one_device():
     )
 
 
+def module_name(name: str) -> str:
+    """The module a --twins name means: a twin (auto, explicit, typed, or one of their modules)
+    and the bug zoo (tools.zoo.X; parity_tests.zoo.X, its old name) are this project's, found
+    under the package the bisector runs from; any other name is a module of yours, as given."""
+    if name.split('.')[0] in ('auto', 'explicit', 'typed'):
+        return f'shard_parity.{name}'
+    for zoo in ('tools.zoo.', 'parity_tests.zoo.'):
+        if name.startswith(zoo):  # tools when run from a checkout, else shard_parity.tools
+            return f'{__package__}.zoo.{name.removeprefix(zoo)}'
+    return name
+
+
 def load_side(name: str, strategy: str, mesh) -> Side:
     """A twin package (its STRATEGIES[strategy]), a strategy module's import path, or
     'one_device'."""
     if name == 'one_device':
         return Side(name, _one_device(), None, strategy)
     try:
-        module = importlib.import_module(name)
+        module = importlib.import_module(module_name(name))
     except ImportError as e:
         raise UsageError(
             f'--twins: cannot import {name!r} ({e}): give a twin (auto, explicit), one_device, '
             'or the import path of a strategy module on PYTHONPATH, e.g. mypkg.my_dp'
         ) from e
     # The twin's mesh type (typed/ needs an Explicit mesh): the package's AXIS_TYPE, if any.
-    package = module if hasattr(module, 'STRATEGIES') else sys.modules.get(name.rpartition('.')[0])
+    parent = module_name(name).rpartition('.')[0]
+    package = module if hasattr(module, 'STRATEGIES') else sys.modules.get(parent)
     if getattr(package, 'AXIS_TYPE', None) is not None and mesh is not None:
         mesh = with_axis_type(mesh, package.AXIS_TYPE)
     if hasattr(module, 'STRATEGIES'):

@@ -2,34 +2,22 @@
 
 import jax
 
+from shard_parity.explicit import dp
 from shard_parity.mesh import DATA
 from shard_parity.placement import BATCH, REPLICATED
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import bind
 
-STRATEGY = 'dp'
+from . import planted
+
+planted(globals(), dp)
 
 
 def loss_and_grads(graphdef, loss_fn, mesh):
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
-    def fn(params, batch):
+    def fn(params, batch):  # params: the full arrays; batch: x[B/n, ...], this device's rows
         params = jax.lax.pcast(params, DATA, to='varying')
-        (_, metrics), grads = grad_fn(params, batch)
+        (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of the local rows
         return jax.lax.pmean(metrics, DATA), jax.lax.psum(grads, DATA)  # BUG: psum, not pmean
 
     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, BATCH), out_specs=REPLICATED))
-
-
-def train_step(graphdef, loss_fn, tx, mesh):
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
-
-
-def eval_step(graphdef, eval_fn, mesh):
-    fn = bind(graphdef, eval_fn)
-
-    def evaluate(params, batch):
-        return jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, BATCH), out_specs=BATCH)(
-            params, batch
-        )
-
-    return jax.jit(evaluate)

@@ -3,17 +3,18 @@
 The data folder holds `mnist/` (the four official IDX gzip files) and `tinyshakespeare/input.txt`,
 laid out exactly as `../shared/data`. Loaders live beside this file:
 
-    from datasets import data_root, mnist, shakespeare
+    from shard_parity.datasets import mnist, shakespeare
+    from shard_parity.datasets.root import data_root
     splits = mnist.load(data_root())            # {'train': (x, y), 'test': (x, y)}
     train, val = shakespeare.load(data_root())  # uint8 byte tokens
 
-This package is named `datasets`, like Hugging Face's; see `_warn_if_shadowing`.
+The folder has no __init__.py: installed, it is `shard_parity.datasets`, and from a checkout's
+root a bare `import datasets` still finds Hugging Face's `datasets` if it is installed (a regular
+package wins over a folder without __init__.py).
 """
 
-import importlib.metadata
 import os
 import pathlib
-import warnings
 
 
 class DataError(Exception):
@@ -28,19 +29,3 @@ def data_root(flag_value: str | None = None) -> pathlib.Path:
         return pathlib.Path(env).expanduser()
     cache = os.environ.get('XDG_CACHE_HOME') or pathlib.Path.home() / '.cache'
     return pathlib.Path(cache).expanduser() / 'shard-parity'
-
-
-def _warn_if_shadowing() -> None:
-    """Warn if Hugging Face `datasets` is installed too: whichever is first on sys.path wins."""
-    try:
-        importlib.metadata.distribution('datasets')  # ours is distributed as 'shard-parity'
-    except Exception:  # not installed, or unreadable metadata: a warning is never worth a crash
-        return
-    warnings.warn(
-        "shard-parity's top-level `datasets` package shadows Hugging Face `datasets`, which is "
-        'also installed in this environment; install shard-parity in a separate virtualenv.',
-        stacklevel=3,
-    )
-
-
-_warn_if_shadowing()  # module code runs once per process, so this warns once

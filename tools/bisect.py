@@ -1,0 +1,187 @@
+"""Where do two twins first disagree? `python -m tools.bisect`: the step, the phase, the
+layer, the leaves, and what a constant ratio between them points to.
+
+    python -m tools.bisect --model=mlp --twins=auto,explicit --steps=5
+    python -m tools.bisect --twins=explicit,mypkg.my_dp --strategy=dp --x64
+    python -m tools.bisect --twins=one_device,explicit --strategy=tp --mesh=4x2
+    python -m tools.bisect RUN_A RUN_B      # two train runs' workdirs
+
+Each of --twins is a twin (auto, explicit: its STRATEGIES[--strategy]), one_device, or the
+import path of a strategy module with loss_and_grads, train_step and eval_step (a copy of
+explicit/dp.py with one line changed, on PYTHONPATH). Both start from one initial state and take
+the same batches; tools/divergence.py compares them. Exit 0: they agree for --steps
+steps; 1: they diverge (the report says where); 2: bad input (the train CLI's own checks, one
+line); 3: a side cannot run (`B (mypkg.my_dp) fails to trace at mypkg/my_dp.py:42: ...`).
+docs/bisect.md walks through it.
+"""
+
+import dataclasses
+import json
+import sys
+import traceback
+
+from absl import app, flags, logging
+
+from shard_parity import UsageError
+from shard_parity.runtime import declare_key_flags, plain_warnings
+from shard_parity.runtime import flags as F
+
+TWINS = flags.DEFINE_list(
+    'twins',
+    ['auto', 'explicit'],
+    'A,B: twins (auto, explicit), one_device, or import paths of strategy modules.',
+)
+TOLERANCE = flags.DEFINE_enum(
+    'tolerance',
+    'f32',
+    ['f32', 'bitwise'],
+    'f32: round-off (rtol 1e-5, atol 1e-6 of each leaf\'s largest value); bitwise: exact.',
+)
+X64 = flags.DEFINE_bool(
+    'x64',
+    False,
+    'Both sides in float64 throughout (model, LayerNorm, GELU, softmax, optimizer): correct '
+    'twins agree to ~1e-12, so a bug stands out by ten orders of magnitude.',
+)
+JSON = flags.DEFINE_bool('json', False, 'Print the report as one JSON object.')
+DEFAULT_STEPS = 20
+
+
+def main(argv):
+    if not flags.FLAGS['verbosity'].present:  # Orbax and XLA log a lot at INFO
+        logging.set_verbosity(logging.WARNING)
+    if not F.VERBOSE.value:  # `warning: ...` (a checkpoint read unverified), not absl's format
+        plain_warnings()
+    try:
+        import jax
+
+        from shard_parity.mesh import configure_jax
+
+        configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
+        jax.config.update('jax_enable_x64', X64.value)  # before any array is made
+        if len(argv) not in (1, 3):
+            raise UsageError(f'expected two run directories or none, got {argv[1:]}')
+        report = from_runs(*argv[1:]) if len(argv) == 3 else from_flags()
+    except UsageError as e:
+        if F.VERBOSE.value:
+            traceback.print_exc()
+        print(f'error: {e}', file=sys.stderr)
+        sys.exit(2)
+    except Exception as e:  # divergence.SideFailed: one side cannot run, which is no divergence
+        if type(e).__name__ != 'SideFailed':
+            raise
+        if F.VERBOSE.value:
+            traceback.print_exc()
+        print(f'error: {e}', file=sys.stderr)
+        sys.exit(3)
+    print(json.dumps(as_dict(report)) if JSON.value else render(report))
+    sys.exit(1 if report.diverged else 0)
+
+
+def tolerance() -> str:
+    return 'x64' if X64.value else TOLERANCE.value
+
+
+def from_flags():
+    from flax import nnx
+
+    import jax
+    from jax.sharding import AxisType
+
+    from shard_parity.runtime import config as cfg
+    from shard_parity.runtime import tasks
+    from shard_parity.runtime.train import mesh_from_flags
+    from shard_parity.step import create_state, make_optimizer
+
+    from . import divergence as D
+
+    model = F.MODEL.value
+    # --steps is how many steps to compare; the schedule stays the model's (not decayed over N)
+    changes = {n: f.value for n, f in F.TRAIN.items() if f.value is not None and n != 'steps'}
+    config = dataclasses.replace(cfg.TRAIN_DEFAULTS[model], **changes)
+    # the train CLI's own checks
+    plan, mesh = mesh_from_flags(AxisType.Auto, F.NUM_DEVICES.value or jax.device_count())
+    if len(TWINS.value) != 2:
+        raise UsageError(f'--twins={",".join(TWINS.value)}: give two, such as auto,explicit')
+    a, b = (D.load_side(name, plan.strategy, mesh) for name in TWINS.value)
+    if model == 'mlp':
+        task = tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value)
+    else:
+        shape = F.transformer_config()
+        if X64.value:
+            shape = dataclasses.replace(shape, dtype='float64')
+        task = tasks.shakespeare_task(config, shape, F.DATA_DIR.value, F.DOWNLOAD.value)
+    tx = make_optimizer(config)
+    graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
+    steps = F.TRAIN['steps'].value or DEFAULT_STEPS
+    return D.bisect(
+        a, b, graphdef, task.loss_fn, tx, widen(state), Batches(task), steps, tolerance()
+    )
+
+
+class Batches:
+    """The task's training batches, in float64 under --x64."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def batch(self, i):
+        return widen(self.task.train_batches.batch(i))
+
+
+def widen(tree):
+    """Under --x64, every float32 array of `tree` as float64, on the host."""
+    import jax
+    import numpy as np
+
+    def cast(x):
+        x = np.asarray(x)
+        return x.astype(np.float64) if X64.value and x.dtype == np.float32 else x
+
+    return jax.tree.map(cast, tree)
+
+
+def from_runs(run_a: str, run_b: str):
+    from . import runs
+
+    return runs.bisect_runs(run_a, run_b, tolerance(), widen, F.TRAIN['steps'].value)
+
+
+def as_dict(report) -> dict:
+    out = dataclasses.asdict(report)
+    out['diverged'] = report.diverged
+    return json.loads(json.dumps(out, default=str).replace('Infinity', '"inf"'))
+
+
+def render(r) -> str:
+    a, b = r.twins
+    if not r.diverged and not r.steps:
+        return f'A={a} and B={b}: every figure both logged agrees ({r.tolerance}).'
+    if not r.diverged:
+        return f'A={a} and B={b} agree for {r.steps} steps ({r.tolerance}).'
+    lines = [f'A={a} and B={b} diverge at step {r.step}, phase {r.phase} ({r.tolerance}).']
+    if r.layer:
+        lines.append(f'first layer whose output differs: {r.layer}')
+    if r.phase == 'update':
+        lines.append('(each side against the shared optimizer applied to its own gradient)')
+    for leaf in r.leaves[:12]:
+        what = (
+            f'shapes A {leaf.shapes[0]}, B {leaf.shapes[1]}'
+            if leaf.shapes
+            else f'max abs err {leaf.max_abs:.3g}, max rel err {leaf.max_rel:.3g}'
+            + (f', B/A = {leaf.ratio:.6g} everywhere' if leaf.ratio is not None else '')
+        )
+        lines.append(f'  {leaf.path}: {what}')
+    if len(r.leaves) > 12:
+        lines.append(f'  ... and {len(r.leaves) - 12} more leaves')
+    lines += [f'hint: {h}' for h in r.hints]
+    return '\n'.join(lines)
+
+
+if __name__ == '__main__':
+    declare_key_flags(  # the train CLI's flags it reads: listed by --help, which exits 0
+        [F.MODEL, F.STRATEGY, F.MESH, F.NUM_DEVICES, *F.TRAIN.values(), *F.TRANSFORMER_SHAPE]
+        + [F.CPU_DEVICES, F.CPU_FMA, F.DATA_DIR, F.DOWNLOAD, F.VERBOSE]
+    )
+    flags.FLAGS['steps'].help = f'How many steps to compare. Default: {DEFAULT_STEPS}.'
+    app.run(main)

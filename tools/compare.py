@@ -1,0 +1,315 @@
+"""Shows, side by side, that two training runs agree: `python -m tools.compare A B`.
+
+    python -m tools.compare runs/auto runs/explicit
+
+First compares the settings each run was trained with (its config.json): a run of another
+length, seed, batch, learning rate or model is a different experiment, so a difference is named
+and is an error unless --allow_other_settings (what only changes the logging, --log_every,
+--eval_every and --log_grad_norm, and where it ran, twin, strategy and mesh, may differ). Then
+reads each workdir's metrics.jsonl and prints every logged figure of both runs with their
+difference, the steps only one run reached, then each run's throughput. Exits non-zero if the final evaluations differ by more
+than --max_accuracy_gap (the MLP's eval_accuracy) or --max_loss_gap (the transformer's
+eval_loss), or if any logged figure of either run is NaN or infinite.
+
+Lines are paired by step and by the figures they carry (a step can have a train line and an eval
+line), so runs logged at different --log_every or --eval_every still line up: only the steps and
+figures both runs logged are compared, and a note says how many metrics lines of each run had no
+partner. A train figure is the mean since the run's previous train line; where the two runs'
+previous train lines differ (different --log_every), the two means cover different steps, so
+their row is marked * and left out of the verdict. Unparsable (torn or garbled) lines are skipped
+with a warning; the workdirs are only read. Every error is one line, `error: ...`.
+"""
+
+import json
+import math
+import os
+import pathlib
+import sys
+
+from absl import app, flags
+
+from shard_parity.runtime import declare_key_flags
+
+MAX_GAP = flags.DEFINE_float(
+    'max_accuracy_gap',
+    0.003,
+    'Largest final eval_accuracy difference that counts as agreeing.',
+    lower_bound=0,
+)
+MAX_LOSS_GAP = flags.DEFINE_float(
+    'max_loss_gap',
+    0.01,
+    'Largest final eval_loss difference that counts as agreeing.',
+    lower_bound=0,
+)
+ALLOW = flags.DEFINE_bool(
+    'allow_other_settings',
+    False,
+    'Compare runs trained with other settings (another --steps, --seed, --batch_size, ...) '
+    'instead of refusing them; the differences are still listed.',
+)
+KEYS = ('train_loss', 'eval_loss', 'eval_accuracy')
+LOGGING_ONLY = ('log_every', 'eval_every', 'log_grad_norm')  # change what is logged, not the run
+USAGE = 'usage: python -m tools.compare WORKDIR_A WORKDIR_B'
+
+
+def is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def usable(record) -> bool:
+    """A metrics line as the train loop writes it: an object with an integer step, and numbers
+    for the figures compare reads."""
+    return (
+        isinstance(record, dict)
+        and is_number(record.get('step'))
+        and math.isfinite(record['step'])
+        and record['step'] == int(record['step'])
+        and all(is_number(record[k]) for k in KEYS if k in record)
+    )
+
+
+def read(workdir: str) -> list[dict]:
+    path = pathlib.Path(workdir) / 'metrics.jsonl'
+    if not path.exists():
+        sys.exit(f'error: {path} does not exist: train first with --workdir={workdir}')
+    try:
+        text = path.read_bytes().decode('utf-8', errors='replace')
+    except OSError as e:
+        sys.exit(f'error: cannot read {path}: {e.strerror}')
+    lines, skipped = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if usable(record):
+            lines.append(record)
+        else:
+            skipped += 1
+    if skipped:
+        print(
+            f'warning: skipped {skipped} unparsable line{"s" * (skipped > 1)} of {path} '
+            '(torn or garbled)',
+            file=sys.stderr,
+        )
+    if not lines:
+        if skipped:
+            sys.exit(f'error: {path} has no readable line: all {skipped} are unparsable')
+        sys.exit(f'error: {path} is empty: the run logged nothing (did it fail at the start?)')
+    return lines
+
+
+def settings(workdir: str) -> dict | None:
+    """A workdir's config.json (what the train CLI writes), or None if it has none."""
+    path = pathlib.Path(workdir) / 'config.json'
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_bytes().decode('utf-8', errors='replace'))
+        if not all(isinstance(saved.get(k), dict) for k in ('model_config', 'train')):
+            raise ValueError('no model_config and train settings')
+        return saved
+    except (ValueError, OSError) as e:
+        sys.exit(f'error: {path} is not a readable config.json ({str(e)[:100]})')
+
+
+def other_settings(a: dict, b: dict) -> list[str]:
+    """`--key: A x, B y` for each model or training setting the two runs do not share. A field
+    one run lacks (saved before it existed) takes its default."""
+    diffs = []
+    if a.get('model') != b.get('model'):
+        diffs.append(f"--model: A {a.get('model')}, B {b.get('model')}")
+    defaults = {'model_config': {}, 'train': {}}
+    for group in defaults:
+        keys = sorted((set(a[group]) ^ set(b[group])) - set(LOGGING_ONLY))
+        if keys:  # an older run: the defaults of today's TrainConfig (a heavier import)
+            from shard_parity.runtime import config as cfg
+
+            defaults['train'] = cfg.to_dict(cfg.TrainConfig())
+            defaults['model_config'] = cfg.to_dict(cfg.TransformerConfig())  # num_experts...
+        for key in sorted(set(a[group]) | set(b[group])):
+            x, y = (r[group].get(key, defaults[group].get(key)) for r in (a, b))
+            if key not in LOGGING_ONLY and x != y:
+                diffs.append(f'--{key}: A {x}, B {y}')
+    return diffs
+
+
+def check_settings(names) -> None:
+    """Exits with one line if the runs' settings differ (unless --allow_other_settings)."""
+    a, b = settings(names[0]), settings(names[1])
+    if a is None or b is None:
+        missing = [n for n, x in zip(names, (a, b)) if x is None]
+        print(f'note: no config.json in {" and ".join(missing)}: settings not compared')
+        return
+    diffs = other_settings(a, b)
+    if not diffs:
+        return
+    if not ALLOW.value:
+        sys.exit(
+            f'error: {names[0]} (A) and {names[1]} (B) were trained with other settings: '
+            + '; '.join(diffs)
+            + '. Pass --allow_other_settings to compare them anyway'
+        )
+    print('note: other settings (--allow_other_settings): ' + '; '.join(diffs))
+
+
+def figures(lines: list[dict]) -> tuple[dict, dict]:
+    """{(step, figure): value} of the lines before the final one, and {step: the step of the
+    previous train line} (a train figure is the mean over the steps in between)."""
+    values, since, previous = {}, {}, 0
+    for x in lines:
+        if x.get('final'):
+            continue
+        step = int(x['step'])
+        for key in KEYS:
+            if key in x:
+                values[(step, key)] = x[key]
+        if any(k.startswith('train_') for k in KEYS if k in x):
+            since[step], previous = previous, step
+    return values, since
+
+
+def kind(key: str) -> str:
+    return key.split('_')[0]  # 'train' or 'eval': the line that carries the figure
+
+
+def same_directory(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist: read() names it
+        return pathlib.Path(a).resolve() == pathlib.Path(b).resolve()
+
+
+def non_finite(names, runs) -> str | None:
+    """A one-line description of the first NaN or infinity among the compared figures."""
+    found = []
+    for name, lines in zip(names, runs):
+        for x in lines:
+            for key in KEYS:
+                if key in x and not math.isfinite(x[key]):
+                    found.append((bool(x.get('final')), int(x['step']), KEYS.index(key), name, x))
+    if not found:
+        return None
+    final, step, k, name, x = min(found, key=lambda f: f[:3])
+    key = KEYS[k]
+    where = 'the final line' if final else f'step {step}'
+    more = len(found) - 1
+    return f'{key} at {where} of {name} is {x[key]}: a NaN or infinity is a mismatch' + (
+        f' ({more} more non-finite figure{"s" * (more > 1)} in the two runs)' if more else ''
+    )
+
+
+def one_run_only(names, va: dict, vb: dict) -> str | None:
+    """A note naming the logged steps beyond the last step the other run logged."""
+    last = [max((s for s, _ in v), default=0) for v in (va, vb)]
+    longer = int(last[1] > last[0])
+    beyond = sorted({s for s, _ in (va, vb)[longer] if s > last[1 - longer]})
+    if not beyond:
+        return None
+    return (
+        f'note: {len(beyond)} logged step{"s" * (len(beyond) > 1)} in {names[longer]} only '
+        f'({beyond[0]}..{beyond[-1]}): {names[1 - longer]} ends at step {last[1 - longer]}; '
+        'they are not compared'
+    )
+
+
+def throughput_table(names, finals) -> list[str]:
+    units = sorted({k for f in finals for k in f if k.endswith('_per_sec')})
+    if not units:
+        return []
+    width = max(len('run'), *map(len, names))
+    rows = [f'{"run":<{width}} ' + ' '.join(f'{u:>16}' for u in units)]
+    for name, f in zip(names, finals):
+        cells = []
+        for u in units:
+            v = f.get(u, '-')
+            cells.append(f'{v:>16,.0f}' if is_number(v) and math.isfinite(v) else f'{v!s:>16}')
+        rows.append(f'{name:<{width}} ' + ' '.join(cells))
+    return rows
+
+
+def main(argv):
+    if len(argv) != 3:
+        sys.exit(f'error: expected two workdirs, got {len(argv) - 1}; {USAGE}')
+    names = argv[1], argv[2]
+    if same_directory(*names):
+        sys.exit(
+            f'error: {names[0]} and {names[1]} are the same directory: compare two different runs'
+        )
+    check_settings(names)
+    a, b = read(names[0]), read(names[1])
+    (va, since_a), (vb, since_b) = figures(a), figures(b)
+    print(f'{"step":>6} {"figure":<14} {names[0]:>22} {names[1]:>22} {"|difference|":>13}')
+    worst, compared, windows = 0.0, 0, 0
+    for step, key in sorted(va.keys() & vb.keys(), key=lambda sk: (sk[0], KEYS.index(sk[1]))):
+        x, y = va[(step, key)], vb[(step, key)]
+        gap = abs(x - y)
+        mark = ''
+        if kind(key) == 'train' and since_a.get(step) != since_b.get(step):
+            mark, windows = ' *', windows + 1  # means over different steps: not a disagreement
+        elif math.isfinite(gap):
+            worst, compared = max(worst, gap), compared + 1
+        print(f'{step:>6} {key:<14} {x:>22.9g} {y:>22.9g} {gap:>13.3g}{mark}')
+    if windows:
+        print(
+            f'* {windows} train figure{"s" * (windows > 1)} averaged over different steps (the '
+            'runs were logged at different --log_every): left out of the verdict'
+        )
+    entries = [{(s, kind(k)) for s, k in v} for v in (va, vb)]
+    partnered = {(s, kind(k)) for s, k in va.keys() & vb.keys()}
+    lonely = [len(e - partnered) for e in entries]
+    if any(lonely):
+        print(
+            f'note: metrics lines with no partner in the other run (not compared): '
+            f'{lonely[0]} of {len(entries[0])} in {names[0]}, '
+            f'{lonely[1]} of {len(entries[1])} in {names[1]}'
+        )
+    if only := one_run_only(names, va, vb):
+        print(only)
+    if problem := non_finite(names, (a, b)):
+        sys.exit(f'error: {problem}')
+    fa, fb = a[-1], b[-1]
+    if not (fa.get('final') and fb.get('final')):
+        sys.exit('error: a run has no final line: did it finish?')
+    # The MLP's runs end on an accuracy; the transformer's, which has none, on a loss.
+    key, limit = (
+        ('eval_accuracy', MAX_GAP) if 'eval_accuracy' in fa else ('eval_loss', MAX_LOSS_GAP)
+    )
+    if ('eval_accuracy' in fa) != ('eval_accuracy' in fb):
+        sys.exit(
+            f'error: only one of {names[0]} and {names[1]} ends with an eval_accuracy: an MLP '
+            'run beside a transformer run? Compare runs of the same model.'
+        )
+    for name, f in zip(names, (fa, fb)):
+        if key not in f:
+            sys.exit(f'error: the final line of {name}/metrics.jsonl has no {key}')
+    gap = abs(fa[key] - fb[key])
+    if not compared:
+        verdict = 'none in common'
+    else:
+        verdict = 'bitwise identical' if worst == 0 else f'largest difference {worst:.3g}'
+    at = f' (step {fa["step"]} vs {fb["step"]})' if fa['step'] != fb['step'] else ''
+    print(
+        f'\nfinal {key}{at} {fa[key]:.4f} vs {fb[key]:.4f} '
+        f'(gap {gap:.4f}); every logged figure: {verdict}'
+        + (' where both logged it' if at else '')
+    )
+    if table := throughput_table(names, (fa, fb)):
+        print('\n' + '\n'.join(table))
+    if gap > limit.value:
+        sys.exit(f'error: final {key} values differ by {gap:.4f} > --{limit.name}={limit.value}')
+
+
+def parse_flags(argv):
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        sys.exit(f'error: {e}')
+
+
+if __name__ == '__main__':
+    declare_key_flags([])  # --help exits 0: asking for help is not an error
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,33 @@
+"""The bug zoo: the classic mistakes of hand-written collectives, each a strategy module for
+`python -m tools.bisect --twins=explicit,tools.zoo.<name>` to find; test_bisect.py asserts what
+the bisector says of each.
+
+An entry is its original plus the bug: `planted(globals(), original)` runs the original module's
+source in the entry's own namespace, and the entry then defines again only the function it
+changes, the changed lines marked `# BUG:`. A function looks its globals up when it runs, so the
+original's other functions call the planted one, and the entry follows the original as it
+changes: test_zoo.py checks that each function an entry defines again differs from the
+original's only in its BUG lines.
+
+    tp_pmean          explicit/tp.py, pmean over 'model' where the psum belongs (sum_partials)
+    dp_psum           explicit/dp.py, psum of the gradients where the pmean belongs
+    no_pcast          explicit/dp.py without the pcast before grad
+    replicated_batch  explicit/dp.py with the batch's in_spec P(): every device takes all of it
+    scatter_no_div    explicit/fsdp.py, the reduce-scatter without its division by n (scatter)
+    ep_swapped_axes   explicit/ep.py, the all_to_alls over 'data' where 'expert' belongs (a 2x2
+                      mesh, so that the shapes fit)
+    pp_wrong_way      explicit/pp.py, the stages' ppermute from i + 1 to i, not i to i + 1
+    dropout           explicit/dp.py with input dropout drawn per global row: no bug, a variant
+                      (it adds functions and changes none of dp.py's), the reference for...
+    dropout_key       ...dropout.py with the key folded with the device's local row index
+"""
+
+
+def planted(namespace: dict, original) -> None:
+    """Runs the source of the module `original` in `namespace`, an entry's globals(): the
+    original's functions become the entry's own, and those the entry defines after this call
+    replace them for every caller. The entry keeps its docstring; ORIGINAL names the module."""
+    doc = namespace.get('__doc__')
+    with open(original.__file__) as f:
+        exec(compile(f.read(), original.__file__, 'exec'), namespace)
+    namespace['__doc__'], namespace['ORIGINAL'] = doc, original

@@ -1,0 +1,23 @@
+"""explicit/dp.py without the pcast before grad: the gradient comes out summed (the bug zoo)."""
+
+import jax
+
+from shard_parity.explicit import dp
+from shard_parity.mesh import DATA
+from shard_parity.placement import BATCH, REPLICATED
+from shard_parity.step import bind
+
+from . import planted
+
+planted(globals(), dp)
+
+
+def loss_and_grads(graphdef, loss_fn, mesh):
+    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
+
+    def fn(params, batch):  # params: the full arrays; batch: x[B/n, ...], this device's rows
+        # BUG: no params = jax.lax.pcast(params, DATA, to='varying') here
+        (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of the local rows
+        return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce: average over the 'data' axis
+
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, BATCH), out_specs=REPLICATED))

@@ -1,0 +1,37 @@
+"""explicit/dp.py with the batch's in_spec P() (replicated) where P('data') belongs (the bug zoo):
+every device takes the whole batch."""
+
+import jax
+
+from shard_parity.explicit import dp
+from shard_parity.mesh import DATA
+from shard_parity.placement import BATCH, REPLICATED
+from shard_parity.step import bind
+
+from . import planted
+
+planted(globals(), dp)
+
+
+def loss_and_grads(graphdef, loss_fn, mesh):
+    grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
+
+    def fn(params, batch):  # params: the full arrays; batch: x[B/n, ...], this device's rows
+        params = jax.lax.pcast(params, DATA, to='varying')
+        (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of the local rows
+        return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce: average over the 'data' axis
+
+    return jax.jit(  # BUG: the batch's in_spec REPLICATED, P(), where explicit/dp.py has BATCH
+        jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, REPLICATED), out_specs=REPLICATED)
+    )
+
+
+def eval_step(graphdef, eval_fn, mesh):
+    fn = bind(graphdef, eval_fn)
+
+    def evaluate(params, batch):  # per-example outputs of my rows, concatenated: no collective
+        return jax.shard_map(  # BUG: the batch's in_spec REPLICATED, as above
+            fn, mesh=mesh, in_specs=(REPLICATED, REPLICATED), out_specs=BATCH
+        )(params, batch)
+
+    return jax.jit(evaluate)
