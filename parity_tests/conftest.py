@@ -46,7 +46,9 @@ if OPT_LEVEL not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {fast}".strip()
 
 # Importing JAX does not start its backend; the first computation does. None has run yet.
-configure_jax(8)
+# SHARD_PARITY_TEST_DEVICES: another count, for a test that needs more (test_composed.py's 4-D
+# mesh runs itself in a pytest of 16).
+configure_jax(int(os.environ.get('SHARD_PARITY_TEST_DEVICES', 8)))
 
 # Compilation is most of the suite's time, and many tests compile the very same program again
 # (the one-device step of a case, a twin's step that another test built before, the same

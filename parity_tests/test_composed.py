@@ -207,7 +207,7 @@ def test_checkpoints_move_between_meshes(saved, restored, tmp_path):
 
 SHAPE = ['--model=transformer', '--seq_len=16', '--num_layers=4', '--num_heads=4',
          '--num_kv_heads=2', '--embed_dim=32', '--batch_size=16', '--microbatches=2',
-         '--eval_every=10', '--cpu_devices=8']  # fmt: skip
+         '--eval_every=10', '--cpu_devices=8', '--warmup_steps=2', '--decay_steps=20']  # fmt: skip
 
 
 @pytest.mark.slow

@@ -17,6 +17,12 @@ original's only in its BUG lines.
     ep_swapped_axes   explicit/ep.py, the all_to_alls over 'data' where 'expert' belongs (a 2x2
                       mesh, so that the shapes fit)
     pp_wrong_way      explicit/pp.py, the stages' ppermute from i + 1 to i, not i to i + 1
+    composed_no_data  explicit/composed.py, the gradients not averaged over 'data' (HSDP's
+                      replicas each keep their own)
+    composed_too_many explicit/composed.py, the gradients averaged over 'model' and 'stage'
+                      too, whose devices hold different shards of them
+    composed_data_only  explicit/composed.py, the gradients averaged over 'data' alone (not
+                      over 'seq' nor the experts' rows)
     dropout           explicit/dp.py with input dropout drawn per global row: no bug, a variant
                       (it adds functions and changes none of dp.py's), the reference for...
     dropout_key       ...dropout.py with the key folded with the device's local row index
@@ -27,7 +33,9 @@ def planted(namespace: dict, original) -> None:
     """Runs the source of the module `original` in `namespace`, an entry's globals(): the
     original's functions become the entry's own, and those the entry defines after this call
     replace them for every caller. The entry keeps its docstring; ORIGINAL names the module."""
-    doc = namespace.get('__doc__')
+    doc, package = namespace.get('__doc__'), namespace.get('__package__')
+    namespace['__package__'] = original.__package__  # its relative imports: its siblings
     with open(original.__file__) as f:
         exec(compile(f.read(), original.__file__, 'exec'), namespace)
     namespace['__doc__'], namespace['ORIGINAL'] = doc, original
+    namespace['__package__'] = package

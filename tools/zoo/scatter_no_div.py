@@ -4,7 +4,7 @@ shard of a gradient is the sum of the n devices' gradients, not their mean."""
 import jax
 
 from shard_parity.explicit import fsdp
-from shard_parity.mesh import DATA
+from shard_parity.mesh import FSDP
 
 from . import planted
 
@@ -12,9 +12,9 @@ planted(globals(), fsdp)
 
 
 def scatter(grad, spec):  # the local gradient of a whole weight -> the mean for my shard
-    if DATA not in spec:
-        return jax.lax.pmean(grad, DATA)  # all-reduce
+    if FSDP not in spec:
+        return jax.lax.pmean(grad, FSDP)  # all-reduce
     return (
-        jax.lax.psum_scatter(grad, DATA, scatter_dimension=spec.index(DATA), tiled=True)
-        # BUG: no / jax.lax.axis_size(DATA): the sum of the n gradients, not their mean
+        jax.lax.psum_scatter(grad, FSDP, scatter_dimension=spec.index(FSDP), tiled=True)
+        # BUG: no / jax.lax.axis_size(FSDP): the sum of the n gradients, not their mean
     )
