@@ -224,7 +224,8 @@ ROWS = [
     ),
     (
         '--num_experts under a strategy other than dp or ep',
-        '--strategy=pp with --num_experts=4: the mixture of experts runs under --strategy=dp or ep',
+        '--strategy=pp with --num_experts=4: the mixture of experts runs under --strategy=dp '
+        'or ep, or on a named mesh',
         'test_bad_inputs.test_cli_row',
     ),
     (
