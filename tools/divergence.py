@@ -82,16 +82,16 @@ def load_side(name: str, strategy: str, mesh) -> Side:
     'one_device'."""
     if name == 'one_device':
         return Side(name, _one_device(), None, strategy)
+    full = module_name(name)
     try:
-        module = importlib.import_module(module_name(name))
+        module = importlib.import_module(full)
     except ImportError as e:
         raise UsageError(
             f'--twins: cannot import {name!r} ({e}): give a twin (auto, explicit), one_device, '
             'or the import path of a strategy module on PYTHONPATH, e.g. mypkg.my_dp'
         ) from e
     # The twin's mesh type (typed/ needs an Explicit mesh): the package's AXIS_TYPE, if any.
-    parent = module_name(name).rpartition('.')[0]
-    package = module if hasattr(module, 'STRATEGIES') else sys.modules.get(parent)
+    package = module if hasattr(module, 'STRATEGIES') else sys.modules.get(full.rpartition('.')[0])
     if getattr(package, 'AXIS_TYPE', None) is not None and mesh is not None:
         mesh = with_axis_type(mesh, package.AXIS_TYPE)
     if hasattr(module, 'STRATEGIES'):
