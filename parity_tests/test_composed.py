@@ -141,6 +141,7 @@ def test_a_4d_mesh_on_16_devices():
     assert '3 passed' in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', TWINS)
 def test_the_4d_mesh_on_16_devices_in_all_twins(name, one_device):
     if jax.device_count() != 16:
