@@ -19,7 +19,7 @@ from shard_parity.inspector.hlo import Module, device_groups
 from shard_parity.inspector.program import captured_stderr
 
 # inspector/__init__.py: what inspects any jitted program, apart from what knows the twins
-GENERIC = {'program', 'hlo', 'attribute', 'cost', 'surprises', 'render', 'html', 'trace'}
+GENERIC = {'program', 'hlo', 'attribute', 'cost', 'surprises', 'render', 'html', 'trace', 'target'}
 PROJECT = {'shard_parity', 'auto', 'explicit', 'typed', 'tools', 'parity_tests', 'datasets'}
 
 

@@ -48,11 +48,12 @@ def check_strategy(
         )
 
 
-def mesh_from_flags(axis_type, devices: int, ring=False):
+def mesh_from_flags(axis_type, devices: int, ring=False, on=None):
     """(plan, mesh) of --mesh and --strategy over `devices` devices, checked before anything
-    compiles: the train CLI's, the inspector's and the bisector's. `ring`: as check_strategy's."""
+    compiles: the train CLI's, the inspector's and the bisector's. `ring`: as check_strategy's.
+    `on`: the devices to build it from (the inspector's --target), default this process's."""
     plan = F.plan(devices)
-    mesh = mesh_for(plan, axis_type)
+    mesh = mesh_for(plan, axis_type, devices=on)
     check_strategy(
         plan.strategy, F.model_config(), mesh, F.batch_size(), F.MICROBATCHES.value,
         F.CP_LAYOUT.value, ring,
