@@ -237,7 +237,8 @@ def inspect(jitted, *args, hardware: str | None = None, mesh=None, name: str = '
                 'devices= argument (--program)'
             ) from e
         raise
-    compiled, warnings = compile_with_warnings(lowered)
+    with targets.uncached(chosen is not None):
+        compiled, warnings = compile_with_warnings(lowered)
     mesh = mesh or _mesh_of(args)
     result = analyse(compiled, mesh, hardware, warnings, chosen)
     if measure:

@@ -14,6 +14,7 @@ figure a RESOURCE_EXHAUSTED compile error names as "available HBM"). The chip's 
 cost model are `hardware`'s entry in inspector/cost.py. Generic: imports nothing of the project.
 """
 
+import contextlib
 import dataclasses
 import functools
 import glob
@@ -30,8 +31,15 @@ GiB = 2**30
 # vars) which TPU it is on, and prints five lines of warnings when nothing answers. Given these
 # two settings it asks nothing and prints nothing; set only where the machine has no TPU chip, so
 # that on a TPU host libtpu finds its own chips as always. The accelerator type named here does
-# not constrain the topologies compiled for (v5e, v5p, v4 compile alike under it).
-QUIET = {'TPU_ACCELERATOR_TYPE': 'v5litepod-8', 'TPU_WORKER_HOSTNAMES': 'localhost'}
+# not constrain the topologies compiled for (v5e, v5p, v4 compile alike under it). The third:
+# libtpu takes a lock file (/tmp/libtpu_lockfile) to keep a second process off the chips, and
+# without it a second compiling process (two inspectors, the tests and a CLI) fails to start;
+# with no chip there is nothing to guard.
+QUIET = {
+    'TPU_ACCELERATOR_TYPE': 'v5litepod-8',
+    'TPU_WORKER_HOSTNAMES': 'localhost',
+    'ALLOW_MULTIPLE_LIBTPU_LOAD': '1',
+}
 _GOOGLE_PCI_VENDOR = '0x1ae0'
 
 
@@ -148,16 +156,41 @@ def devices(name: str, verbose: bool = False) -> tuple:
         quiet_libtpu()
     from jax.experimental import topologies
 
-    found = topologies.get_topology_desc(
-        platform='tpu', topology_name=t.topology, chip_config_name=t.chip_config,
-        chips_per_host_bounds=t.host_bounds, num_slices=1, wrap=t.wrap,
-    ).devices  # fmt: skip
+    try:
+        found = topologies.get_topology_desc(
+            platform='tpu', topology_name=t.topology, chip_config_name=t.chip_config,
+            chips_per_host_bounds=t.host_bounds, num_slices=1, wrap=t.wrap,
+        ).devices  # fmt: skip
+    except Exception as e:  # e.g. another process holds this TPU host's chips (its lock file)
+        if verbose:
+            raise
+        raise TargetError(
+            f'--target={name}: the TPU compiler did not start: {str(e).splitlines()[0][:200]}'
+        ) from e
     if len(found) != t.devices:  # this libtpu reads the topology another way: say so, not guess
         raise TargetError(
             f'--target={name}: libtpu made {len(found)} devices of {t.topology}, where the '
             f'slice has {t.devices}; this libtpu is not one this table was checked with'
         )
     return tuple(found)
+
+
+@contextlib.contextmanager
+def uncached(active: bool = True):
+    """JAX's persistent compilation cache (where a user or the tests turned it on) would store a
+    target's executable, which it cannot load back (a compile-only one: it warns, then compiles
+    again): none is written while compiling for a target. (The cache's on/off switch is read
+    once per process, so the write threshold is what can change here; compile_all's threads
+    see a global setting, not a context's.)"""
+    if not active:
+        yield
+        return
+    before = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', float('inf'))
+    try:
+        yield
+    finally:
+        jax.config.update('jax_persistent_cache_min_compile_time_secs', before)
 
 
 def config_path(name: str) -> str:
@@ -287,6 +320,6 @@ def own_cost(compiled) -> dict:
         'optimal_us': round(seconds * 1e6, 3) if seconds is not None and seconds > 0 else None,
         'optimal_note': (
             '' if seconds is None or seconds > 0
-            else f'optimal_seconds {seconds:.3g} from the compiler: not a time, left out'
+            else f'optimal_seconds {seconds:.3g} s from the compiler: not a time, left out'
         ),
     }  # fmt: skip

@@ -131,7 +131,8 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
         (jax.tree_util.keystr(p), int(np.prod(x.shape)))
         for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
     ]
-    read = read_steps(steps, weights, strategy, hardware, measure and not chosen, chosen)
+    with targets.uncached(chosen is not None):
+        read = read_steps(steps, weights, strategy, hardware, measure and not chosen, chosen)
     programs = {name: r['ops'] for name, r in read.items()}
     found = {name: r['surprises'] for name, r in read.items()}
     lines = difference_lines(programs, 'auto') + difference_lines(programs, 'typed')
