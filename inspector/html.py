@@ -113,16 +113,22 @@ def _source(source: dict) -> str:
 
 def _memory(r: dict) -> str:
     """Per device on the target: memory_analysis()'s figures against the chip's HBM."""
-    mib = lambda b: f'{b / 2**20:,.1f}'  # noqa: E731
     head = ''.join(f'<th>{h}</th>' for h in ('program', 'arguments MiB', 'outputs MiB',
                    'aliased MiB', 'temp MiB', 'peak MiB', 'HBM MiB', 'verdict'))  # fmt: skip
-    rows = [
-        f"<tr><td>{name}</td>" + ''.join(f'<td class=num>{mib(m[k])}</td>' for k in
-        ('arguments', 'outputs', 'aliased', 'temp', 'peak')) + f"<td class=num>"
-        f"{mib(m.get('hbm', 0))}</td><td class=verdict>{'fits' if m.get('fits') else 'does not fit'}"
-        '</td></tr>'
-        for name, m in r['memory'].items()
-    ]  # fmt: skip
+
+    def mib(b) -> str:
+        return '-' if b is None else f'{b / 2**20:,.1f}'  # None: not compiled, did not fit
+
+    rows = []
+    for name, m in r['memory'].items():
+        cells = [mib(m[k]) for k in ('arguments', 'outputs', 'aliased', 'temp', 'peak')]
+        verdict = 'fits' if m.get('fits') else 'does not fit'
+        verdict += f": {m['reason']}" if m.get('reason') else ''
+        rows.append(
+            f'<tr><td>{name}</td>' + ''.join(f'<td class=num>{c}</td>' for c in cells)
+            + f"<td class=num>{mib(m.get('hbm', 0))}</td><td class=verdict>"
+            f'{html.escape(verdict)}</td></tr>'
+        )  # fmt: skip
     return (
         f"<h2>Memory per device on {html.escape(r['target'])}</h2><p class=note>"
         "memory_analysis(); peak is the compiler's own peak_memory_in_bytes</p>"

@@ -18,7 +18,7 @@ from . import cost, surprises
 from .attribute import attribute
 from .hlo import Module, logical
 from . import target as targets
-from .target import TargetError, does_not_fit, memory, own_cost
+from .target import DoesNotFit, TargetError, does_not_fit, memory, not_fitting, own_cost
 
 VERSION = 2  # of the JSON: 1 had kind, shapes, dtypes, replica_groups, bytes, group_size
 
@@ -48,7 +48,8 @@ def compile_with_warnings(lowered):
 
 
 def compile_all(named_lowered) -> dict:
-    """{name: (compiled, its partitioner warnings)} for an iterable of (name, lowered program).
+    """{name: (compiled, its partitioner warnings)} for an iterable of (name, lowered program);
+    compiled is a target.DoesNotFit where the target's compiler found its HBM too small.
     Compiles on two threads (XLA releases the GIL), so that the next program is traced and
     lowered (Python) while the previous one compiles. A warning goes to the program whose HLO
     carries its op_name, or to every program when none does."""
@@ -63,8 +64,8 @@ def compile_all(named_lowered) -> dict:
             except Exception as e:  # a target's compiler refuses what its HBM cannot hold
                 if (why := does_not_fit(e)) is None:
                     raise
-                raise TargetError(f"{name}'s program does not fit the target: {why}") from e
-    texts = {name: c.as_text() for name, c in compiled.items()}
+                compiled[name] = DoesNotFit(why)  # reported as such; the others still are
+    texts = {n: c.as_text() for n, c in compiled.items() if not isinstance(c, DoesNotFit)}
     out = {name: (c, []) for name, c in compiled.items()}
     for w in surprises.remat_warnings(logs[0]):
         owners = [n for n, t in texts.items() if w['op_name'] and f'"{w["op_name"]}"' in t]
@@ -97,6 +98,8 @@ def analyse(compiled, mesh, hardware: str, warnings=(), target=None) -> dict:
     """{'ops': one record per collective, 'predicted': the step on `hardware`, 'warnings'};
     for a `target` (inspector/target.py) also 'memory' per device against its HBM, and the
     target compiler's own cost figures under predicted['target_cost']."""
+    if isinstance(compiled, DoesNotFit):
+        return not_fitting(compiled, target, hardware)
     hw = cost.HARDWARE[hardware]
     text = compiled.as_text()
     module = Module(text)
@@ -239,6 +242,8 @@ def inspect(jitted, *args, hardware: str | None = None, mesh=None, name: str = '
         raise
     with targets.uncached(chosen is not None):
         compiled, warnings = compile_with_warnings(lowered)
+    if isinstance(compiled, DoesNotFit):  # one program: nothing else to report
+        raise TargetError(f'the program does not fit {target}: {compiled.reason}')
     mesh = mesh or _mesh_of(args)
     result = analyse(compiled, mesh, hardware, warnings, chosen)
     if measure:

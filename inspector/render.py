@@ -88,6 +88,8 @@ def print_attribution(r: dict) -> None:
         )
         if 'measured_us' in p:
             line += f"  | measured here {p['measured_us']:,.0f} us (emulated devices)"
+        if p.get('does_not_fit'):
+            line = f"{name:<10} not compiled: it does not fit ({p['does_not_fit']})"
         print(line)
     print(f"  constants: {r['hardware_note']}")
     if r.get('target'):
@@ -133,6 +135,10 @@ def print_target(r: dict) -> None:
     print(f"{'program':<10} {'arguments':>10} {'outputs':>10} {'aliased':>10} {'temp':>10} "
           f"{'peak':>10} {'HBM':>10}  verdict")  # fmt: skip
     for name, m in r['memory'].items():
+        if m.get('reason'):  # refused by the compiler: its own figures
+            print(f"{name:<10} {'-':>10} {'-':>10} {'-':>10} {'-':>10} {'-':>10} "
+                  f"{_mib(m['hbm']):>10}  DOES NOT FIT: {m['reason']}")  # fmt: skip
+            continue
         verdict = 'fits' if m.get('fits') else 'DOES NOT FIT'
         print(f"{name:<10} {_mib(m['arguments']):>10} {_mib(m['outputs']):>10} "
               f"{_mib(m['aliased']):>10} {_mib(m['temp']):>10} {_mib(m['peak']):>10} "

@@ -287,6 +287,31 @@ def does_not_fit(error: Exception) -> str | None:
     return line.strip()[:300]
 
 
+@dataclasses.dataclass(frozen=True)
+class DoesNotFit:
+    """A program the target's compiler refused because the chip's HBM cannot hold it: what the
+    report shows in its place."""
+
+    reason: str  # the compiler's figures: 'needs 36.08G of HLO temporaries, above the 15.75G ...'
+
+
+def not_fitting(refused: DoesNotFit, target: Target, hardware: str) -> dict:
+    """analyse()'s result for a program that does not fit: no collectives, no prediction, its
+    memory verdict with the compiler's reason."""
+    predicted = {
+        'hardware': hardware, 'flops': 0.0, 'compute_us': 0.0, 'comms_us': 0.0,
+        'step_us': [0.0, 0.0], 'loops_without_trip_count': [], 'does_not_fit': refused.reason,
+        'target_cost': {'flops': 0.0, 'bytes_accessed': 0.0, 'optimal_us': None,
+                        'optimal_note': 'not compiled: it does not fit'},
+    }  # fmt: skip
+    fields = ('arguments', 'outputs', 'aliased', 'temp', 'code', 'peak')
+    memory = dict.fromkeys(fields) | {
+        'peak_field': 'peak_memory_in_bytes', 'hbm': target.hbm_bytes, 'fits': False,
+        'reason': refused.reason,
+    }  # fmt: skip
+    return {'ops': [], 'predicted': predicted, 'warnings': [], 'memory': memory}
+
+
 def memory(compiled, target: Target | None) -> dict:
     """Per-device bytes of a compiled program, from memory_analysis(), and against the target's
     HBM: `peak` is the compiler's own peak_memory_in_bytes (on a TPU the live buffers' peak;

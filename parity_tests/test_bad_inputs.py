@@ -522,6 +522,35 @@ ROWS = [
         'benchmarks: a --mesh that names no axes',
         '--mesh=4x2: name the axes, e.g. data:2,fsdp:2,model:2',
         'test_bad_inputs.test_cli_row',
+    ),    ('inspector: unknown --target', 'flag --target=tpu-v9-8: value should be one of',
+     'test_bad_inputs.test_cli_row'),
+    (
+        'inspector: --target with --hardware (a target is priced on its own hardware)',
+        "--hardware=h100x8 with --target=tpu-v5e-8: a target's program is priced on its own "
+        'hardware (tpu-v5e-8); drop --hardware',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: --target=tpu-* without libtpu',
+        'compiles with the TPU compiler, libtpu, which is not installed here: '
+        'pip install -e ".[tpu]"',
+        'test_target.test_without_libtpu_target_says_what_to_install',
+    ),
+    (
+        "inspector: --target=h200x8 before a GPU's target config is captured",
+        '--target=h200x8: no target config has been captured yet for this GPU',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: a mesh larger than the target',
+        '--num_devices=8, but the target has 4 TPU devices: use 1..4',
+        'test_target.test_cli_writes_json_and_html_naming_the_target_and_keeps_libtpu_quiet',
+    ),
+    (
+        "inspector: a program the target's HBM cannot hold (--program; a twin's step is "
+        'reported `DOES NOT FIT` beside the others)',
+        'the program does not fit tpu-v5e-1: needs',
+        'test_target.test_a_program_the_chips_hbm_cannot_hold_is_named_not_fitting',
     ),
 ]
 
@@ -645,6 +674,14 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     'benchmarks: a --mesh that names no axes': (
         'benchmarks.run',
         ['--sections=strategies', '--mesh=4x2'],
+    ),    'inspector: unknown --target': ('inspector', ['--target=tpu-v9-8']),
+    'inspector: --target with --hardware (a target is priced on its own hardware)': (
+        'inspector',
+        ['--target=tpu-v5e-8', '--hardware=h100x8'],
+    ),
+    "inspector: --target=h200x8 before a GPU's target config is captured": (
+        'inspector',
+        ['--target=h200x8'],
     ),
 }
 # The exit status of a bad input: 1 (absl's own for a flag it refuses, and ours), but the

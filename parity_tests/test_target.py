@@ -149,3 +149,27 @@ def test_cli_writes_json_and_html_naming_the_target_and_keeps_libtpu_quiet(tmp_p
     too_big = run_inspector('--target=tpu-v5p-8', '--mesh=8x1')
     assert too_big.returncode == 1 and 'Traceback' not in too_big.stderr
     assert '--num_devices=8, but the target has 4 TPU devices: use 1..4' in too_big.stderr
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_a_program_the_chips_hbm_cannot_hold_is_named_not_fitting():
+    import jax
+    import jax.numpy as jnp
+
+    from shard_parity import inspector
+    from shard_parity.inspector.program import analyse, compile_all
+
+    (device,) = targets.devices('tpu-v5e-1')
+    on = jax.sharding.SingleDeviceSharding(device)
+    big = jax.ShapeDtypeStruct((2**21, 1024), jnp.float32, sharding=on)  # 8 GiB in, 16 GiB out
+    small = jax.ShapeDtypeStruct((2**10, 1024), jnp.float32, sharding=on)
+    step = jax.jit(lambda a: (a * 2, a + 1))
+    with targets.uncached():
+        compiled = compile_all([('big', step.lower(big)), ('small', step.lower(small))])
+    chip = targets.get('tpu-v5e-1')
+    refused = analyse(compiled['big'][0], None, chip.hardware, target=chip)['memory']
+    assert not refused['fits'] and 'above the 15.75G of HBM available' in refused['reason']
+    assert analyse(compiled['small'][0], None, chip.hardware, target=chip)['memory']['fits']
+    with pytest.raises(targets.TargetError, match='the program does not fit tpu-v5e-1: needs'):
+        inspector.inspect(step, big, target='tpu-v5e-1')
