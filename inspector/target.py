@@ -218,25 +218,33 @@ def _gpu_devices(t: Target) -> tuple:
     return tuple(topo.devices)
 
 
-def capture_gpu_config(path: str) -> str:
-    """Writes this machine's GPU target config (what the GPU compiler needs to compile for it
-    with no GPU present) to `path`, with the jax version and the device it came from on top."""
+def capture_gpu_config(folder: str = CONFIGS) -> str:
+    """Writes this machine's GPU target config, what the GPU compiler needs to compile for these
+    GPUs with none present, to `folder`/<target>.txtpb (h200x8 for 8 H200s: --target's name),
+    with the jax version and the devices it came from on top; benchmarks/gpu.sh runs it. The
+    config is the topology's `target_config` (xla_client.get_topology_for_devices); jax 0.10.2's
+    topology object has none (its attributes: fingerprint, platform, platform_version), and
+    then this says so in one line rather than write a guess."""
     from jax._src.lib import xla_client
 
-    topology = xla_client.get_topology_for_devices(jax.devices())
+    found = jax.devices()
+    kind = found[0].device_kind
+    topology = xla_client.get_topology_for_devices(found)
     config = getattr(topology, 'target_config', None)
     if not config:
         raise TargetError(
-            f'jax {jax.__version__} exposes no target_config on {jax.devices()[0].device_kind}'
-            "'s topology: nothing captured"
+            f'jax {jax.__version__} exposes no target_config on the topology of {len(found)} x '
+            f'{kind}: nothing captured'
         )
     text = config if isinstance(config, str) else config.decode()
-    head = (
-        f'# captured by benchmarks/gpu.sh: jax {jax.__version__}, {len(jax.devices())} x '
-        f'{jax.devices()[0].device_kind}\n'
-    )
+    name = next((t.name for t in TARGETS.values() if t.platform == 'cuda' and
+                 t.device_kind == kind and t.devices == len(found)), None)  # fmt: skip
+    name = name or re.sub(r'\W+', '_', kind.lower()) + f'x{len(found)}'
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f'{name}.txtpb')
     with open(path, 'w') as f:
-        f.write(head + text)
+        f.write(f'# captured by benchmarks/gpu.sh: jax {jax.__version__}, {len(found)} x {kind}\n')
+        f.write(text)
     return path
 
 
