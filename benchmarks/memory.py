@@ -15,7 +15,7 @@ float32) at 2 and 4 layers, global batch 8. The formula: the gradient each devic
 of it under dp, 1/m under tp, 1/n under fsdp and fsdp_tp) + the weights gathered at a time
 (one layer under fsdp, 1/m of one under fsdp_tp) + each layer's input x [B/d, T, C].
 memory_101m: the README's headline, the 101M-parameter transformer (8 layers, width 1024) under
-dp and fsdp on 8x1, global batch 8, in the three twins.
+dp and fsdp on 8x1 and fsdp_tp on 4x2, global batch 8, in the three twins.
 """
 
 import dataclasses
@@ -92,11 +92,11 @@ def memory_section(layers=LAYERS, model_config=CONFIG, target: str | None = None
 
 
 def headline(target: str | None = None) -> list[dict]:
-    """memory_101m: the 101M-parameter transformer under dp and fsdp, one row per twin."""
+    """memory_101m: the 101M-parameter transformer under dp, fsdp and fsdp_tp, one row per twin."""
     return [
         {'twin': twin.NAME, 'strategy': strategy, 'layers': HEADLINE.num_layers}
         | one(twin, strategy, HEADLINE, target)
-        for strategy in ('dp', 'fsdp')
+        for strategy in ('dp', 'fsdp', 'fsdp_tp')
         for twin in (auto, explicit, typed)
     ]
 

@@ -173,3 +173,21 @@ def test_a_program_the_chips_hbm_cannot_hold_is_named_not_fitting():
     assert analyse(compiled['small'][0], None, chip.hardware, target=chip)['memory']['fits']
     with pytest.raises(targets.TargetError, match='the program does not fit tpu-v5e-1: needs'):
         inspector.inspect(step, big, target='tpu-v5e-1')
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_the_memory_benchmarks_compile_for_a_target_and_say_so():
+    from benchmarks import context, memory
+    from shard_parity import explicit
+
+    small = cfg.TransformerConfig(seq_len=32, num_layers=2, num_heads=4, num_kv_heads=4, embed_dim=64)
+    rows = [{'twin': 'explicit', 'strategy': s, 'layers': 2}
+            | memory.one(explicit, s, small, 'tpu-v5e-8') for s in ('dp', 'fsdp')]  # fmt: skip
+    dp, fsdp = rows
+    assert fsdp['arguments'] < dp['arguments'] / 4 and fsdp['compiler_peak'] < dp['compiler_peak']
+    table = '\n'.join(memory.markdown(rows, 'small', small))
+    assert 'compiled for tpu-v5e-8' in table and 'TPU peak' in table
+    (row,) = context.context([256], [], 1, target='tpu-v5e-8')
+    assert row['target'] == 'tpu-v5e-8' and row['cp explicit_peak_bytes'] > 0
+    assert 'compiled for tpu-v5e-8, nothing run' in '\n'.join(context.markdown([row]))
