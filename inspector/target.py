@@ -115,12 +115,17 @@ def quiet_libtpu() -> None:
             os.environ.setdefault(k, v)
         # JAX then tries libtpu's backend on its first start, finds no chip, falls back to the
         # CPU (or GPU) and logs that at INFO, which the CLIs' absl logging shows: drop that one
-        logging.getLogger('jax._src.xla_bridge').addFilter(_NoTpuBackend())
+        logger = logging.getLogger('jax._src.xla_bridge')
+        if _NO_TPU_BACKEND not in logger.filters:  # once, however often this is called
+            logger.addFilter(_NO_TPU_BACKEND)
 
 
 class _NoTpuBackend(logging.Filter):
     def filter(self, record) -> bool:
         return "backend 'tpu'" not in record.getMessage()
+
+
+_NO_TPU_BACKEND = _NoTpuBackend()
 
 
 def libtpu_installed() -> bool:
