@@ -5,7 +5,8 @@ that XLA writes below Python; it reads a TPU's program as the chip runs it (asyn
 chains once each, all-reduce-scatter fusions as reduce-scatters, loop trips from the condition);
 its generic part imports nothing of this project. No program is compiled here: the inputs are
 XLA's own text (parity_tests/hlo/: programs the TPU compiler printed, captured with libtpu
-0.0.42.1 and jax 0.10.2 for tpu-v5e-8 by `python -m inspector --target=tpu-v5e-8`)."""
+0.0.42.1 and jax 0.10.2 for tpu-v5e-8 by `python -m inspector --target=tpu-v5e-8`, and a toy
+FSDP step the GPU compiler printed for 8 H200s, deviceless, from a hand-written target config)."""
 
 import ast
 import collections
@@ -213,3 +214,16 @@ def test_a_tpu_loop_is_counted_by_its_condition():
     # the TPU prints matmuls as convolutions: the loop-body FLOPs are found in them
     body = next(c for c in m.computations if m.multiplier[c] == 8 and m.dot_flops(c) > 0)
     assert m.dot_flops(body) > 1e9
+
+
+def test_a_gpus_start_done_pairs_count_their_result_once():
+    # a GPU prints async collectives as -start/-done ops; the start's type is (operand, result)
+    text = tpu_text('gpu_h200x8_fsdp_toy')
+    assert '(f32[128,1024]{1,0}, f32[1024,1024]{1,0}) all-gather-start(' in text
+    found = logical(Module(text))
+    assert [(f.collective.kind, f.asynchronous) for f in found] == [
+        ('all-gather', True), ('reduce-scatter', True)
+    ]
+    gather, scatter = (f.collective for f in found)
+    assert gather.shapes == ((1024, 1024),) and gather.bytes == 1024 * 1024 * 4  # not + operand
+    assert scatter.shapes == ((128, 1024),) and scatter.bytes == 128 * 1024 * 4
