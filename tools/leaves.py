@@ -84,7 +84,7 @@ def compare_trees(prefix, a, b, tolerance) -> list[Leaf]:
 
 
 def hints(leaf: Leaf, a, b) -> list[str]:
-    """What `leaf`'s difference between sides a and b (divergence.Side) points to."""
+    """What `leaf`'s difference between sides a and b (sides.Side) points to."""
     sizes = {  # an axis a mesh lacks: size 1
         ax: sorted({s.mesh.shape.get(ax, 1) for s in (a, b) if s.mesh} - {1})
         for ax in (*ROWS, MODEL)
