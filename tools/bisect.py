@@ -4,14 +4,17 @@ layer, the leaves, and what a constant ratio between them points to.
     python -m tools.bisect --model=mlp --twins=auto,explicit --steps=5
     python -m tools.bisect --twins=explicit,mypkg.my_dp --strategy=dp --x64
     python -m tools.bisect --twins=one_device,explicit --strategy=tp --mesh=4x2
-    python -m tools.bisect RUN_A RUN_B      # two train runs' workdirs
+    python -m tools.bisect --twins=one_device,typed --mesh=data:2,fsdp:2,model:2
+    python -m tools.bisect RUN_A RUN_B      # two train runs' workdirs, on any two meshes
 
-Each of --twins is a twin (auto, explicit: its STRATEGIES[--strategy]), one_device, or the
+Each of --twins is a twin (auto, explicit, typed: its STRATEGIES[--strategy]; a named --mesh
+runs the file that covers its axes, else composed.py, as the train CLI), one_device, or the
 import path of a strategy module with loss_and_grads, train_step and eval_step (a copy of
 explicit/dp.py with one line changed, on PYTHONPATH). Both start from one initial state and take
-the same batches; tools/divergence.py compares them (tools/sides.py loads them). Exit 0: they agree for --steps
-steps; 1: they diverge (the report says where); 2: bad input (the train CLI's own checks, one
-line); 3: a side cannot run (`B (mypkg.my_dp) fails to trace at mypkg/my_dp.py:42: ...`).
+the same batches; tools/sides.py loads them, tools/divergence.py compares them. Exit 0: they
+agree for --steps steps; 1: they diverge (the report says where); 2: bad input (the train CLI's
+own checks, one line); 3: a side cannot run (`B (mypkg.my_dp) fails to trace at
+mypkg/my_dp.py:42: ...`).
 docs/bisect.md walks through it.
 """
 
@@ -29,7 +32,7 @@ from shard_parity.runtime import flags as F
 TWINS = flags.DEFINE_list(
     'twins',
     ['auto', 'explicit'],
-    'A,B: twins (auto, explicit), one_device, or import paths of strategy modules.',
+    'A,B: twins (auto, explicit, typed), one_device, or import paths of strategy modules.',
 )
 TOLERANCE = flags.DEFINE_enum(
     'tolerance',
