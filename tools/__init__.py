@@ -2,6 +2,7 @@
 shard_parity.tools.<name>`, from any directory):
 
     python -m tools.compare A B          two runs' settings, then their logs side by side
+                                         (settings.py: the config.json part)
     python -m tools.launch -- CMD        CMD as several local processes (jax.distributed)
     python -m tools.bisect --twins=A,B   where two twins, strategy modules or runs first part
                                          (divergence.py, sides.py, runs.py, leaves.py: its parts)
