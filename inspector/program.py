@@ -211,7 +211,7 @@ def inspect(jitted, *args, hardware: str | None = None, mesh=None, name: str = '
             expect_gathers=(), measure: bool = False, target: str | None = None) -> Report:  # fmt: skip
     """Compiles `jitted` for `args` (arrays or jax.ShapeDtypeStructs with shardings) and reads
     its collectives. `mesh`: whose axis names to report (default: the first argument's).
-    `expect_gathers`: mesh axes over which whole arguments may be all-gathered (FSDP's 'data').
+    `expect_gathers`: mesh axes over which whole arguments may be all-gathered (FSDP's 'fsdp').
     `measure`: also time the program here, on zeros (beside the prediction for --hardware=cpu).
     `hardware`: what to price it on (default h100x8). `target`: compile it for that hardware
     instead (inspector/target.py: 'tpu-v5e-8' ...), priced on it: the arguments move to the
