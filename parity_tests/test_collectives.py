@@ -58,6 +58,7 @@ def test_twins_reduce_the_same_arrays(mesh8, mnist_batches):
     assert shapes[auto] == shapes[explicit]
 
 
+@pytest.mark.pinned
 def test_inspector_pins_the_mlp_collectives():
     r = inspect_collectives('mlp')
     grads = r['expected']['gradient_bytes']
@@ -70,9 +71,10 @@ def test_inspector_pins_the_mlp_collectives():
     assert r['differences'] == [] and r['typed_differences'] == []
 
 
-@pytest.mark.slow  # four transformer programs, 30 s of CPU: the MLP's pins above run fast
+@pytest.mark.slow  # four transformer programs (5 s at the suite's level 0): the MLP's run fast
+@pytest.mark.pinned
 def test_inspector_pins_the_transformer_collectives():
-    """Pinned compiler behaviour (jax 0.10.2): the tied embedding gets two gradient terms, the
+    """Pinned compiler behaviour (jax 0.10.2 and 0.12): the tied embedding gets two gradient terms, the
     lookup and the output head. explicit/ adds them on each device and all-reduces the sum once;
     auto/ all-reduces each term, moving one extra [256, 128] float32 (131,072 bytes). typed/'s
     `reduced` table gets one `unreduced` gradient, both terms summed before its one reduction.
