@@ -665,6 +665,8 @@ def test_every_row_has_a_test_and_is_in_the_docs():
         assert f'`{cell}`' in table, f'docs/errors.md lacks the message of {what!r}: {msg}'
         module, name = test.split('.')
         assert hasattr(importlib.import_module(f'parity_tests.{module}'), name), test
+    run_here = {what for what, _, test in ROWS if test == 'test_bad_inputs.test_cli_row'}
+    assert run_here == set(CLI_ROWS)  # each row test_cli_row owns has its command, and no more
 
 
 @pytest.fixture(scope='module')
