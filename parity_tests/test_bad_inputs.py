@@ -324,7 +324,7 @@ ROWS = [
     (
         'Ctrl-C or SIGTERM (exit 130 or 143)',
         '; rerun the same command to resume',
-        'test_faults.test_an_interrupted_run_saves_and_resumes_to_the_same_parameters',
+        'test_interrupts.test_an_interrupted_run_saves_and_resumes_to_the_same_parameters',
     ),
     (
         'tp on a mesh whose model axis is 1 (a warning)',
@@ -449,7 +449,7 @@ ROWS = [
     (
         'a second Ctrl-C or SIGTERM, even during the first compile (exit 130 or 143 at once)',
         'interrupted again: stopped at once, saving nothing new',
-        'test_faults.test_a_second_ctrl_c_during_the_first_compile_exits_at_once',
+        'test_interrupts.test_a_second_ctrl_c_during_the_first_compile_exits_at_once',
     ),
     (
         'processes that do not all join (a note after 5 s; Ctrl-C exits 130 at once)',
