@@ -1,6 +1,6 @@
 """Claim: tensor parallelism (--strategy=tp, fsdp_tp) splits each layer Megatron's way over the
 mesh's 'model' axis, so that per-device state falls as 1/(model) for the split layers and
-1/(data x model) under fsdp_tp; the explicit twin's only forward collective is the psum after
+1/(fsdp x model) under fsdp_tp; the explicit twin's only forward collective is the psum after
 each row-parallel layer, and auto's compiler finds the same all-reduces; checkpoints move
 between dp, fsdp, tp and fsdp_tp with unchanged logits; the train CLIs run it on a 2-D mesh."""
 
@@ -98,10 +98,10 @@ def test_inspector_pins_the_fsdp_tp_collectives():
             key = twin, op['kind'], op['group_size']
             by_kind[key] = by_kind.get(key, 0) + op['bytes']
     tp_slice = r['expected']['gradient_bytes']  # each device's tensor-parallel slice
-    odd = (10 + 256) * 4  # the head's 10-wide bias, layer 1's bias: not split over 'data'
+    odd = (10 + 256) * 4  # the head's 10-wide bias, layer 1's bias: not split over 'fsdp'
     activations = r['expected']['activations']['bytes']
     assert by_kind == {
-        ('explicit', 'all-gather', 4): tp_slice - odd,  # every data-sharded slice, whole
+        ('explicit', 'all-gather', 4): tp_slice - odd,  # every fsdp-sharded slice, whole
         ('explicit', 'reduce-scatter', 4): (tp_slice - odd) // 4,
         ('explicit', 'all-reduce', 2): activations,
         ('explicit', 'all-reduce', 4): odd + 8,  # + the two metrics
