@@ -22,7 +22,7 @@ from shard_parity.runtime import config as cfg
 from shard_parity.runtime import tasks
 from shard_parity.step import create_state, make_optimizer, one_device_train_step
 
-from . import cost, surprises
+from . import cost, hosts as by_host, surprises
 from .attribute import shorten
 from .expect import expectation
 from .program import VERSION, analyse, bytes_by_line, compile_all, measure_us
@@ -127,16 +127,20 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
     surprises and the expectation. `model_config`: the transformer's shape (default:
     TransformerConfig()); unused by the MLP. `measure`: also time each step on this machine.
     `microbatches`, `layout`: --microbatches and --cp_layout (default: the files' own).
-    `hosts`: the mesh laid over that many hosts (cost.host_layout), each collective priced by
-    the link its devices span."""
+    `hosts`: the mesh laid over that many hosts (inspector/hosts.py), outer axes across hosts,
+    each collective priced by the link its devices span."""
     model_config = model_config or cfg.TransformerConfig()
     microbatches = microbatches or explicit.pp.MICROBATCHES
+    layout = by_host.lay(mesh.shape.items(), hosts)  # before compiling: a bad --hosts is one line
     params, steps = lowered_steps(model, config, mesh, strategy, model_config, microbatches, layout)
     weights = [
         (jax.tree_util.keystr(p), int(np.prod(x.shape)))
         for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
     ]
     read = read_steps(steps, weights, strategy, hardware, measure)
+    if hosts > 1:
+        for result in read.values():
+            by_host.price(result, layout, hardware)
     programs = {name: r['ops'] for name, r in read.items()}
     found = {name: r['surprises'] for name, r in read.items()}
     lines = difference_lines(programs, 'auto') + difference_lines(programs, 'typed')
@@ -171,7 +175,7 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
             else None
         ),
         'difference_lines': lines,
-    }
+    } | ({'hosts': by_host.report(programs, layout, hardware)} if hosts > 1 else {})
 
 
 def mark_differences(programs: dict, lines: list[dict]) -> None:

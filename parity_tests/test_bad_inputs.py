@@ -523,6 +523,18 @@ ROWS = [
         '--mesh=4x2: name the axes, e.g. data:2,fsdp:2,model:2',
         'test_bad_inputs.test_cli_row',
     ),
+    (
+        'inspector: --hosts not dividing the devices',
+        '--hosts=3: the 8 devices of the mesh data:4,model:2 do not split evenly over 3 hosts; '
+        'give one of 1, 2, 4, 8',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        "inspector: a mesh whose inner axes do not fit in a host (--hosts)",
+        '--hosts=2: 3 devices a host, but the inner axes of the mesh data:3,model:2 do not fit '
+        'in a host',
+        'test_bad_inputs.test_cli_row',
+    ),
 ]
 
 TINY = ['--model=transformer', '--batch_size=16', '--cpu_devices=8']
@@ -645,6 +657,14 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     'benchmarks: a --mesh that names no axes': (
         'benchmarks.run',
         ['--sections=strategies', '--mesh=4x2'],
+    ),
+    'inspector: --hosts not dividing the devices': (
+        'inspector',
+        ['--mesh=data:4,model:2', '--hosts=3', '--cpu_devices=8'],
+    ),
+    'inspector: a mesh whose inner axes do not fit in a host (--hosts)': (
+        'inspector',
+        ['--mesh=data:3,model:2', '--hosts=2', '--batch_size=12', '--cpu_devices=6'],
     ),
 }
 # The exit status of a bad input: 1 (absl's own for a flag it refuses, and ours), but the
