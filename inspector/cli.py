@@ -110,8 +110,11 @@ def main(argv):
 
         print(program_text(report), end='')
     else:
+        from .expect import print_expected
+
         print_report(report)
         print_attribution(report)
+        print_expected(report)
     if 'hosts' in report and not JSON.value:
         from .hosts import print_hosts
 

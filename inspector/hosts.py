@@ -14,11 +14,14 @@ waits for the pair that crosses hosts, so its bandwidth and per-step latency are
 link's (NCCL's trees and XLA's hierarchical collectives do better; this is the plain ring the
 cost model prices within a host too). A collective-permute crosses when any of its pairs does.
 
-`axis_table` says why the axes that move least per step go across hosts: for each mesh axis, the
-explicit twin's collectives over it (ops x trips, bytes) priced within a host and across hosts.
-'data' and 'fsdp' move the gradient (and fsdp each layer's weights) a few times a step; 'model'
-all-reduces the activations in every layer, forward and backward; their extra time across hosts
-is what ranks them.
+`axis_table` says which axes belong across hosts: for each mesh axis, the explicit twin's
+collectives over it (ops x trips, bytes) priced within a host and across hosts. 'data' moves the
+gradient once a step; 'fsdp' each layer's weights, three times (gathered forward, again
+backward, the gradient scattered); 'model' each layer's activations, about five times; 'stage'
+one microbatch a tick. 'data' always loses least across hosts; 'fsdp' loses less than 'model'
+once a device's tokens b x T outnumber about 1.5 x the width C (on fsdp:2,model:2, a layer's
+wire bytes: 3 x 48 C^2 / 2 x 1/2 of weights against 6 x 4 b T C of activations), and when its
+many small ops' latency does not dominate. The report's `suggested` mesh orders the axes by that loss.
 """
 
 import dataclasses
@@ -219,9 +222,13 @@ def names(op: dict) -> set:
 
 def report(programs: dict, layout: Layout, hardware: str) -> dict:
     """The report's 'hosts' section: the layout (as create_hybrid_device_mesh's arguments), the
-    inter-host link, and the axis table of the explicit twin's program."""
+    inter-host link, the axis table of the explicit twin's program, and the mesh ordered by
+    that table (`suggested`: the axes whose collectives lose least across hosts first)."""
     link = INTER_HOST[hardware]
     ops = programs.get('explicit') or next(iter(programs.values()))
+    table = axis_table(ops, layout, hardware)
+    extra = {r['axis']: r['across_us'] - r['within_us'] for r in table}
+    ordered = sorted(layout.axes, key=lambda a: (a[1] == 1, extra.get(a[0], 0.0)))
     return {
         'hosts': layout.hosts,
         'per_host': layout.per_host,
@@ -229,11 +236,13 @@ def report(programs: dict, layout: Layout, hardware: str) -> dict:
         'mesh_shape': layout.within,
         'dcn_mesh_shape': layout.across,
         'link': dataclasses.asdict(link),
-        'axes': axis_table(ops, layout, hardware),
-        'note': 'the outer axes go across hosts (create_hybrid_device_mesh); an axis belongs '
-        'across hosts when its extra time there (across_us - within_us) is the smallest: the '
-        "gradient's axes ('data', 'fsdp') move a few large arrays a step, 'model' an "
-        "activation in every layer, both ways; order the mesh so that they come first.",
+        'axes': table,
+        'suggested': ','.join(f'{a}:{n}' for a, n in ordered),
+        'note': "each axis's collectives priced within a host and across hosts: 'data' moves "
+        "the gradient once a step, 'fsdp' each layer's weights (gathered forward and again "
+        "backward, the gradient scattered), 'model' each layer's activations both ways, 'stage' "
+        'one microbatch a tick, so the extra time across hosts ranks them; the outer axes of '
+        '--mesh go across hosts.',
     }
 
 
@@ -264,3 +273,4 @@ def print_hosts(r: dict) -> None:
             f"{a['across_us'] - a['within_us']:>10.1f}"
         )
     print(f"  {h['note']}")
+    print(f"  least extra time across hosts first: --mesh={h['suggested']}")

@@ -212,6 +212,27 @@ def test_bad_hosts_are_one_line():
         hosts.lay(plans.named('data:3,model:2', 6).axes, 2)
 
 
+def test_an_op_crosses_hosts_when_a_group_or_pair_does():
+    """On data:2,model:4 over 2 hosts (devices 0-3 and 4-7): 'data''s groups pair device i with
+    i + 4, across; 'model''s are 0-3 and 4-7, within; a ring over 'data' is priced at the
+    inter-host link: 50 GB/s x 0.8 and 5 us a step against NVLink's 450 x 0.8 and 1 us."""
+    layout = hosts.lay(plans.named('data:2,model:4', 8).axes, 2)
+    op = lambda groups, n: {'kind': 'all-reduce', 'bytes': 4_000_000, 'group_size': n,  # noqa: E731
+                            'trip_count': 1, 'replica_groups': groups}  # fmt: skip
+    data, model = op('{{0,4},{1,5},{2,6},{3,7}}', 2), op('[2,4]<=[8]', 4)
+    pairs = dict(op('pairs={{0,4},{4,0}}', 2), kind='collective-permute')
+    inner = dict(op('pairs={{0,1},{1,0}}', 2), kind='collective-permute')
+    program = {'ops': [data, model, pairs, inner],
+               'predicted': {'compute_us': 0.0, 'comms_us': 0.0, 'step_us': [0.0, 0.0]}}  # fmt: skip
+    hosts.price(program, layout, 'h100x8')
+    assert [o['link'] for o in program['ops']] == ['inter-host', 'host', 'inter-host', 'host']
+    assert data['predicted_us'] == round(2 * 5.0 + 4e6 / (50e9 * 0.8) * 1e6, 3)  # 110 us
+    assert model['predicted_us'] == round(6 * 1.0 + 2 * 4e6 * 3 / 4 / (450e9 * 0.8) * 1e6, 3)
+    assert program['predicted']['comms_us'] == round(
+        sum(o['predicted_us'] for o in program['ops']), 3
+    )
+
+
 def priced(program, text, n):
     """A copy of an analysed program priced over `n` hosts."""
     program = copy.deepcopy(program)
@@ -246,15 +267,19 @@ def test_the_axis_that_crosses_hosts_costs_more_and_model_costs_most():
         plans.named('data:4,model:2', 8).axes, 2), 'h100x8')}  # fmt: skip
     extra = {a: r['across_us'] - r['within_us'] for a, r in table.items()}
     assert extra['model'] > extra['data'] > 0
+    layout = hosts.lay(plans.named('data:4,model:2', 8).axes, 2)
+    assert hosts.report({'explicit': two['ops']}, layout, 'h100x8')['suggested'] == 'data:4,model:2'
+    assert hosts.report({'explicit': model_out['ops']}, hosts.lay(
+        plans.named('model:2,data:4', 8).axes, 2), 'h100x8')['suggested'] == 'data:4,model:2'  # fmt: skip
     assert table['data']['hosts'] == 2 and table['model']['hosts'] == 1
 
 
 # --- Memory
 
 
-def arguments(text, config):
-    """(memory_analysis()'s argument bytes of the explicit composed step on `text`, the
-    formula's state bytes per device, the batch's)."""
+def state_and_arguments(text, config):
+    """(the formula's state bytes per device, memory_analysis()'s argument bytes of the explicit
+    composed step on `text` less its batch's, and the whole state's bytes)."""
     _, mesh = plan_mesh(text)
     sharding = NamedSharding(mesh, rows(mesh, 'composed'))
     batch = {
@@ -265,12 +290,10 @@ def arguments(text, config):
     tx = make_optimizer(cfg.TrainConfig())
     compiled = memory.compiled_step(explicit.composed, make_model, lm_loss, tx, mesh, batch)
     _, state = memory.abstract_state(make_model, tx, mesh, 'composed')
-    batch_bytes = sum(
-        int(np.prod(x.sharding.shard_shape(x.shape))) * 4 for x in batch.values()
-    )
-    return compiled.memory_analysis().argument_size_in_bytes, memory.state_bytes(
-        state, mesh
-    ), batch_bytes
+    batch_bytes = sum(np.prod(x.sharding.shard_shape(x.shape)) * 4 for x in batch.values())
+    whole = sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state))
+    arguments = compiled.memory_analysis().argument_size_in_bytes - batch_bytes
+    return memory.state_bytes(state, mesh), arguments, whole
 
 
 @pytest.mark.parametrize('text', [
@@ -280,11 +303,10 @@ def arguments(text, config):
     pytest.param('fsdp:4,model:2', marks=SLOW),
 ])  # fmt: skip
 def test_state_per_device_is_the_whole_over_the_axes_that_split_it(text):
-    config = MOE if 'expert' in text else DENSE
-    measured, state, batch = arguments(text, config)
-    assert measured == state + batch
-    _, mesh = plan_mesh(text)
-    whole = memory.state_bytes(memory.abstract_state(
-        lambda rngs: Transformer(config, rngs=rngs), make_optimizer(cfg.TrainConfig()),
-        plan_mesh('data:8')[1], 'composed')[1], plan_mesh('data:8')[1])  # fmt: skip
-    assert state < whole / 2  # the axes split it: the formula is not the whole state
+    """Each array's bytes / the product of the axes its layout splits it over (memory.py's
+    state_bytes), summed: what the compiled step takes in per device, besides the batch. The
+    axes split it: well under the whole state (the embedding and norms stay whole under
+    'model', the step counter everywhere)."""
+    state, arguments, whole = state_and_arguments(text, MOE if 'expert' in text else DENSE)
+    assert state == arguments
+    assert state < whole / 2
