@@ -17,7 +17,7 @@ cost model prices within a host too). A collective-permute crosses when any of i
 `axis_table` says which axes belong across hosts: for each mesh axis, the explicit twin's
 collectives over it (ops x trips, bytes) priced within a host and across hosts. 'data' moves the
 gradient once a step; 'fsdp' each layer's weights, three times (gathered forward, again
-backward, the gradient scattered); 'model' each layer's activations, about five times; 'stage'
+backward, the gradient scattered); 'model' each layer's activations, five or six times; 'stage'
 one microbatch a tick. 'data' always loses least across hosts; 'fsdp' loses less than 'model'
 once a device's tokens b x T outnumber about 1.5 x the width C (on fsdp:2,model:2, a layer's
 wire bytes: 3 x 48 C^2 / 2 x 1/2 of weights against 6 x 4 b T C of activations), and when its
