@@ -131,7 +131,7 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
     each collective priced by the link its devices span."""
     model_config = model_config or cfg.TransformerConfig()
     microbatches = microbatches or explicit.pp.MICROBATCHES
-    layout = by_host.lay(mesh.shape.items(), hosts)  # before compiling: a bad --hosts is one line
+    over_hosts = by_host.lay(mesh.shape.items(), hosts)  # a bad --hosts: one line, uncompiled
     params, steps = lowered_steps(model, config, mesh, strategy, model_config, microbatches, layout)
     weights = [
         (jax.tree_util.keystr(p), int(np.prod(x.shape)))
@@ -140,7 +140,7 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
     read = read_steps(steps, weights, strategy, hardware, measure)
     if hosts > 1:
         for result in read.values():
-            by_host.price(result, layout, hardware)
+            by_host.price(result, over_hosts, hardware)
     programs = {name: r['ops'] for name, r in read.items()}
     found = {name: r['surprises'] for name, r in read.items()}
     lines = difference_lines(programs, 'auto') + difference_lines(programs, 'typed')
@@ -175,7 +175,7 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
             else None
         ),
         'difference_lines': lines,
-    } | ({'hosts': by_host.report(programs, layout, hardware)} if hosts > 1 else {})
+    } | ({'hosts': by_host.report(programs, over_hosts, hardware)} if hosts > 1 else {})
 
 
 def mark_differences(programs: dict, lines: list[dict]) -> None:
