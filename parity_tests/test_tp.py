@@ -1,6 +1,6 @@
 """Claim: tensor parallelism (--strategy=tp, fsdp_tp) splits each layer Megatron's way over the
 mesh's 'model' axis, so that per-device state falls as 1/(model) for the split layers and
-1/(data x model) under fsdp_tp; the explicit twin's only forward collective is the psum after
+1/(fsdp x model) under fsdp_tp; the explicit twin's only forward collective is the psum after
 each row-parallel layer, and auto's compiler finds the same all-reduces; checkpoints move
 between dp, fsdp, tp and fsdp_tp with unchanged logits; the train CLIs run it on a 2-D mesh."""
 
@@ -92,8 +92,8 @@ def test_inspector_pins_the_explicit_fsdp_tp_collectives():
         by_kind.setdefault((op['kind'], op['group_size']), 0)
         by_kind[op['kind'], op['group_size']] += op['bytes']
     tp_slice = r['expected']['gradient_bytes']  # each device's tensor-parallel slice
-    odd = (10 + 256) * 4  # the head's 10-wide bias, layer 1's bias: not split over 'data'
-    assert by_kind['all-gather', 4] == tp_slice - odd  # every data-sharded slice, whole
+    odd = (10 + 256) * 4  # the head's 10-wide bias, layer 1's bias: not split over 'fsdp'
+    assert by_kind['all-gather', 4] == tp_slice - odd  # every fsdp-sharded slice, whole
     assert by_kind['reduce-scatter', 4] == (tp_slice - odd) // 4
     assert by_kind['all-reduce', 2] == r['expected']['activations']['bytes']
     assert by_kind['all-reduce', 4] == odd + 8  # + the two metrics
