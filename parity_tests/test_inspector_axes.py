@@ -12,6 +12,9 @@ Compile only: nothing runs.
 
 import copy
 import dataclasses
+import json
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +24,7 @@ from flax import nnx
 from jax.experimental import mesh_utils
 from jax.sharding import AbstractMesh, AxisType, NamedSharding
 
+from parity_tests.helpers import REPO
 from shard_parity import UsageError, explicit, memory
 from shard_parity import plan as plans
 from shard_parity.inspector import hosts, twins
@@ -292,6 +296,25 @@ def test_the_axis_that_crosses_hosts_costs_more_and_model_costs_most():
     assert hosts.report({'explicit': model_out['ops']}, hosts.lay(
         plans.named('model:2,data:4', 8).axes, 2), 'h100x8')['suggested'] == 'data:4,model:2'  # fmt: skip
     assert table['data']['hosts'] == 2 and table['model']['hosts'] == 1
+
+
+@SLOW  # the CLI compiles the MLP's four programs
+def test_the_cli_prices_over_hosts_and_says_which_axis_crosses():
+    result = subprocess.run(
+        [sys.executable, '-m', 'inspector', '--mesh=data:4,model:2', '--hosts=2', '--json']
+        + ['--cpu_devices=8'],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    r = json.loads(result.stdout)
+    h = r['hosts']
+    assert (h['across'], h['mesh_shape'], h['dcn_mesh_shape']) == ({'data': 2}, [2, 2], [2, 1])
+    for op in r['programs']['explicit']:
+        assert op['link'] == ('inter-host' if 'data' in op['axes'] else 'host'), op
+    assert [a['axis'] for a in h['axes']] == ['data', 'model']
 
 
 # --- Memory
