@@ -506,4 +506,16 @@ ROWS = [
         '--mesh=4x2: name the axes, e.g. data:2,fsdp:2,model:2',
         'test_bad_inputs.test_cli_row',
     ),
+    (
+        'inspector: --hosts not dividing the devices',
+        '--hosts=3: the 8 devices of the mesh data:4,model:2 do not split evenly over 3 hosts; '
+        'give one of 1, 2, 4, 8',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        "inspector: a mesh whose inner axes do not fit in a host (--hosts)",
+        '--hosts=2: 3 devices a host, but the inner axes of the mesh data:3,model:2 do not fit '
+        'in a host',
+        'test_bad_inputs.test_cli_row',
+    ),
 ]

@@ -145,6 +145,14 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
         'benchmarks.run',
         ['--sections=strategies', '--mesh=4x2'],
     ),
+    'inspector: --hosts not dividing the devices': (
+        'inspector',
+        ['--mesh=data:4,model:2', '--hosts=3', '--cpu_devices=8'],
+    ),
+    'inspector: a mesh whose inner axes do not fit in a host (--hosts)': (
+        'inspector',
+        ['--mesh=data:3,model:2', '--hosts=2', '--batch_size=12', '--cpu_devices=6'],
+    ),
 }
 # The exit status of a bad input: 1 (absl's own for a flag it refuses, and ours), but the
 # bisector's 2 (its 1 says that the twins diverge), as docs/errors.md says.
