@@ -48,6 +48,11 @@ TARGET = flags.DEFINE_enum(
     'that hardware: tpu-v5e-N (v5litepod-N), tpu-v5p-N and tpu-v4-N (N = 2 x chips, as Cloud '
     'names them), h200x8 (from a target config captured by benchmarks/gpu.sh).',
 )  # fmt: skip
+HOSTS = flags.DEFINE_integer(
+    'hosts', 1, 'Lay the mesh over this many hosts, outer axes across hosts (as '
+    'mesh_utils.create_hybrid_device_mesh): a collective whose devices span hosts is priced at '
+    'the inter-host link (inspector/hosts.py).', lower_bound=1
+)  # fmt: skip
 PROGRAM = flags.DEFINE_string(
     'program', None, 'MODULE:FUNCTION: inspect the jitted function FUNCTION() returns, with '
     'its arguments, instead of the twins.'
@@ -92,8 +97,13 @@ def report_of_flags():
 
         jitted, args = load_program(PROGRAM.value, devices)
         hardware = None if target else HARDWARE.value
-        report = inspect(jitted, *args, hardware=hardware, measure=measure, target=target)
-        return report.json(), True
+        data = inspect(jitted, *args, hardware=hardware, measure=measure, target=target).json()
+        if HOSTS.value > 1:
+            from . import hosts
+            from .program import _mesh_of
+
+            hosts.price_report(data, hosts.lay(_mesh_of(args).shape.items(), HOSTS.value))
+        return data, True
     from .twins import inspect
 
     # the train CLI's checks, same messages
@@ -102,7 +112,7 @@ def report_of_flags():
     config = F.train_config()
     report = inspect(
         F.MODEL.value, config, mesh, plan.strategy, F.model_config(), HARDWARE.value, measure,
-        target=target,
+        F.MICROBATCHES.value, F.CP_LAYOUT.value, HOSTS.value, target=target,
     )  # fmt: skip
     return report, False
 
@@ -123,8 +133,15 @@ def main(argv):
 
         print(program_text(report), end='')
     else:
+        from .expect import print_expected
+
         print_report(report)
         print_attribution(report)
+        print_expected(report)
+    if 'hosts' in report and not JSON.value:
+        from .hosts import print_hosts
+
+        print_hosts(report)
     if HTML.value:
         from .html import write_html
 
@@ -141,8 +158,8 @@ def main(argv):
 def run():
     declare_key_flags(
         [F.MODEL, F.STRATEGY, F.MESH, F.TRAIN['batch_size'], *F.TRANSFORMER_SHAPE, F.CPU_DEVICES]
-        + [F.CPU_FMA, F.NUM_DEVICES, HARDWARE, TARGET, HTML, TRACE, FAIL_ON_SURPRISE, PROGRAM]
-        + [JSON]
+        + [F.CPU_FMA, F.NUM_DEVICES, F.MICROBATCHES, HOSTS, HARDWARE, TARGET, HTML, TRACE]
+        + [FAIL_ON_SURPRISE, PROGRAM, JSON]
         + [F.VERBOSE]
     )
     app.run(main)

@@ -141,6 +141,9 @@ class Stopwatch:
         return self.seconds + (time.perf_counter() - self.t0)
 
 
+OPTIONS = {'cp_layout': 'layout', 'microbatches': 'microbatches'}  # config.json's key: the argument
+
+
 class Loop:
     """The step loop of `twin.STRATEGIES[strategy]`, with a stopwatch for the throughput."""
 
@@ -149,11 +152,9 @@ class Loop:
         self.name, self.task, self.config, self.mesh = twin.NAME, task, config, mesh
         self.strategy = strategy
         self.log, self.mngr, self.saved = log, mngr, saved
-        # a strategy with a LAYOUT (explicit/ and typed/ cp.py) takes --cp_layout
-        layout = saved.get('cp_layout', getattr(parallel, 'LAYOUT', None))
-        options = {'layout': layout} if hasattr(parallel, 'LAYOUT') else {}
-        if hasattr(parallel, 'MICROBATCHES'):  # pp.py takes --microbatches
-            options['microbatches'] = saved.get('microbatches', parallel.MICROBATCHES)
+        # what the plan's axes take, as config.json saves them (runtime/train.py): a 'seq' axis
+        # --cp_layout (cp.py, composed.py), a 'stage' axis --microbatches (pp.py, composed.py)
+        options = {arg: saved[key] for key, arg in OPTIONS.items() if key in saved}
         self.train_step = parallel.train_step(graphdef, task.loss_fn, tx, mesh, **options)
         self.eval_step = parallel.eval_step(graphdef, task.eval_fn, mesh, **options)
         self.clock = Stopwatch()
