@@ -150,11 +150,16 @@ def lookup(embed: nnx.Embed, ids):
 
 def cross_entropy(logits, labels):
     """optax.softmax_cross_entropy_with_integer_labels(logits, labels) over the last axis. In
-    Explicit mode the same arithmetic with `[..., 0]` for optax's `.take(0, axis)`, whose
-    transpose (a scatter) has no sharding rule in jax 0.12 (jax#33787); a slice's has."""
-    if typed(logits) is None:
+    Explicit mode the same arithmetic with each label's logit picked by a gather that states
+    its output's sharding (the labels'): optax's `.take(0, axis)` has a transpose (a scatter)
+    with no sharding rule in jax 0.12 (jax#33787), and so has `take_along_axis`'s where a
+    split dimension has size 1 (typed cp at batch 1 on 'data':1)."""
+    sharding = typed(labels)
+    if typed(logits) is None or sharding is None:
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    label_logits = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    label_logits = logits.at[(*jnp.indices(labels.shape, sparse=True), labels)].get(
+        out_sharding=sharding
+    )
     return jax.nn.logsumexp(logits, axis=-1) - label_logits
 
 
