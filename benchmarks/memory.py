@@ -17,15 +17,16 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from shard_parity import auto, explicit, memory, typed
-from shard_parity.mesh import MODEL, make_mesh
+from shard_parity import plan as plans
+from shard_parity.mesh import MODEL, mesh_for
 from shard_parity.model.transformer import Transformer
-from shard_parity.placement import mesh_axes, rows
+from shard_parity.placement import rows
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime.tasks import lm_loss
 from shard_parity.step import make_optimizer
 
 CONFIG = cfg.TransformerConfig(seq_len=32, num_layers=2, num_heads=8, num_kv_heads=8, embed_dim=512)
-SHAPES = {'dp': (8, 1), 'fsdp': (8, 1), 'tp': (4, 2), 'fsdp_tp': (4, 2)}
+SHAPES = {'dp': '8x1', 'fsdp': '8x1', 'tp': '4x2', 'fsdp_tp': '4x2'}  # fsdp_tp: fsdp:4,model:2
 LAYERS = (2, 4)
 BATCH_SIZE = 8
 
@@ -39,7 +40,7 @@ def formula(model_config, strategy: str, mesh) -> dict:
 
 
 def one(twin, strategy: str, model_config) -> dict:
-    mesh = make_mesh(shape=SHAPES[strategy], axes=mesh_axes(strategy), axis_type=twin.AXIS_TYPE)
+    mesh = mesh_for(plans.parse(SHAPES[strategy], strategy, 8), twin.AXIS_TYPE)
     sharding = NamedSharding(mesh, rows(mesh, strategy))
     shape = (BATCH_SIZE, model_config.seq_len)
     batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k in ('x', 'y')}

@@ -10,14 +10,15 @@ the update.
 - FLOPs: deterministic (XLA's cost analysis, loop bodies counted per trip as the inspector counts
   them, inspector/program.py). The cost analysis counts a loop's elementwise FLOPs once, not per
   trip, so this bubble sits a little under the formula.
-- Time: the train step on a 1 x S mesh against the same step with the same M microbatches on a
-  1 x 1 mesh (one stage, M ticks, no bubble), interleaved (benchmarks/timing.py): medians, and
-  the extremes. The ideal pipelined step takes the one-stage step's time / P, P the stage
-  devices that really compute at once: S on S accelerators; on emulated CPU devices, which share
-  the host's cores, 1, for every thread is held to one core (--one_core), so that a bubble tick
-  costs its zeros' compute. On the CPU that time also holds what the emulation adds: every
-  collective-permute is a rendezvous of threads taking turns on that core (docs/pipeline.md
-  shows how far that takes the figures from the FLOPs').
+- Time: the train step on the mesh data:1,stage:S (--strategy=pp --mesh=1xS) against the same
+  step with the same M microbatches on data:1,stage:1 (one stage, M ticks, no bubble),
+  interleaved (benchmarks/timing.py): medians, and the extremes. The ideal pipelined step
+  takes the one-stage step's time / P, P the stage devices that really compute at once: S on S
+  accelerators; on emulated CPU devices, which share the host's cores, 1, for every thread is
+  held to one core (--one_core), so that a bubble tick costs its zeros' compute. On the CPU
+  that time also holds what the emulation adds: every collective-permute is a rendezvous of
+  threads taking turns on that core (docs/pipeline.md shows how far that takes the figures
+  from the FLOPs').
 """
 
 import os
@@ -82,8 +83,9 @@ def block_seconds(timed: dict, rounds: int) -> dict:
 def measure(stages=STAGES, microbatches=MICROBATCHES, rounds=7, parallel=None) -> list[dict]:
     """`parallel`: how many stage devices compute at once (P above); by default S."""
     from shard_parity import explicit
-    from shard_parity.mesh import make_mesh
-    from shard_parity.placement import mesh_axes, place_batch, place_state
+    from shard_parity import plan as plans
+    from shard_parity.mesh import mesh_for
+    from shard_parity.placement import place_batch, place_state
     from shard_parity.runtime import config as cfg
     from shard_parity.runtime.tasks import lm_loss
     from shard_parity.step import make_optimizer, one_device_train_step
@@ -95,12 +97,12 @@ def measure(stages=STAGES, microbatches=MICROBATCHES, rounds=7, parallel=None) -
         return one_device_train_step(g, lm_loss, tx).lower(s, batch).compile(), s, batch
 
     useful = block_flops(programs(one, tx)) / stages  # one stage's share of the whole batch's work
-    meshes = {s: make_mesh(shape=(1, s), axes=mesh_axes('pp')) for s in (1, stages)}
+    meshes = {s: mesh_for(plans.parse(f'data:1,stage:{s}', None, s)) for s in (1, stages)}
     parallel = parallel or stages
 
     def pp(s, m):
         def lower(g, state):
-            state, placed = place_state(state, meshes[s], 'pp'), place_batch(batch, meshes[s])
+            state, placed = place_state(state, meshes[s], 'pp'), place_batch(batch, meshes[s], 'pp')
             step = explicit.pp.train_step(g, lm_loss, tx, meshes[s], m)
             return step.lower(state, placed).compile(), state, placed
 

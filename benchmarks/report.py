@@ -179,8 +179,8 @@ def markdown(r: dict) -> str:
             for x in r['strategies']
         ]
         out += [
-            '\n**6. Strategies** (median ms per step on a DATA x MODEL mesh; parameters + '
-            'optimizer state held by one device)\n',
+            '\n**6. Strategies** (median ms per step on each mesh, named as --mesh names it; '
+            'parameters + optimizer state held by one device)\n',
             _table(['model', 'strategy', 'twin', 'mesh', 'ms/step', 'state MiB/device'], rows),
         ]
     if 'context' in r:

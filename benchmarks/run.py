@@ -37,6 +37,13 @@ SECTION = flags.DEFINE_list(
     '(whole train CLI runs: about 20 minutes at the defaults) and memory (24 compiles: every '
     'twin x strategy at 2 and 4 layers, benchmarks/memory.py).',
 )
+MESHES = flags.DEFINE_multi_string(
+    'mesh',
+    [],
+    'Section strategies: also time this named mesh in every twin, e.g. '
+    '--mesh=data:2,fsdp:2,model:2 (the train CLIs\' --mesh; its sizes multiply to the devices, '
+    'at most 8); repeat the flag for more. Each strategy\'s own mesh is always timed.',
+)
 CLI_BATCH_SIZES = flags.DEFINE_list(
     'cli_batch_sizes', ['16', '32'], 'Section cli: the global batch sizes.'
 )
@@ -152,7 +159,7 @@ def run_sections(names, rounds, gpu: bool, model_config) -> dict:
         elif name == 'generation':
             results[name] = S.generation([64, 256, 1024], max(3, rounds // 2), model_config)
         elif name == 'strategies':
-            results[name] = S.strategies(n, rounds, model_config)
+            results[name] = S.strategies(n, rounds, model_config, MESHES.value)
         elif name == 'context':
             lengths, timed = (list(map(int, f.value)) for f in (CONTEXT_LENGTHS, CONTEXT_TIMED))
             results[name] = S.context(lengths, timed, rounds)
@@ -235,6 +242,24 @@ def twins_processes(rounds: int, processes: int) -> list[dict]:
     return rows
 
 
+def check_meshes(meshes, n: int) -> None:
+    """Each --mesh named and over the n devices section strategies uses, before anything runs:
+    one line naming the bad one (shard_parity/plan.py's messages), as the train CLIs say it."""
+    from shard_parity import UsageError
+    from shard_parity import plan as plans
+
+    for text in meshes:
+        try:
+            if ':' not in text:
+                raise UsageError(
+                    f'--mesh={text}: name the axes, e.g. data:2,fsdp:2,model:2 (section strategies '
+                    'already times each strategy on its own AxB mesh)'
+                )
+            plans.named(text, n)
+        except UsageError as e:
+            sys.exit(f'error: {e}')
+
+
 def main(argv):
     if len(argv) > 1:
         sys.exit(f'error: unexpected arguments {argv[1:]}')
@@ -242,6 +267,7 @@ def main(argv):
     if unknown:
         sys.exit(f'error: --sections has {sorted(unknown)}; choose from {SECTIONS}')
     configure_jax(CPU_DEVICES.value if PLATFORM.value == 'cpu' else None, cpu_fma=CPU_FMA.value)
+    check_meshes(MESHES.value, min(8, jax.device_count()))
     if PLATFORM.value == 'gpu' and jax.devices()[0].platform != 'gpu':
         sys.exit('error: --platform=gpu, but JAX finds no GPU (pip install -e ".[gpu]")')
     gpu = PLATFORM.value == 'gpu'

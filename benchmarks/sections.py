@@ -11,11 +11,12 @@ from flax import nnx
 
 from benchmarks.timing import interleaved
 from shard_parity import auto, explicit, typed
-from shard_parity.mesh import make_mesh
+from shard_parity import plan as plans
+from shard_parity.mesh import mesh_for
 from shard_parity.model import attention
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
-from shard_parity.placement import mesh_axes, place_batch, place_state
+from shard_parity.placement import place_batch, place_state
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import generate, tasks
 from shard_parity.step import create_state, make_optimizer, one_device_train_step
@@ -54,20 +55,21 @@ def runner(
     batch_size: int,
     steps=5,
     model_config=NANOGPT,
-    shape=None,
-    strategy='dp',
+    mesh=None,
+    strategy=None,
 ):
-    """A callable running `steps` train steps of `twin`'s `strategy` on the first n devices, or
-    on a DATA x MODEL mesh of `shape` (twin None: the one-device run), waiting on the previous
-    step as the training loop does."""
+    """A callable running `steps` train steps of `twin` (None: the one-device run) on `mesh`,
+    --mesh's text: named axes (data:2,fsdp:2,model:2), or AxB with `strategy`; by default dp on
+    the first n devices. Each step waits on the previous one, as the training loop does."""
     graphdef, tx, state, loss, batch, units = setup(model, batch_size, model_config)
     if twin is None:
         step, placed = one_device_train_step(graphdef, loss, tx), jax.device_put(state)
         batch = jax.device_put(batch)
     else:
-        mesh = make_mesh(n, shape, mesh_axes(strategy), twin.AXIS_TYPE)  # typed/: Explicit
-        step = twin.STRATEGIES[strategy].train_step(graphdef, loss, tx, mesh)
-        placed, batch = place_state(state, mesh, strategy), place_batch(batch, mesh, strategy)
+        plan = mesh_plan(mesh, strategy, n)
+        on = mesh_for(plan, twin.AXIS_TYPE)  # typed/: Explicit
+        step = twin.STRATEGIES[plan.strategy].train_step(graphdef, loss, tx, on)
+        placed, batch = place_state(state, on, plan.strategy), place_batch(batch, on, plan.strategy)
     box = [placed]
 
     def run():
@@ -87,6 +89,12 @@ def runner(
         if sh.device == jax.devices()[0]
     )
     return run
+
+
+def mesh_plan(mesh: str | None, strategy: str | None = None, n: int | None = None) -> plans.Plan:
+    """--mesh (and --strategy) over n devices (default all), as the train CLI reads them
+    (shard_parity/plan.py): named axes, or AxB naming `strategy`'s two axes; none: dp on n."""
+    return plans.parse(mesh, strategy or (None if mesh else 'dp'), n or jax.device_count())
 
 
 def per_step(medians, runs):
@@ -125,22 +133,28 @@ def twins(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
     return rows
 
 
-# Each strategy with its model-axis size; the data axis takes whatever that leaves of n devices.
+# Each strategy with its model-axis size; the first axis takes whatever that leaves of n devices.
 STRATEGY_MODEL_AXES = [('dp', 1), ('fsdp', 1), ('tp', 2), ('tp', 4), ('fsdp_tp', 2)]
 
 
-def strategies(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
-    """6. Every strategy in every twin: step time beside the state each device holds."""
+def strategy_meshes(n: int, named=()) -> list[tuple[str | None, str]]:
+    """Section 6's (--strategy, --mesh) pairs: each strategy's AxB, then each of `named`
+    (benchmarks.run --mesh=data:2,fsdp:2,model:2), whose axes say what runs."""
+    out = [(s, f'{n // m}x{m}') for s, m in STRATEGY_MODEL_AXES if m <= n]
+    return out + [(None, text) for text in named]
+
+
+def strategies(n: int, rounds: int, model_config=NANOGPT, meshes=()) -> list[dict]:
+    """6. Every strategy in every twin, and the named `meshes`: step time beside the state each
+    device holds."""
     rows = []
     for model, b in (('mlp', 128), ('transformer', 16)):
         runs = {}
-        for strategy, m in STRATEGY_MODEL_AXES:
-            if m > n:
-                continue
-            d = n // m
+        for strategy, text in strategy_meshes(n, meshes):
+            plan = mesh_plan(text, strategy, n)  # its rows name the mesh: data:4,model:2
             for twin in TWINS:
-                runs[strategy, f'{d}x{m}', twin.NAME] = runner(
-                    twin, None, model, b, model_config=model_config, shape=(d, m), strategy=strategy
+                runs[plan.strategy, plan.text(), twin.NAME] = runner(
+                    twin, n, model, b, model_config=model_config, mesh=text, strategy=strategy
                 )
         t = per_step(interleaved(runs, rounds), runs)
         for (strategy, mesh, twin), v in t.items():
@@ -213,12 +227,12 @@ def attention_sweep(lengths, rounds: int, dtype=jnp.float32) -> list[dict]:
 
 # 7. Context parallelism: who holds what of a sequence of T positions on 8 devices. dp gives each
 # device whole sequences (8x1, one per device); cp splits one sequence 8 ways (1x8, T/8 each).
-CONTEXT_CANDIDATES = {  # name -> (twin, strategy, mesh, global batch, attention)
-    'dp naive': (explicit, 'dp', (8, 1), 8, 'naive'),
-    'dp fused': (explicit, 'dp', (8, 1), 8, 'fused'),
-    'cp explicit': (explicit, 'cp', (1, 8), 1, 'naive'),  # the ring ignores --attention
-    'cp typed': (typed, 'cp', (1, 8), 1, 'naive'),
-    'cp auto': (auto, 'cp', (1, 8), 1, 'naive'),  # XLA partitions naive attention
+CONTEXT_CANDIDATES = {  # name -> (twin, --strategy, --mesh, global batch, attention)
+    'dp naive': (explicit, 'dp', '8x1', 8, 'naive'),
+    'dp fused': (explicit, 'dp', '8x1', 8, 'fused'),
+    'cp explicit': (explicit, 'cp', '1x8', 1, 'naive'),  # the ring ignores --attention
+    'cp typed': (typed, 'cp', '1x8', 1, 'naive'),
+    'cp auto': (auto, 'cp', '1x8', 1, 'naive'),  # XLA partitions naive attention
 }
 
 
@@ -234,19 +248,17 @@ def context(lengths, timed_lengths, rounds: int) -> list[dict]:
     rows = []
     for t in lengths:
         row, runs = {'seq_len': t}, {}
-        for name, (twin, strategy, shape, b, attn) in CONTEXT_CANDIDATES.items():
+        for name, (twin, strategy, text, b, attn) in CONTEXT_CANDIDATES.items():
             config = dataclasses.replace(NANOGPT, seq_len=t, num_layers=1, attention=attn)
             graphdef, tx, state, loss, batch, units = setup('transformer', b, config)
-            mesh = make_mesh(None, shape, mesh_axes(strategy), twin.AXIS_TYPE)
+            mesh = mesh_for(mesh_plan(text, strategy, 8), twin.AXIS_TYPE)
             step = twin.STRATEGIES[strategy].train_step(graphdef, loss, tx, mesh)
             placed, placed_batch = place_state(state, mesh, strategy), place_batch(batch, mesh, strategy)
             compiled = step.lower(placed, placed_batch).compile()
             row[f'{name}_temp_bytes'] = compiled.memory_analysis().temp_size_in_bytes
             row[f'{name}_tokens_per_device'] = b * t // 8
             if t in timed_lengths:
-                runs[name] = runner(
-                    twin, None, 'transformer', b, 3, config, shape=shape, strategy=strategy
-                )
+                runs[name] = runner(twin, 8, 'transformer', b, 3, config, text, strategy)
         row['cp_expected_bytes'] = row['dp fused_temp_bytes'] / 8
         if runs:
             med = interleaved(runs, rounds, warmup=1)

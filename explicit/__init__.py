@@ -1,5 +1,12 @@
 """The twin in JAX's Manual mode (jax.shard_map): each device runs on its own shards, and every
-collective is a line of its strategy file. One whole file per strategy."""
+collective is a line of its strategy file. One whole file per strategy.
+
+The same names in every file: `local` is the function shard_map runs on each device, `fn` the
+jitted step that calls shard_map (building the specs first where they depend on the arrays'
+shapes; dp's `fn` is `local` shard_mapped), and `per_device` a shard_map'd callable kept in a
+variable. An eval_step's jitted function is `evaluate`; where each device runs the model as it
+is, shard_map runs the bound model (`fn = bind(...)`, as in auto/ and typed/).
+"""
 
 from jax.sharding import AxisType
 

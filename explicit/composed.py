@@ -97,11 +97,13 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, layout=LA
             return jax.lax.pmean(metrics, plan.batch_axes), reduce(grads, specs, plan)
 
         batch_spec = P(*activations(mesh))
-        split = jax.shard_map(
+        per_device = jax.shard_map(
             local, mesh=mesh, in_specs=(specs, batch_spec), out_specs=(REPLICATED, specs)
         )
         # under 'seq' the positions in the layout's order first: a local gather of whole rows
-        return split(params, reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch)
+        return per_device(
+            params, reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch
+        )
 
     return jax.jit(fn)
 
@@ -126,9 +128,11 @@ def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT)
             return jax.lax.pmean(out, SEQ) if plan.uses(SEQ) else out  # the parts' means
 
         rows = activations(mesh)[0]
-        split = jax.shard_map(
+        per_device = jax.shard_map(
             local, mesh=mesh, in_specs=(specs, P(*activations(mesh))), out_specs=P(rows)
         )
-        return split(params, reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch)
+        return per_device(
+            params, reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch
+        )
 
     return jax.jit(evaluate)

@@ -34,16 +34,20 @@ def chunk(graphdef, fn, batch, layout):  # fn(params, batch) on my part, at my p
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, layout=LAYOUT):
-    def fn(params, batch):  # params: the full arrays; batch: x[B/d, T/n], my rows' part
+    def local(params, batch):  # params: the full arrays; batch: x[B/d, T/n], my rows' part
         grad_fn = jax.value_and_grad(chunk(graphdef, loss_fn, batch, layout), has_aux=True)
         # As in dp, but varying over both axes: every device's loss is a different term.
         params = jax.lax.pcast(params, (DATA, SEQ), to='varying')
         (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of my part
         return jax.lax.pmean((metrics, grads), (DATA, SEQ))  # the all-reduce over both axes
 
-    split = jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, SEQUENCE), out_specs=REPLICATED)
-    # the layout's order first: a local gather, each device holding whole rows (P('data'))
-    return jax.jit(lambda params, batch: split(params, reorder(batch, mesh.shape[SEQ], layout)))
+    def fn(params, batch):  # params: the full arrays; batch: x[B, T] @ P('data'), rows whole
+        # the layout's order first: a local gather, each device holding whole rows (P('data'))
+        return jax.shard_map(
+            local, mesh=mesh, in_specs=(REPLICATED, SEQUENCE), out_specs=REPLICATED
+        )(params, reorder(batch, mesh.shape[SEQ], layout))
+
+    return jax.jit(fn)
 
 
 def train_step(graphdef, loss_fn, tx, mesh, layout=LAYOUT):
@@ -52,8 +56,12 @@ def train_step(graphdef, loss_fn, tx, mesh, layout=LAYOUT):
 
 
 def eval_step(graphdef, eval_fn, mesh, layout=LAYOUT):
-    def evaluate(params, batch):  # per-sequence means of my part, averaged over the parts
-        return jax.lax.pmean(chunk(graphdef, eval_fn, batch, layout)(params, batch), SEQ)
+    # per-sequence means of my part, averaged over the parts
+    local = lambda p, batch: jax.lax.pmean(chunk(graphdef, eval_fn, batch, layout)(p, batch), SEQ)
 
-    split = jax.shard_map(evaluate, mesh=mesh, in_specs=(REPLICATED, SEQUENCE), out_specs=BATCH)
-    return jax.jit(lambda params, batch: split(params, reorder(batch, mesh.shape[SEQ], layout)))
+    def evaluate(params, batch):  # the layout's order first; per-sequence outputs of my rows
+        return jax.shard_map(local, mesh=mesh, in_specs=(REPLICATED, SEQUENCE), out_specs=BATCH)(
+            params, reorder(batch, mesh.shape[SEQ], layout)
+        )
+
+    return jax.jit(evaluate)

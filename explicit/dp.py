@@ -18,14 +18,16 @@ STRATEGY = 'dp'  # --strategy=dp: every array whole on every device
 def loss_and_grads(graphdef, loss_fn, mesh):
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
-    def fn(params, batch):  # params: the full arrays; batch: x[B/n, ...], this device's rows
+    def local(params, batch):  # params: the full arrays; batch: x[B/n, ...], this device's rows
         # Mark the params as varying per device first. Left invariant, `grad` would transpose their
         # implicit broadcast into a psum, and the pmean below would return the sum, n times too big.
         params = jax.lax.pcast(params, DATA, to='varying')
         (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of the local rows
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce: average over the 'data' axis
 
-    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, BATCH), out_specs=REPLICATED))
+    # the step: `local` on each device's shard (the specs are fixed: nothing to build first)
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(REPLICATED, BATCH), out_specs=REPLICATED)
+    return jax.jit(fn)
 
 
 def train_step(graphdef, loss_fn, tx, mesh):

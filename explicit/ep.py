@@ -46,7 +46,7 @@ def loss_and_grads(graphdef, loss_fn, mesh):
     hook = bind(graphdef, loss_fn, experts=exchange)
     grad_fn = jax.value_and_grad(hook, has_aux=True)
 
-    def fn(params, batch):  # params: whole, experts E/n each; batch: x[B/(d n), T]
+    def local(params, batch):  # params: whole, experts E/n each; batch: x[B/(d n), T]
         # As dp's pcast: varying over the axes each array is not yet split over, so that `grad`
         # returns this device's own gradient (the experts are varying over 'expert' already).
         params = jax.tree_util.tree_map_with_path(
@@ -56,13 +56,13 @@ def loss_and_grads(graphdef, loss_fn, mesh):
         (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of my rows
         return jax.lax.pmean(metrics, (DATA, EXPERT)), average(grads, mesh.shape[EXPERT])
 
-    def split(params, batch):  # the rows over both axes; each device's experts, the rest whole
+    def fn(params, batch):  # the rows over both axes; each device's experts, the rest whole
         specs = state_specs(params, STRATEGY, mesh)
         return jax.shard_map(
-            fn, mesh=mesh, in_specs=(specs, EXPERT_BATCH), out_specs=(REPLICATED, specs)
+            local, mesh=mesh, in_specs=(specs, EXPERT_BATCH), out_specs=(REPLICATED, specs)
         )(params, batch)
 
-    return jax.jit(split)
+    return jax.jit(fn)
 
 
 def train_step(graphdef, loss_fn, tx, mesh):

@@ -2,7 +2,9 @@
 gloo over loopback, each process loading only its rows) give the losses and parameters of
 1 process x 8 devices (every logged training and evaluation figure, the latter computed from the
 parameters of that step), for both models of auto/ and explicit/ and for typed/'s Explicit mesh (the
-MLP keeps it short); a killed process stops the run, never hangs it."""
+MLP keeps it short), and on the 3-D mesh data:2,fsdp:2,model:2 (the composed step, each process
+loading its contiguous rows of the batch's (data, fsdp) blocks); a killed process stops the run,
+never hangs it."""
 
 import os
 import re
@@ -27,7 +29,9 @@ COMMON = ['--log_every=5', '--eval_every=5']
 # AdamW amplifies the last bits as it does across device counts: as in test_training_parity.py,
 # float32 runs are compared by their losses (and here their evaluations), never parameter by
 # parameter after several steps, where the drift depends on the processor (helpers.py).
-CASES = [(twin, model) for twin in ('auto', 'explicit') for model in FLAGS] + [('typed', 'mlp')]
+CASES = [(twin, model, None) for twin in ('auto', 'explicit') for model in FLAGS]
+CASES += [('typed', 'mlp', None), ('explicit', 'transformer', 'data:2,fsdp:2,model:2')]
+CASES += [('typed', 'mlp', 'data:2,fsdp:2,model:2')]
 
 
 def launch(*command, n=2, timeout=240):
@@ -49,9 +53,9 @@ def launch(*command, n=2, timeout=240):
     )
 
 
-@pytest.mark.parametrize('twin, model', CASES)
-def test_two_processes_match_one(twin, model, tmp_path):
-    flags = [*FLAGS[model], *COMMON]
+@pytest.mark.parametrize('twin, model, mesh', CASES)
+def test_two_processes_match_one(twin, model, mesh, tmp_path):
+    flags = [*FLAGS[model], *COMMON, *([f'--mesh={mesh}'] if mesh else [])]
     # The multi-process run stops at step 5 and resumes from its checkpoint: Orbax saves and
     # restores across processes too.
     for steps in (5, 10):
@@ -75,6 +79,9 @@ def test_two_processes_match_one(twin, model, tmp_path):
     )
     assert single.returncode == 0, single.stderr[-3000:]
     a, b = read_metrics(tmp_path / 'multi'), read_metrics(tmp_path / 'single')
+    if mesh:  # the named mesh ran, in both: the composed step
+        for run in ('multi', 'single'):
+            assert '"strategy": "composed"' in (tmp_path / run / 'config.json').read_text()
     assert [sorted(x) for x in a] == [sorted(x) for x in b]  # the same lines, from process 0 only
     for x, y in zip(a, b):
         for key in x:

@@ -78,12 +78,25 @@ def with_axis_type(mesh, axis_type: AxisType):
     )
 
 
-def local_rows(mesh, batch_size: int, rows=jax.sharding.PartitionSpec(DATA)) -> slice:
-    """The rows of a global batch that this process's devices hold, the batch laid out `rows`
-    (placement.rows): all of them with one process, a contiguous block with several (the mesh
-    lists each process's devices together)."""
+def local_rows(mesh, batch_size: int, rows=jax.sharding.PartitionSpec(DATA), devices=None) -> slice:
+    """The rows of a global batch that this process's devices (or `devices`) hold, the batch laid
+    out `rows` (placement.rows): all of them with one process, one contiguous block with several.
+    The mesh lists each process's devices together, and the row axes' blocks follow the mesh's
+    order (under P(('data', 'fsdp')) block 2d + f), so a process's devices hold adjacent blocks,
+    or the same ones over an axis that splits no rows; anything else is refused, never loaded."""
     sharding = jax.sharding.NamedSharding(mesh, rows)
-    blocks = [idx[0] for idx in sharding.addressable_devices_indices_map((batch_size,)).values()]
-    start = min(b.start or 0 for b in blocks)
-    stop = max(batch_size if b.stop is None else b.stop for b in blocks)
-    return slice(start, stop)
+    if devices is None:
+        devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    held = sharding.devices_indices_map((batch_size,))
+    spans = sorted({(b.start or 0, batch_size if b.stop is None else b.stop)
+                    for d, (b, *_) in held.items() if d in set(devices)})  # fmt: skip
+    stop = spans[0][0]
+    for a, b in spans:
+        if a > stop:
+            raise UsageError(
+                f'this process\'s devices hold rows {", ".join(f"{x}..{y - 1}" for x, y in spans)} '
+                f'of the batch, not one block: lay the mesh out so that each process\'s devices '
+                'are adjacent in its row axes (the process axis first)'
+            )
+        stop = max(stop, b)
+    return slice(spans[0][0], stop)

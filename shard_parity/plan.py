@@ -159,15 +159,20 @@ def named(text: str, devices: int) -> Plan:
                 '(each name:size, e.g. --mesh=data:2,fsdp:2,model:2)'
             )
         if name in dict(axes):
-            raise UsageError(f'--mesh={text}: the axis {name!r} is given twice')
+            raise UsageError(
+                f'--mesh={text}: the axis {name!r} is given twice; name each axis once, with the '
+                'size it splits by (e.g. --mesh=data:2,fsdp:2,model:2)'
+            )
         if not (size.strip().isascii() and size.strip().isdigit() and int(size) > 0):
             raise UsageError(f'--mesh={text}: the size of {name!r} must be a positive integer')
         axes.append((name, int(size)))
     plan = Plan(tuple(axes), strategy_for(dict(axes)))
     if plan.devices != devices:
+        fewer = f' (or --num_devices={plan.devices}: the first {plan.devices})'
         raise UsageError(
             f'--mesh={text} has {plan.devices} devices ({" x ".join(map(str, plan.shape))}), '
             f'but {devices} are in use: the sizes must multiply to {devices}'
+            + (fewer if plan.devices < devices else '')
         )
     return plan
 

@@ -5,7 +5,8 @@
 First compares the settings each run was trained with (its config.json): a run of another
 length, seed, batch, learning rate or model is a different experiment, so a difference is named
 and is an error unless --allow_other_settings (what only changes the logging, --log_every,
---eval_every and --log_grad_norm, and where it ran, twin, strategy and mesh, may differ). Then
+--eval_every and --log_grad_norm, and where it ran, twin, strategy and mesh, may differ: each
+run's is printed first, its mesh as --mesh names it, e.g. data:2,fsdp:2,model:2). Then
 reads each workdir's metrics.jsonl and prints every logged figure of both runs with their
 difference, the steps only one run reached, then each run's throughput. Exits non-zero if the final evaluations differ by more
 than --max_accuracy_gap (the MLP's eval_accuracy) or --max_loss_gap (the transformer's
@@ -137,9 +138,25 @@ def other_settings(a: dict, b: dict) -> list[str]:
     return diffs
 
 
+def where(saved: dict) -> str | None:
+    """Where a run ran, its mesh spelled as --mesh names it: 'explicit fsdp_tp on
+    fsdp:4,model:2'. A run saved before named meshes (fsdp's axis then called 'data') is named
+    as today's would be; None for a config.json without a strategy and mesh."""
+    if not (isinstance(saved.get('strategy'), str) and isinstance(saved.get('mesh'), dict)):
+        return None
+    from shard_parity import plan as plans
+
+    plan = plans.from_saved(saved['strategy'], saved['mesh'])
+    return f"{saved.get('twin', '?')} {plan.strategy} on {plan.text()}"
+
+
 def check_settings(names) -> None:
-    """Exits with one line if the runs' settings differ (unless --allow_other_settings)."""
+    """Prints where each run ran (runs on other twins, strategies or meshes are comparable);
+    exits with one line if the runs' settings differ (unless --allow_other_settings)."""
     a, b = settings(names[0]), settings(names[1])
+    for label, name, saved in (('A', names[0], a), ('B', names[1], b)):
+        if saved is not None and (ran := where(saved)):
+            print(f'{label} {name}: {ran}')
     if a is None or b is None:
         missing = [n for n, x in zip(names, (a, b)) if x is None]
         print(f'note: no config.json in {" and ".join(missing)}: settings not compared')

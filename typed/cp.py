@@ -31,10 +31,10 @@ def pass_on(blocks):  # (k, v, ...), f32[B/d, T/n, K, D] each: device i's go to 
 def ring(t, mesh, layout, spec=SEQUENCE):
     """The model call's keywords: the positions, i32[T] in the layout's order, and attention
     round the ring; q, k, v laid out `spec` (the composed step's: its rows, 'seq', 'model')."""
-    attention = jax.shard_map(  # Manual mode, for the ring only: q, k, v f32[B/d, T/n, ...]
+    per_device = jax.shard_map(  # Manual mode, for the ring only: q, k, v f32[B/d, T/n, ...]
         attention_on(SEQ, pass_on, layout), mesh=mesh, in_specs=spec, out_specs=spec
     )
-    return {'positions': order(t, mesh.shape[SEQ], layout), 'attention': attention}
+    return {'positions': order(t, mesh.shape[SEQ], layout), 'attention': per_device}
 
 
 def in_order(batch, mesh, layout):

@@ -1,6 +1,6 @@
 """FSDP in JAX's Explicit mode: parameters and optimizer state split over 'fsdp' too.
 
-The same step as typed/dp.py, with the weights at rest split (`f32[784@data, 512]`,
+The same step as typed/dp.py, with the weights at rest split (`f32[784@fsdp, 512]`,
 shard_parity/placement.py). Two reshards are the two collectives: the weights to dp's layout,
 `reduced` over 'fsdp' (an all-gather; a type JAX's all_gather_reduced gives, so their
 gradients come out `unreduced`), and those gradients back to the split layout (a reduce-scatter
@@ -49,7 +49,7 @@ def gather_layer(specs, mesh, axes=(FSDP,)):
     def layer_weights(shards):  # the layer's all-gathers
         return jax.tree.map(lambda w, s: reshard(w, mesh, reduced(w, s, axes)), shards, specs)
 
-    def backward(_, grads):  # {U:data} -> split: the layer's reduce-scatters, in the backward
+    def backward(_, grads):  # {U:fsdp} -> split: the layer's reduce-scatters, in the backward
         return (jax.tree.map(lambda g, s: reshard(g, mesh, s), grads, specs),)
 
     layer_weights.defvjp(lambda shards: (layer_weights(shards), None), backward)
@@ -58,13 +58,13 @@ def gather_layer(specs, mesh, axes=(FSDP,)):
 
 def loss_and_grads(graphdef, loss_fn, mesh):
 
-    def fn(params, batch):  # params: f32[784@data, 512] (1/n of each); batch: x f32[B@data, 784]
+    def fn(params, batch):  # params: f32[784@fsdp, 512] (1/n of each); batch: x f32[B@fsdp, 784]
         specs = state_specs(params, STRATEGY, mesh)
         call = gather_layer(layer_specs(specs), mesh)  # the per-layer gather, if stacked layers
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         # the all-gather of every weight outside the stacked layers (all of the MLP's)
         params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, STRATEGY, gathered=True))
-        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[784, 512]{U:data}
+        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[784, 512]{U:fsdp}
         # unreduced -> split over 'fsdp': the reduce-scatter, each device keeps its shard's sum
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))
 

@@ -1,7 +1,7 @@
 """FSDP and tensor parallelism together in JAX's Explicit mode, on a FSDP x MODEL mesh.
 
 Each weight carries both splits at rest (shard_parity/placement.py), e.g. a column-parallel
-kernel `f32[in@data, out@model]`. The step reshards the weights to tp's layout, `reduced` over
+kernel `f32[in@fsdp, out@model]`. The step reshards the weights to tp's layout, `reduced` over
 'fsdp' (the all-gather over 'fsdp'), runs typed/tp.py's model call (the activations' all-reduces
 over 'model' through `sum_partials`), and reshards the `unreduced` gradients back to the split
 layout (the reduce-scatter in the types). As in typed/fsdp.py, the transformer's stacked blocks
@@ -11,9 +11,7 @@ backward. Compare explicit/fsdp_tp.py.
 
 import jax
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import FSDP
 from shard_parity.placement import (
     FSDP_BATCH,
     layer_specs,
@@ -25,25 +23,21 @@ from shard_parity.placement import (
 from shard_parity.step import bind, make_train_step
 
 from .fsdp import gather_layer
+from .tp import sum_partials
 
 STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'fsdp'
 
 
-def sum_partials(y):  # y: f32[B@data, T, C]{U:model}, the partial sums of a row-parallel matmul
-    mesh = jax.typeof(y).sharding.mesh
-    return jax.reshard(y, NamedSharding(mesh, P(FSDP)))  # the all-reduce of activations ("g")
-
-
 def loss_and_grads(graphdef, loss_fn, mesh):
 
-    def fn(params, batch):  # params: f32[in@data, out@model] etc.; batch: x f32[B@data, ...]
+    def fn(params, batch):  # params: f32[in@fsdp, out@model] etc.; batch: x f32[B@fsdp, ...]
         specs = state_specs(params, STRATEGY, mesh)
         call = gather_layer(layer_specs(specs), mesh)  # over 'fsdp' per layer, if stacked layers
         model_fn = bind(graphdef, loss_fn, sum_partials=sum_partials, **call)
         grad_fn = jax.value_and_grad(model_fn, has_aux=True)
         # the all-gather over 'fsdp' of every weight outside the stacked layers
         params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, STRATEGY, gathered=True))
-        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:data}
+        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:fsdp}
         # unreduced -> split over 'fsdp': the reduce-scatter, each device keeps its shard's sum
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))
 

@@ -22,7 +22,9 @@ STRATEGY = 'tp'  # --strategy=tp: layers split over 'model', the batch over 'dat
 
 
 def sum_partials(y):  # y: f32[B@data, T, C]{U:model}, the partial sums of a row-parallel matmul
-    sharding = jax.typeof(y).sharding  # -> f32[B@data, T, C]: the all-reduce of activations ("g")
+    # -> f32[B@data, T, C]: the all-reduce of activations ("g"). y keeps its own split (the rows
+    # over 'fsdp' under fsdp_tp, over every row axis in composed.py), less the unreduced 'model'.
+    sharding = jax.typeof(y).sharding
     return jax.reshard(y, NamedSharding(sharding.mesh, P(*sharding.spec.partitions)))
 
 

@@ -1,9 +1,10 @@
 """The MNIST classifier, in Flax NNX. It knows nothing of meshes: each twin places its arrays.
 
 Tensor parallelism splits its first hidden layer by columns and its second by rows (the
-placement's rule, TP_PLAN below). explicit/'s tensor-parallel step passes its psum over 'model'
-into the call as `sum_partials`, and `linear` adds the row-parallel layer's partial sums with it
-before the bias goes on, once. Every other caller leaves it None.
+placement's rule, TP_PLAN below). The tensor-parallel steps of explicit/ (a psum over 'model')
+and typed/ (a reshard of the `unreduced` sums) pass theirs into the call as `sum_partials`, and
+`linear` adds the row-parallel layer's partial sums with it before the bias goes on, once.
+auto/ and the strategies without 'model' leave it None.
 """
 
 import dataclasses

@@ -24,7 +24,9 @@ class TrainConfig:
     """The same values drive the auto, explicit and one-device runs."""
 
     steps: int = _field(600, 'Total training steps.', lower=1)
-    batch_size: int = _field(128, "Global batch size, split evenly over the mesh's 'data' axis.", 1)
+    batch_size: int = _field(
+        128, "Global batch size, split evenly over the mesh's row axes ('data', 'fsdp', 'expert').", 1
+    )
     learning_rate: float = _field(1e-3, 'Peak AdamW learning rate.', lower=0.0)
     weight_decay: float = _field(
         1e-4, "AdamW's decoupled decay, on weight matrices only (not biases or norms).", 0.0

@@ -22,9 +22,9 @@ from shard_parity.runtime import config as cfg
 MODEL = flags.DEFINE_enum('model', 'mlp', ['mlp', 'transformer'], 'Which model to train.')
 STRATEGY_HELP = {
     'dp': 'replicated state (<twin>/dp.py)',
-    'fsdp': "parameters and optimizer state sharded over 'data' too (<twin>/fsdp.py)",
-    'tp': "layers split over 'model', Megatron style (<twin>/tp.py)",
-    'fsdp_tp': 'both (<twin>/fsdp_tp.py)',
+    'fsdp': "the batch, parameters and optimizer state split over 'fsdp' (<twin>/fsdp.py)",
+    'tp': "layers split over 'model', Megatron style, the batch over 'data' (<twin>/tp.py)",
+    'fsdp_tp': "both: fsdp over 'fsdp', tp over 'model' (<twin>/fsdp_tp.py)",
     'cp': "each sequence split over the mesh's second axis, 'seq' (<twin>/cp.py, transformer only)",
     'pp': "the layers split into stages over the mesh's second axis, 'stage' (<twin>/pp.py, "
     'transformer only)',
@@ -37,18 +37,23 @@ STRATEGY_HELP = {
 
 def _strategy_help(names) -> str:
     text = '; '.join(f'{n}: {STRATEGY_HELP.get(n, "<twin>/" + n + ".py")}' for n in names)
-    return f'{text}. A named --mesh picks the file itself (shard_parity/plan.py).'
+    return (
+        f'{text}. Each is a name for a mesh: --strategy=fsdp_tp --mesh=4x2 is '
+        '--mesh=fsdp:4,model:2; a named --mesh picks the file itself (shard_parity/plan.py).'
+    )
 
 
 STRATEGY = flags.DEFINE_enum('strategy', 'dp', list(STRATEGIES), _strategy_help(STRATEGIES))
 MESH = flags.DEFINE_string(
     'mesh',
     None,
-    'The mesh: named axes, e.g. data:2,fsdp:2,model:2 (any of '
-    + ', '.join(f'{a}: {d}' for a, d in plans.DOES.items())
-    + "; sizes multiply to the device count); or AxB, --strategy's two axes: DATAxMODEL for "
-    "dp and tp, FSDPxMODEL for fsdp and fsdp_tp, DATAxSEQ for cp, DATAxSTAGE for pp, "
-    'DATAxEXPERT for ep. Default: all devices (or --num_devices) on the first axis.',
+    'The mesh: named axes, e.g. data:2,fsdp:2,model:2, each once, in order (any of '
+    + '; '.join(f'{a}: {d}' for a, d in plans.DOES.items())
+    + '); the sizes multiply to the device count (or --num_devices); the file that covers the '
+    'axes runs, else <twin>/composed.py. Or the legacy AxB: --strategy\'s two axes, '
+    'DATAxMODEL for dp and tp, FSDPxMODEL for fsdp and fsdp_tp, DATAxSEQ for cp, DATAxSTAGE '
+    'for pp, DATAxEXPERT for ep (--strategy=fsdp_tp --mesh=4x2 is --mesh=fsdp:4,model:2). '
+    'Default: all devices (or --num_devices) on --strategy\'s first axis.',
 )
 
 
@@ -202,15 +207,15 @@ CP_LAYOUT = flags.DEFINE_enum(
     'cp_layout',
     'zigzag',
     ['zigzag', 'contiguous'],
-    'With --strategy=cp, which positions each of the n devices of the sequence axis holds: '
+    "With a 'seq' axis (--strategy=cp), which positions each of its n devices holds: "
     'zigzag, chunks i and 2n-1-i of 2n (the same attention work on every device); '
     'contiguous, the i-th n-th (shard_parity/model/ring.py). auto/ ignores it.',
 )
 MICROBATCHES = flags.DEFINE_integer(
     'microbatches',
     4,
-    "With --strategy=pp, the M microbatches each 'data' device's rows are cut into: a GPipe "
-    'step runs M + S - 1 ticks on S stages, S - 1 of them a bubble (docs/pipeline.md).',
+    "With a 'stage' axis (--strategy=pp), the M microbatches each device's rows are cut into: "
+    'a GPipe step runs M + S - 1 ticks on S stages, S - 1 of them a bubble (docs/pipeline.md).',
     lower_bound=1,
 )
 SHOW_SHARDING = flags.DEFINE_bool(

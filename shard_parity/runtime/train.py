@@ -193,7 +193,7 @@ def main(twin):
     """The absl main of `python -m <twin>.train`."""
 
     declare_key_flags(F.TRAIN_CLI)
-    F.offer_strategies(twin.STRATEGIES)  # typed/ has no cp: --strategy=cp is refused at parsing
+    F.offer_strategies(twin.STRATEGIES)  # one the twin lacks is refused at parsing
     stop_on_signals(  # before anything compiles: see shard_parity/runtime/loop.py
         'interrupted again: stopped at once, saving nothing new; rerun the same command to '
         'resume from the last checkpoint'

@@ -15,9 +15,11 @@ planted(globals(), dp)
 def loss_and_grads(graphdef, loss_fn, mesh):
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
-    def fn(params, batch):  # params: the full arrays; batch: x[B/n, ...], this device's rows
+    def local(params, batch):  # params: the full arrays; batch: x[B/n, ...], this device's rows
         params = jax.lax.pcast(params, DATA, to='varying')
         (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of the local rows
         return jax.lax.pmean(metrics, DATA), jax.lax.psum(grads, DATA)  # BUG: psum, not pmean
 
-    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(REPLICATED, BATCH), out_specs=REPLICATED))
+    # the step: `local` on each device's shard (the specs are fixed: nothing to build first)
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(REPLICATED, BATCH), out_specs=REPLICATED)
+    return jax.jit(fn)
