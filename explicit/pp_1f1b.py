@@ -24,8 +24,12 @@ from shard_parity.mesh import DATA, STAGE
 from shard_parity.pipeline import interleave_pairs, one_f_one_b, phases, pieces, rest_of, split
 from shard_parity.pipeline import joined, start, tick
 from shard_parity.placement import BATCH, REPLICATED, STACKED, state_specs
+from shard_parity.step import make_train_step
 
-STRATEGY = 'pp'
+from . import pp
+
+STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
+MICROBATCHES = pp.MICROBATCHES  # --microbatches: M
 
 
 def pass_on(y, mesh, virtual):  # f32[B/dM, T, C]: stage i's output to i + 1 (interleaved: S-1's to 0)
@@ -50,7 +54,7 @@ def interleave(blocks, mesh, virtual):  # my L/S layers, [V k, ...] -> the chunk
     return jax.tree.map(lambda w: jnp.stack([mine(w, v) for v in range(virtual)]), chunks)
 
 
-def loss_and_grads(graphdef, loss_fn, mesh, microbatches, virtual=1):
+def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1):
     stages = mesh.shape[STAGE]
     table = one_f_one_b(stages, microbatches, virtual)
 
@@ -85,3 +89,14 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches, virtual=1):
         )
 
     return jax.jit(on_devices)
+
+
+def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, virtual=1):
+    # the gradients, then the shared update: each stage updates its own layers
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches, virtual)
+    return make_train_step(grads_fn, tx, mesh, STRATEGY)
+
+
+def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, virtual=1):
+    # A forward alone has no backward to interleave: every schedule evaluates as GPipe does
+    return pp.eval_step(graphdef, eval_fn, mesh, microbatches)

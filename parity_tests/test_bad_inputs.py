@@ -523,9 +523,40 @@ ROWS = [
         '--mesh=4x2: name the axes, e.g. data:2,fsdp:2,model:2',
         'test_bad_inputs.test_cli_row',
     ),
+    (
+        '--pp_virtual without --pp_schedule=interleaved',
+        '--pp_virtual=2 needs --pp_schedule=interleaved (it is --pp_schedule=1f1b)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'layers not divisible by the stage axis x --pp_virtual',
+        '--num_layers=4 is not divisible by the stage axis x --pp_virtual (2 x 4 = 8)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'fewer microbatches than stages under 1f1b',
+        '--microbatches=2 is fewer than the stage axis (4): 1F1B reaches its steady state',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'interleaved microbatches not a multiple of the stage axis',
+        '--microbatches=3 is not a multiple of the stage axis (2)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--pp_schedule other than gpipe outside --strategy=pp',
+        '--pp_schedule=1f1b runs under --strategy=pp only (this mesh runs dp)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--pp_schedule that the twin does not run',
+        '--pp_schedule=interleaved: typed/ runs --pp_schedule=gpipe only',
+        'test_bad_inputs.test_cli_row',
+    ),
 ]
 
 TINY = ['--model=transformer', '--batch_size=16', '--cpu_devices=8']
+PP = ['--strategy=pp', '--num_layers=4']
 CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     'unknown flag': ('auto.train', ['--nosuchflag']),
     'zero or negative size': ('explicit.train', ['--batch_size=-8']),
@@ -645,6 +676,31 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     'benchmarks: a --mesh that names no axes': (
         'benchmarks.run',
         ['--sections=strategies', '--mesh=4x2'],
+    ),
+    '--pp_virtual without --pp_schedule=interleaved': (
+        'explicit.train',
+        [*TINY, *PP, '--mesh=4x2', '--pp_schedule=1f1b', '--pp_virtual=2'],
+    ),
+    'layers not divisible by the stage axis x --pp_virtual': (
+        'explicit.train',
+        [*TINY, *PP, '--mesh=4x2', '--pp_schedule=interleaved', '--pp_virtual=4'],
+    ),
+    'fewer microbatches than stages under 1f1b': (
+        'explicit.train',
+        [*TINY, *PP, '--mesh=2x4', '--pp_schedule=1f1b', '--microbatches=2'],
+    ),
+    'interleaved microbatches not a multiple of the stage axis': (
+        'explicit.train',
+        [*TINY, *PP, '--mesh=4x2', '--pp_schedule=interleaved', '--microbatches=3']
+        + ['--batch_size=24'],
+    ),
+    '--pp_schedule other than gpipe outside --strategy=pp': (
+        'explicit.train',
+        [*TINY, '--strategy=dp', '--pp_schedule=1f1b'],
+    ),
+    '--pp_schedule that the twin does not run': (
+        'typed.train',
+        [*TINY, *PP, '--mesh=4x2', '--pp_schedule=interleaved', '--microbatches=2'],
     ),
 }
 # The exit status of a bad input: 1 (absl's own for a flag it refuses, and ours), but the

@@ -179,26 +179,39 @@ def interleave_pairs(stages: int, virtual: int) -> dict:
 
 
 def check_schedule(schedule, virtual, stages, layers, microbatches, strategy='pp') -> None:
-    """--pp_schedule and --pp_virtual against the mesh's stage axis, the layers and M: one line
-    each (docs/errors.md)."""
+    """--pp_schedule and --pp_virtual against the strategy, the stage axis S, the layers and
+    the microbatches M: one line each (docs/errors.md), before anything compiles."""
     if virtual is not None and schedule != 'interleaved':
         raise UsageError(
             f'--pp_virtual={virtual} needs --pp_schedule=interleaved (it is --pp_schedule='
             f'{schedule}): only the interleaved schedule gives each stage several chunks'
         )
-    if schedule != 'gpipe' and strategy != 'pp':
+    if schedule == 'gpipe':
+        return
+    if strategy != 'pp':
         raise UsageError(
-            f'--pp_schedule={schedule} runs under --strategy=pp only: the composed step '
-            'pipelines with gpipe; use --strategy=pp --mesh=DATAxSTAGE, or --pp_schedule=gpipe'
+            f'--pp_schedule={schedule} runs under --strategy=pp only (this mesh runs '
+            f'{strategy}): the composed step pipelines with gpipe; use --mesh=data:D,stage:S, '
+            'or --pp_schedule=gpipe'
         )
-    v = virtual or 2
+    v = virtual_stages(schedule, virtual)
     if schedule == 'interleaved' and v < 2:
-        raise UsageError(f'--pp_virtual={v} must be 2 or more (1 is --pp_schedule=1f1b)')
-    if schedule == 'interleaved' and layers % (stages * v):
+        raise UsageError(
+            f'--pp_virtual={v} must be 2 or more: each stage runs V chunks (V = 1 is '
+            '--pp_schedule=1f1b)'
+        )
+    if layers % (stages * v):
         raise UsageError(
             f'--num_layers={layers} is not divisible by the stage axis x --pp_virtual '
-            f'({stages} x {v} = {stages * v}): each stage holds {v} chunks of num_layers/'
+            f'({stages} x {v} = {stages * v}): each stage runs {v} chunks of num_layers/'
             f'{stages * v} layers; use a multiple of {stages * v}'
+        )
+    if schedule == '1f1b' and microbatches < stages:
+        raise UsageError(
+            f'--microbatches={microbatches} is fewer than the stage axis ({stages}): 1F1B '
+            'reaches its steady state, one forward and one backward per tick, only with a '
+            f'microbatch per stage in flight; use --microbatches={stages} or more, or '
+            '--pp_schedule=gpipe'
         )
     if schedule == 'interleaved' and microbatches % stages:
         raise UsageError(
@@ -206,6 +219,11 @@ def check_schedule(schedule, virtual, stages, layers, microbatches, strategy='pp
             'the interleaved schedule sends the microbatches round the stages in groups of '
             f'{stages}; use {stages}, {2 * stages}, ...'
         )
+
+
+def virtual_stages(schedule: str, virtual=None) -> int:
+    """V, the chunks each stage runs: --pp_virtual (2 when not given) under interleaved, else 1."""
+    return (2 if virtual is None else virtual) if schedule == 'interleaved' else 1
 
 
 class Pieces(NamedTuple):

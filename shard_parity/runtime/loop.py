@@ -146,6 +146,8 @@ class Loop:
 
     def __init__(self, twin, strategy, task, config, mesh, graphdef, tx, log, mngr, saved):
         parallel = twin.STRATEGIES[strategy]  # the strategy file, e.g. explicit/fsdp.py
+        if 'pp_schedule' in saved:  # 1f1b or interleaved: the twin's SCHEDULES' file
+            parallel = twin.SCHEDULES[saved['pp_schedule']]
         self.name, self.task, self.config, self.mesh = twin.NAME, task, config, mesh
         self.strategy = strategy
         self.log, self.mngr, self.saved = log, mngr, saved
@@ -154,6 +156,8 @@ class Loop:
         options = {'layout': layout} if hasattr(parallel, 'LAYOUT') else {}
         if hasattr(parallel, 'MICROBATCHES'):  # pp.py takes --microbatches
             options['microbatches'] = saved.get('microbatches', parallel.MICROBATCHES)
+        if 'pp_virtual' in saved:  # --pp_virtual: V chunks per stage
+            options['virtual'] = saved['pp_virtual']
         self.train_step = parallel.train_step(graphdef, task.loss_fn, tx, mesh, **options)
         self.eval_step = parallel.eval_step(graphdef, task.eval_fn, mesh, **options)
         self.clock = Stopwatch()

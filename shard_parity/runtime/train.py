@@ -22,6 +22,7 @@ from shard_parity import UsageError
 from shard_parity import plan as plans
 from shard_parity.datasets.root import DataError
 from shard_parity.mesh import SEQ, configure_jax, mesh_for
+from shard_parity.pipeline import check_schedule, virtual_stages
 from shard_parity.placement import place_state, state_shardings
 from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings, report, tasks
 from shard_parity.runtime import config as cfg
@@ -32,13 +33,19 @@ from shard_parity.step import create_state, make_optimizer
 
 
 def check_strategy(
-    strategy: str, model_config, mesh, batch_size: int, microbatches=4, layout='zigzag', ring=False
+    strategy: str, model_config, mesh, batch_size: int, microbatches=4, layout='zigzag', ring=False,
+    schedule='gpipe', virtual=None,
 ) -> None:
     """What each of the mesh's axes needs (shard_parity/plan.py: heads, layers, experts, the
-    sequence, the rows and microbatches divisible), before anything compiles. `ring`: the
-    twin runs its own ring attention under 'seq' (its RING), and ignores --attention."""
+    sequence, the rows and microbatches divisible), and the pipeline's schedule
+    (shard_parity/pipeline.py), before anything compiles. `ring`: the twin runs its own ring
+    attention under 'seq' (its RING), and ignores --attention."""
     plan = plans.of(mesh, strategy)
     plans.check(plan, model_config, batch_size, microbatches, layout)
+    if plan.uses(plans.STAGE) or schedule != 'gpipe' or virtual is not None:
+        layers = getattr(model_config, 'num_layers', 0)
+        stages = plan.size(plans.STAGE) if plan.uses(plans.STAGE) else 1
+        check_schedule(schedule, virtual, stages, layers, microbatches, plan.strategy)
     fused = getattr(model_config, 'attention', None) == 'fused'
     if plan.uses(SEQ) and fused and ring:
         logging.warning(
@@ -55,9 +62,23 @@ def mesh_from_flags(axis_type, devices: int, ring=False):
     mesh = mesh_for(plan, axis_type)
     check_strategy(
         plan.strategy, F.model_config(), mesh, F.batch_size(), F.MICROBATCHES.value,
-        F.CP_LAYOUT.value, ring,
+        F.CP_LAYOUT.value, ring, F.PP_SCHEDULE.value, F.PP_VIRTUAL.value,
     )  # fmt: skip
     return plan, mesh
+
+
+def schedule_file(twin, schedule: str):
+    """The twin's file of --pp_schedule (its SCHEDULES; gpipe is its pp.py), or one line saying
+    which twins run it."""
+    if schedule == 'gpipe':
+        return twin.STRATEGIES['pp']
+    files = getattr(twin, 'SCHEDULES', {})
+    if schedule not in files:
+        raise UsageError(
+            f'--pp_schedule={schedule}: {twin.NAME}/ runs --pp_schedule=gpipe only; '
+            f'python -m explicit.train runs {schedule}'
+        )
+    return files[schedule]
 
 
 def restore_latest(mngr, state, saved: dict, mesh, steps: int):
@@ -94,6 +115,8 @@ def run(
     cp_layout='zigzag',
     microbatches=4,
     checked=False,
+    schedule='gpipe',
+    virtual=None,
 ) -> dict | None:
     """Trains `task` with `twin.STRATEGIES[strategy]` (e.g. auto's dp.py); returns the last line,
     or None when `workdir` already holds step --steps (then nothing is written). Saves a
@@ -103,8 +126,10 @@ def run(
     plan = plans.of(mesh, strategy)
     if not checked:  # the CLI checked before reading the warm-up (mesh_from_flags)
         check_strategy(
-            strategy, task.model_config, mesh, config.batch_size, microbatches, cp_layout, twin.RING
-        )
+            strategy, task.model_config, mesh, config.batch_size, microbatches, cp_layout,
+            twin.RING, schedule, virtual,
+        )  # fmt: skip
+    schedule_file(twin, schedule)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = place_state(state, mesh, strategy)
@@ -118,7 +143,10 @@ def run(
         'mesh': dict(mesh.shape),
         **({'cp_layout': cp_layout} if plan.uses(SEQ) else {}),
         **({'microbatches': microbatches} if plan.uses(plans.STAGE) else {}),
-    }
+        # gpipe's runs record no schedule, as before there was a choice
+        **({'pp_schedule': schedule, 'pp_virtual': virtual_stages(schedule, virtual)}
+           if schedule != 'gpipe' else {}),
+    }  # fmt: skip
     report.ensure_writable(workdir)
     main = jax.process_index() == 0  # with several processes, process 0 writes and prints
     with report.hold_workdir(workdir, main), checkpoint.manager(workdir, keep) as mngr:
@@ -237,6 +265,8 @@ def main(twin):
                 F.CP_LAYOUT.value,
                 F.MICROBATCHES.value,
                 checked=True,
+                schedule=F.PP_SCHEDULE.value,
+                virtual=F.PP_VIRTUAL.value,
             )
         except FloatingPointError as e:  # raised by JAX's checks under --debug_nans
             if F.VERBOSE.value:
