@@ -13,8 +13,9 @@ loss's metrics, a scalar each, and the gradients of the embeddings and the head,
 L/(SV) layers, chunk v of stage s being virtual stage vS + s, and a microbatch goes round the
 stages V times; the bubble shrinks from (S - 1)/(M + S - 1) to (S - 1)/(VM + S - 1). The
 blocks are placed L/S consecutive layers per stage, as for every schedule and checkpoint, so
-the interleaved step moves each chunk to the stage that runs it first (`interleave`) and the
-gradients back after. Compare auto/pp_1f1b.py.
+the interleaved step moves each chunk to the stage that runs it (`interleave`, V ppermutes of
+the stage's weights) and `jax.vjp`'s transpose brings the gradients back. auto/ and typed/ run
+GPipe only (their pp.py).
 """
 
 import jax
@@ -32,24 +33,25 @@ STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
 MICROBATCHES = pp.MICROBATCHES  # --microbatches: M
 
 
-def pass_on(y, mesh, virtual):  # f32[B/dM, T, C]: stage i's output to i + 1 (interleaved: S-1's to 0)
-    n = mesh.shape[STAGE]
-    return jax.lax.ppermute(y, STAGE, [(i, (i + 1) % n) for i in range(n if virtual > 1 else n - 1)])
+def pass_on(y, mesh, virtual):  # f32[B/dM, T, C]: stage i's output to i + 1
+    n = mesh.shape[STAGE]  # interleaved: the last stage's back to stage 0, for the next chunk
+    return jax.lax.ppermute(y, STAGE, [(i, (i + 1) % n) for i in range(n - (virtual == 1))])
 
 
 def pass_back(dx, mesh, virtual):  # the gradient of stage i's input, back to stage i - 1
-    n = mesh.shape[STAGE]
-    return jax.lax.ppermute(dx, STAGE, [((i + 1) % n, i) for i in range(n if virtual > 1 else n - 1)])
+    n = mesh.shape[STAGE]  # interleaved: stage 0's to the last, for the previous chunk
+    return jax.lax.ppermute(dx, STAGE, [((i + 1) % n, i) for i in range(n - (virtual == 1))])
 
 
-def interleave(blocks, mesh, virtual):  # my L/S layers, [V k, ...] -> the chunks I run, [V, k, ...]
+def interleave(blocks, mesh, virtual):  # my L/S layers [Vk, ...] -> the chunks I run [V, k, ...]
     chunks = jax.tree.map(lambda w: w.reshape(virtual, -1, *w.shape[1:]), blocks)
     if virtual == 1:
         return chunks
     pairs = interleave_pairs(mesh.shape[STAGE], virtual)
 
-    def mine(w, v):  # chunk v of mine: stage `source`'s chunk j, one ppermute per (j, v)
-        return sum(jax.lax.ppermute(w[j], STAGE, moves) for (j, u), moves in pairs.items() if u == v)
+    def mine(w, v):  # my chunk v: some stage's chunk j, one collective-permute per (j, v)
+        moved = [jax.lax.ppermute(w[j], STAGE, moves) for (j, u), moves in pairs.items() if u == v]
+        return sum(moved)
 
     return jax.tree.map(lambda w: jnp.stack([mine(w, v) for v in range(virtual)]), chunks)
 
