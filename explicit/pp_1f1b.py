@@ -14,8 +14,8 @@ L/(SV) layers, chunk v of stage s being virtual stage vS + s, and a microbatch g
 stages V times; the bubble shrinks from (S - 1)/(M + S - 1) to (S - 1)/(VM + S - 1). The
 blocks are placed L/S consecutive layers per stage, as for every schedule and checkpoint, so
 the interleaved step moves each chunk to the stage that runs it (`interleave`, V ppermutes of
-the stage's weights) and `jax.vjp`'s transpose brings the gradients back. auto/ and typed/ run
-GPipe only (their pp.py).
+the stage's weights) and `jax.vjp`'s transpose brings the gradients back. Compare
+auto/pp_1f1b.py; typed/ runs GPipe only.
 """
 
 import jax
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from shard_parity.mesh import DATA, STAGE
 from shard_parity.pipeline import interleave_pairs, one_f_one_b, phases, pieces, rest_of, split
-from shard_parity.pipeline import joined, start, tick
+from shard_parity.pipeline import joined, sends, start, tick
 from shard_parity.placement import BATCH, REPLICATED, STACKED, state_specs
 from shard_parity.step import make_train_step
 
@@ -33,26 +33,22 @@ STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
 MICROBATCHES = pp.MICROBATCHES  # --microbatches: M
 
 
-def pass_on(y, mesh, virtual):  # f32[B/dM, T, C]: stage i's output to i + 1
-    n = mesh.shape[STAGE]  # interleaved: the last stage's back to stage 0, for the next chunk
-    return jax.lax.ppermute(y, STAGE, [(i, (i + 1) % n) for i in range(n - (virtual == 1))])
+def pass_on(y, mesh, virtual):  # f32[B/dM, T, C]: stage i's output to i + 1 (interleaved: S-1 to 0)
+    return jax.lax.ppermute(y, STAGE, sends(mesh.shape[STAGE], virtual))
 
 
 def pass_back(dx, mesh, virtual):  # the gradient of stage i's input, back to stage i - 1
-    n = mesh.shape[STAGE]  # interleaved: stage 0's to the last, for the previous chunk
-    return jax.lax.ppermute(dx, STAGE, [((i + 1) % n, i) for i in range(n - (virtual == 1))])
+    return jax.lax.ppermute(dx, STAGE, [(j, i) for i, j in sends(mesh.shape[STAGE], virtual)])
 
 
 def interleave(blocks, mesh, virtual):  # my L/S layers [Vk, ...] -> the chunks I run [V, k, ...]
     chunks = jax.tree.map(lambda w: w.reshape(virtual, -1, *w.shape[1:]), blocks)
-    if virtual == 1:
-        return chunks
-    pairs = interleave_pairs(mesh.shape[STAGE], virtual)
+    pairs = interleave_pairs(mesh.shape[STAGE], virtual)  # V = 1: each stage keeps its own
 
-    def mine(w, v):  # my chunk v: some stage's chunk j, one collective-permute per (j, v)
-        moved = [jax.lax.ppermute(w[j], STAGE, moves) for (j, u), moves in pairs.items() if u == v]
-        return sum(moved)
-
+    # my chunk v: one collective-permute for each chunk j that a stage sends me as my v
+    mine = lambda w, v: sum(  # noqa: E731
+        jax.lax.ppermute(w[j], STAGE, to) for (j, u), to in pairs.items() if u == v
+    )
     return jax.tree.map(lambda w: jnp.stack([mine(w, v) for v in range(virtual)]), chunks)
 
 
@@ -78,10 +74,12 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
                 state = state._replace(g=pass_back(dx, mesh, virtual))  # collective-permute
             return state
 
-        state = phases(table, start(model, rest, chunks, batches, table.slots), step)
+        begin = start(model, rest, chunks, batches, table.slots)  # zeros
+        state = phases(table, begin, step)
         # the embedding's gradient from stage 0, the head's from the last: an all-reduce
-        grads = joined(params, back(state.grads)[0], jax.lax.psum(state.rest, STAGE))
-        metrics = jax.tree.map(lambda m: m / microbatches, jax.lax.psum(state.metrics, STAGE))
+        rest, metrics = jax.lax.psum((state.rest, state.metrics), STAGE)
+        grads = joined(params, back(state.grads)[0], rest)
+        metrics = jax.tree.map(lambda m: m / microbatches, metrics)
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce over 'data'
 
     def on_devices(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest

@@ -1,5 +1,5 @@
-"""Claim: the pipeline schedules beyond GPipe (--pp_schedule=1f1b|interleaved, explicit/pp_1f1b.py)
-give the one-device run's loss and every gradient leaf, and 20 AdamW steps track it, on S = 2
+"""Claim: the pipeline schedules beyond GPipe (--pp_schedule=1f1b|interleaved, explicit/ and
+auto/pp_1f1b.py) give the one-device run's loss and every gradient leaf, and 20 AdamW steps track it, on S = 2
 and 4 stages, M = S and 2S microbatches, V = 2 virtual stages, MHA and GQA; their table
 (shard_parity/pipeline.py's `one_f_one_b`) hands every unit its input one tick before it runs
 and never overwrites a saved input before its backward; a backward run on another
@@ -34,7 +34,7 @@ from parity_tests.helpers import (
     run_cli,
 )
 from parity_tests.helpers import train_twin, train_twin_x64
-from shard_parity import explicit
+from shard_parity import auto, explicit
 from shard_parity.memory import abstract_state
 from shard_parity.mesh import make_mesh
 from shard_parity.model.transformer import Transformer
@@ -53,13 +53,15 @@ CONFIGS = {
     'mha': MHA, 'gqa': GQA,
     'mha8': dataclasses.replace(MHA, num_layers=8), 'gqa8': dataclasses.replace(GQA, num_layers=8),
 }  # fmt: skip
+TWINS = {'explicit': explicit, 'auto': auto}
 # (schedule, model, stages S, microbatches M): S = 2, 4 with M = S and 2S, MHA and GQA in turn
-GRID = [
+SCHEDULES = [
     ('1f1b', 'gqa', 2, 2), ('1f1b', 'mha', 2, 4), ('1f1b', 'mha', 4, 4), ('1f1b', 'gqa', 4, 8),
     ('interleaved', 'mha', 2, 2), ('interleaved', 'gqa', 2, 4),
     ('interleaved', 'mha8', 4, 4), ('interleaved', 'gqa8', 4, 8),
 ]  # fmt: skip
-FAST = [('1f1b', 'gqa', 2, 2), ('interleaved', 'mha', 2, 2)]
+GRID = [(t, *s) for t in TWINS for s in SCHEDULES]
+FAST = [('explicit', '1f1b', 'gqa', 2, 2), ('explicit', 'interleaved', 'mha', 2, 2)]
 CASES = [pytest.param(*c, marks=[] if c in FAST else [pytest.mark.slow]) for c in GRID]
 VIRTUAL = {'1f1b': 1, 'interleaved': 2}
 
@@ -166,14 +168,17 @@ def test_the_table_check_can_fail():
 
 
 @pytest.mark.parametrize(
-    'schedule, model, stages, microbatches', CASES, ids=[f'{s}-{m}-S{n}-M{k}' for s, m, n, k in GRID]
+    'name, schedule, model, stages, microbatches',
+    CASES,
+    ids=[f'{t}-{s}-{m}-S{n}-M{k}' for t, s, m, n, k in GRID],
 )
-def test_schedule_matches_the_one_device_run(schedule, model, stages, microbatches, one_device):
+def test_schedule_matches_the_one_device_run(
+    name, schedule, model, stages, microbatches, one_device
+):
     """One step in float32: the loss and every gradient leaf, the stages' layers included."""
     case, want_metrics, want_grads = one_device(model)
-    metrics, grads = schedule_loss_and_grads(
-        explicit.pp_1f1b, case, stages, microbatches, VIRTUAL[schedule]
-    )
+    module = TWINS[name].SCHEDULES[schedule]
+    metrics, grads = schedule_loss_and_grads(module, case, stages, microbatches, VIRTUAL[schedule])
     assert_close(metrics['loss'], want_metrics['loss'], 'loss', **TOL)
     assert_trees_close(grads, want_grads, **TOL)
 
@@ -189,9 +194,9 @@ def test_a_backward_on_another_microbatchs_input_is_caught(virtual, one_device):
         assert_trees_close(grads, want_grads, **TOL)
 
 
-def schedule_twin(schedule, microbatches=4):
-    """A twin whose 'pp' is explicit/pp_1f1b.py under `schedule`, for helpers.train_twin."""
-    module = explicit.SCHEDULES[schedule]
+def schedule_twin(twin, schedule, microbatches=4):
+    """A twin whose 'pp' is its pp_1f1b.py under `schedule`, for helpers.train_twin."""
+    module = twin.SCHEDULES[schedule]
     step = functools.partial(
         module.train_step, microbatches=microbatches, virtual=VIRTUAL[schedule]
     )
@@ -199,13 +204,14 @@ def schedule_twin(schedule, microbatches=4):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('name', TWINS)
 @pytest.mark.parametrize('schedule', ['1f1b', 'interleaved'])
-def test_20_steps_track_the_one_device_run(schedule):
+def test_20_steps_track_the_one_device_run(schedule, name):
     """20 AdamW steps on 4x2 (S = 2, M = 4; interleaved V = 2) of GQA: the float32 losses step
     by step, and every loss and parameter of the float64 rerun (helpers.py's error model)."""
     case = make_case('transformer', GQA)
     want_32, want_64 = one_device_runs(case)
-    twin, mesh = schedule_twin(schedule), pp_mesh(2)
+    twin, mesh = schedule_twin(TWINS[name], schedule), pp_mesh(2)
     losses, _ = train_twin(twin, mesh, case, strategy='pp')
     assert_close(losses, want_32[0], 'float32 losses', **LOSS_TOL)
     losses, params = train_twin_x64(twin, mesh, case, strategy='pp')
@@ -232,17 +238,24 @@ def temp_mib(module, stages, microbatches, rows=2, **options):
     return compiled.memory_analysis().temp_size_in_bytes / 2**20
 
 
-@pytest.mark.parametrize('stages', [2, pytest.param(4, marks=pytest.mark.slow)])
-def test_1f1b_keeps_memory_flat_in_m_where_gpipe_grows(stages):
+MEMORY_CASES = [('explicit', 2), ('explicit', 4), ('auto', 2), ('auto', 4)]
+
+
+@pytest.mark.parametrize(
+    'name, stages',
+    [pytest.param(*c, marks=[] if c == ('explicit', 2) else [pytest.mark.slow]) for c in MEMORY_CASES],
+    ids=[f'{t}-S{s}' for t, s in MEMORY_CASES],
+)
+def test_1f1b_keeps_memory_flat_in_m_where_gpipe_grows(name, stages):
     """Doubling M (microbatches of the same size) at fixed S: GPipe's temp grows by at least
     the added microbatches' stage inputs (measured: 1.4-1.7 x), 1F1B's and interleaved's not at
     all (they keep at most 2VS - 1 stage inputs, and one chunk's activations at a time)."""
-    m = stages
-    gpipe = [temp_mib(explicit.pp, stages, k) for k in (m, 2 * m)]
+    twin, m = TWINS[name], stages
+    gpipe = [temp_mib(twin.pp, stages, k) for k in (m, 2 * m)]
     inputs = m * 2 * MEMORY.seq_len * MEMORY.embed_dim * 4 / 2**20  # M more [2, T, C] f32
     assert gpipe[1] - gpipe[0] >= inputs * MEMORY.num_layers / stages, gpipe  # the check can fail
     for virtual in (1, 2):
-        flat = [temp_mib(explicit.pp_1f1b, stages, k, virtual=virtual) for k in (m, 2 * m)]
+        flat = [temp_mib(twin.pp_1f1b, stages, k, virtual=virtual) for k in (m, 2 * m)]
         assert flat[1] <= flat[0] * 1.01, (virtual, flat)
         assert flat[0] < gpipe[0], (virtual, flat, gpipe)
 
@@ -252,15 +265,17 @@ def test_1f1b_keeps_memory_flat_in_m_where_gpipe_grows(stages):
 
 @pytest.mark.slow
 def test_the_cli_trains_each_schedule_and_checkpoints_move_between_them(tmp_path):
-    """The train CLI on 4x2: 1f1b saves after 2 steps, interleaved resumes that checkpoint and
-    gpipe resumes the interleaved one; config.json records each run's schedule. The same
+    """The train CLI on 4x2: explicit's 1f1b saves after 2 steps, auto's interleaved resumes
+    that checkpoint and explicit's gpipe resumes the interleaved one; config.json records each run's schedule. The same
     parameters, whatever the schedule, give bitwise the same logits (checkpoints hold global
     arrays placed L/S layers per stage for every schedule)."""
     shape = ['--model=transformer', '--strategy=pp', '--mesh=4x2', '--num_layers=4']
     shape += ['--seq_len=16', '--embed_dim=32', '--batch_size=16', '--cpu_devices=8']
     shape += ['--eval_every=2', f'--workdir={tmp_path}']
-    for steps, schedule in ((2, '1f1b'), (4, 'interleaved'), (6, 'gpipe')):
-        result = run_cli('explicit', *shape, f'--steps={steps}', f'--pp_schedule={schedule}')
+    for twin, steps, schedule in (('explicit', 2, '1f1b'), ('auto', 4, 'interleaved')) + (
+        ('explicit', 6, 'gpipe'),
+    ):
+        result = run_cli(twin, *shape, f'--steps={steps}', f'--pp_schedule={schedule}')
         assert result.returncode == 0, result.stderr[-2000:]
         assert read_metrics(tmp_path)[-1]['step'] == steps
         config = (tmp_path / 'config.json').read_text()

@@ -162,6 +162,13 @@ def cells(table: Ticks, virtual: int = 1) -> list[list[str]]:
     ]  # fmt: skip
 
 
+def sends(stages: int, virtual: int) -> list[tuple[int, int]]:
+    """The (source, target) stages of a 1F1B hand-over: stage i to i + 1, and interleaved, the
+    last stage to stage 0 (its output is the input of stage 0's next chunk). The gradients
+    go the other way."""
+    return [(i, (i + 1) % stages) for i in range(stages - (virtual == 1))]
+
+
 def interleave_pairs(stages: int, virtual: int) -> dict:
     """Where interleaving moves each chunk: the blocks are placed L/S consecutive layers per
     stage (placement.py), chunks sV .. sV + V - 1 on stage s, and interleaved stage s runs
@@ -314,14 +321,14 @@ def tick(p: Pieces, rest, batches, stages: int, virtual: int, fwd=True, bwd=True
         first, last = (s == 0), (s == stages - 1)
         y = g_last = dx = None
         if fwd:
-            tokens = batches['x'][f['mb']]
+            tokens = take(batches['x'], f['mb'])
             x = jax.lax.cond(first & (f['chunk'] == 0), lambda: everywhere(p.embed(rest, tokens)),
                              lambda: state.h)  # fmt: skip
             y = p.run(pick(chunks, f['chunk']), x)
             state = state._replace(saved=state.saved.at[f['slot']].set(x))
             if loss:
                 ends = f['on'].astype(bool) & last & (f['chunk'] == virtual - 1)
-                batch = jax.tree.map(lambda a: a[f['mb']], batches)
+                batch = jax.tree.map(lambda a: take(a, f['mb']), batches)
                 d_rest, g_last, metrics = when(ends, head_grads, rest, y, batch)
                 state = state._replace(
                     rest=add(state.rest, d_rest), metrics=add(state.metrics, metrics)
@@ -333,7 +340,7 @@ def tick(p: Pieces, rest, batches, stages: int, virtual: int, fwd=True, bwd=True
             _, back = jax.vjp(p.run, pick(chunks, b['chunk']), x)
             dw, dx = back(g)
             begins = b['on'].astype(bool) & first & (b['chunk'] == 0)
-            d_rest = when(begins, embed_grads, rest, batches['x'][b['mb']], dx)
+            d_rest = when(begins, embed_grads, rest, take(batches['x'], b['mb']), dx)
             state = state._replace(
                 grads=jax.tree.map(lambda a, d: a.at[b['chunk']].add(d), state.grads, dw),
                 rest=add(state.rest, d_rest),
@@ -349,6 +356,17 @@ def tick(p: Pieces, rest, batches, stages: int, virtual: int, fwd=True, bwd=True
         return jax.vjp(lambda r: p.embed(r, tokens), rest)[1](dx)[0]
 
     return run
+
+
+def take(a, i):
+    """a[i], microbatch i of a [M, ...] batch. In Explicit mode (typed/), under the stages'
+    `vmap`, an index varying over 'stage' makes a gather whose layout jax cannot infer (jax
+    0.10 and 0.12 ask for an out_sharding, and then ignore it on this path): there the row is
+    picked by a masked sum over M, elementwise work on small integer arrays."""
+    if typed(a) is None:
+        return a[i]
+    mask = (jnp.arange(a.shape[0]) == i).reshape(-1, *[1] * (a.ndim - 1))
+    return jnp.where(mask, a, 0).sum(0)
 
 
 def pick(tree, i):

@@ -76,7 +76,7 @@ def schedule_file(twin, schedule: str):
     if schedule not in files:
         raise UsageError(
             f'--pp_schedule={schedule}: {twin.NAME}/ runs --pp_schedule=gpipe only; '
-            f'python -m explicit.train runs {schedule}'
+            f'python -m explicit.train and auto.train run {schedule}'
         )
     return files[schedule]
 
