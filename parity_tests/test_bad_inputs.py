@@ -548,11 +548,6 @@ ROWS = [
         '--pp_schedule=1f1b runs under --strategy=pp only (this mesh runs dp)',
         'test_bad_inputs.test_cli_row',
     ),
-    (
-        '--pp_schedule that the twin does not run',
-        '--pp_schedule=interleaved: typed/ runs --pp_schedule=gpipe only',
-        'test_bad_inputs.test_cli_row',
-    ),
 ]
 
 TINY = ['--model=transformer', '--batch_size=16', '--cpu_devices=8']
@@ -697,10 +692,6 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     '--pp_schedule other than gpipe outside --strategy=pp': (
         'explicit.train',
         [*TINY, '--strategy=dp', '--pp_schedule=1f1b'],
-    ),
-    '--pp_schedule that the twin does not run': (
-        'typed.train',
-        [*TINY, *PP, '--mesh=4x2', '--pp_schedule=interleaved', '--microbatches=2'],
     ),
 }
 # The exit status of a bad input: 1 (absl's own for a flag it refuses, and ours), but the

@@ -1,5 +1,5 @@
-"""Claim: the pipeline schedules beyond GPipe (--pp_schedule=1f1b|interleaved, explicit/ and
-auto/pp_1f1b.py) give the one-device run's loss and every gradient leaf, and 20 AdamW steps track it, on S = 2
+"""Claim: the pipeline schedules beyond GPipe (--pp_schedule=1f1b|interleaved, <twin>/pp_1f1b.py
+in all three twins) give the one-device run's loss and every gradient leaf, and 20 AdamW steps track it, on S = 2
 and 4 stages, M = S and 2S microbatches, V = 2 virtual stages, MHA and GQA; their table
 (shard_parity/pipeline.py's `one_f_one_b`) hands every unit its input one tick before it runs
 and never overwrites a saved input before its backward; a backward run on another
@@ -34,7 +34,7 @@ from parity_tests.helpers import (
     run_cli,
 )
 from parity_tests.helpers import train_twin, train_twin_x64
-from shard_parity import auto, explicit
+from shard_parity import auto, explicit, typed
 from shard_parity.memory import abstract_state
 from shard_parity.mesh import make_mesh
 from shard_parity.model.transformer import Transformer
@@ -53,7 +53,7 @@ CONFIGS = {
     'mha': MHA, 'gqa': GQA,
     'mha8': dataclasses.replace(MHA, num_layers=8), 'gqa8': dataclasses.replace(GQA, num_layers=8),
 }  # fmt: skip
-TWINS = {'explicit': explicit, 'auto': auto}
+TWINS = {'explicit': explicit, 'auto': auto, 'typed': typed}
 # (schedule, model, stages S, microbatches M): S = 2, 4 with M = S and 2S, MHA and GQA in turn
 SCHEDULES = [
     ('1f1b', 'gqa', 2, 2), ('1f1b', 'mha', 2, 4), ('1f1b', 'mha', 4, 4), ('1f1b', 'gqa', 4, 8),
@@ -66,8 +66,9 @@ CASES = [pytest.param(*c, marks=[] if c in FAST else [pytest.mark.slow]) for c i
 VIRTUAL = {'1f1b': 1, 'interleaved': 2}
 
 
-def pp_mesh(stages):
-    return make_mesh(shape=(8 // stages, stages), axes=mesh_axes('pp'))  # data, stage
+def pp_mesh(stages, twin=explicit):
+    shape = (8 // stages, stages)
+    return make_mesh(shape=shape, axes=mesh_axes('pp'), axis_type=twin.AXIS_TYPE)  # data, stage
 
 
 @pytest.fixture(scope='module')
@@ -86,8 +87,8 @@ def one_device():
     return get
 
 
-def schedule_loss_and_grads(module, case, stages, microbatches, virtual):
-    mesh = pp_mesh(stages)
+def schedule_loss_and_grads(module, case, stages, microbatches, virtual, twin=explicit):
+    mesh = pp_mesh(stages, twin)
     graphdef, _, state = fresh_state(case=case)
     fn = module.loss_and_grads(graphdef, case.loss_fn, mesh, microbatches, virtual)
     placed = place_state(jax.tree.map(np.array, state), mesh, 'pp')
@@ -177,8 +178,10 @@ def test_schedule_matches_the_one_device_run(
 ):
     """One step in float32: the loss and every gradient leaf, the stages' layers included."""
     case, want_metrics, want_grads = one_device(model)
-    module = TWINS[name].SCHEDULES[schedule]
-    metrics, grads = schedule_loss_and_grads(module, case, stages, microbatches, VIRTUAL[schedule])
+    twin = TWINS[name]
+    metrics, grads = schedule_loss_and_grads(
+        twin.SCHEDULES[schedule], case, stages, microbatches, VIRTUAL[schedule], twin
+    )
     assert_close(metrics['loss'], want_metrics['loss'], 'loss', **TOL)
     assert_trees_close(grads, want_grads, **TOL)
 
@@ -211,7 +214,7 @@ def test_20_steps_track_the_one_device_run(schedule, name):
     by step, and every loss and parameter of the float64 rerun (helpers.py's error model)."""
     case = make_case('transformer', GQA)
     want_32, want_64 = one_device_runs(case)
-    twin, mesh = schedule_twin(TWINS[name], schedule), pp_mesh(2)
+    twin, mesh = schedule_twin(TWINS[name], schedule), pp_mesh(2, TWINS[name])
     losses, _ = train_twin(twin, mesh, case, strategy='pp')
     assert_close(losses, want_32[0], 'float32 losses', **LOSS_TOL)
     losses, params = train_twin_x64(twin, mesh, case, strategy='pp')
@@ -224,11 +227,11 @@ def test_20_steps_track_the_one_device_run(schedule, name):
 MEMORY = cfg.TransformerConfig(seq_len=64, num_layers=8, num_heads=4, num_kv_heads=4, embed_dim=64)
 
 
-def temp_mib(module, stages, microbatches, rows=2, **options):
+def temp_mib(module, stages, microbatches, rows=2, twin=explicit, **options):
     """The compiled loss_and_grads' temporary MiB per device (memory_analysis: compiled, never
     run), with `rows` rows per microbatch on each 'data' device: M microbatches of the same
     size, so that a schedule keeping every microbatch's activations grows with M."""
-    mesh = pp_mesh(stages)
+    mesh = pp_mesh(stages, twin)
     tx = make_optimizer(cfg.TrainConfig())
     graphdef, state = abstract_state(lambda r: Transformer(MEMORY, rngs=r), tx, mesh, 'pp')
     shape = (mesh.shape['data'] * microbatches * rows, MEMORY.seq_len)
@@ -238,7 +241,7 @@ def temp_mib(module, stages, microbatches, rows=2, **options):
     return compiled.memory_analysis().temp_size_in_bytes / 2**20
 
 
-MEMORY_CASES = [('explicit', 2), ('explicit', 4), ('auto', 2), ('auto', 4)]
+MEMORY_CASES = [(t, s) for t in TWINS for s in (2, 4)]
 
 
 @pytest.mark.parametrize(
@@ -251,11 +254,11 @@ def test_1f1b_keeps_memory_flat_in_m_where_gpipe_grows(name, stages):
     the added microbatches' stage inputs (measured: 1.4-1.7 x), 1F1B's and interleaved's not at
     all (they keep at most 2VS - 1 stage inputs, and one chunk's activations at a time)."""
     twin, m = TWINS[name], stages
-    gpipe = [temp_mib(twin.pp, stages, k) for k in (m, 2 * m)]
+    gpipe = [temp_mib(twin.pp, stages, k, twin=twin) for k in (m, 2 * m)]
     inputs = m * 2 * MEMORY.seq_len * MEMORY.embed_dim * 4 / 2**20  # M more [2, T, C] f32
     assert gpipe[1] - gpipe[0] >= inputs * MEMORY.num_layers / stages, gpipe  # the check can fail
     for virtual in (1, 2):
-        flat = [temp_mib(twin.pp_1f1b, stages, k, virtual=virtual) for k in (m, 2 * m)]
+        flat = [temp_mib(twin.pp_1f1b, stages, k, twin=twin, virtual=virtual) for k in (m, 2 * m)]
         assert flat[1] <= flat[0] * 1.01, (virtual, flat)
         assert flat[0] < gpipe[0], (virtual, flat, gpipe)
 
@@ -266,14 +269,14 @@ def test_1f1b_keeps_memory_flat_in_m_where_gpipe_grows(name, stages):
 @pytest.mark.slow
 def test_the_cli_trains_each_schedule_and_checkpoints_move_between_them(tmp_path):
     """The train CLI on 4x2: explicit's 1f1b saves after 2 steps, auto's interleaved resumes
-    that checkpoint and explicit's gpipe resumes the interleaved one; config.json records each run's schedule. The same
+    that checkpoint, typed's 1f1b the interleaved one, and explicit's gpipe typed's; config.json records each run's schedule. The same
     parameters, whatever the schedule, give bitwise the same logits (checkpoints hold global
     arrays placed L/S layers per stage for every schedule)."""
     shape = ['--model=transformer', '--strategy=pp', '--mesh=4x2', '--num_layers=4']
     shape += ['--seq_len=16', '--embed_dim=32', '--batch_size=16', '--cpu_devices=8']
-    shape += ['--eval_every=2', f'--workdir={tmp_path}']
+    shape += ['--eval_every=2', '--keep=10', f'--workdir={tmp_path}']
     for twin, steps, schedule in (('explicit', 2, '1f1b'), ('auto', 4, 'interleaved')) + (
-        ('explicit', 6, 'gpipe'),
+        ('typed', 6, '1f1b'), ('explicit', 8, 'gpipe'),
     ):
         result = run_cli(twin, *shape, f'--steps={steps}', f'--pp_schedule={schedule}')
         assert result.returncode == 0, result.stderr[-2000:]

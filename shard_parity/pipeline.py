@@ -74,9 +74,6 @@ def microbatch_means(stats, microbatches: int, stage):
 
 # --- 1F1B and interleaved 1F1B: the schedule as a table, and one stage's work at one tick ---
 
-SCHEDULES = ('gpipe', '1f1b', 'interleaved')
-
-
 class Ticks(NamedTuple):
     """A 1F1B schedule as data (`one_f_one_b`): what each of the S stages does at each tick.
     `forward` and `backward` map 'on', 'mb', 'chunk', 'slot' to int32 [ticks, S]: whether the
@@ -272,11 +269,30 @@ def joined(params, blocks, rest):
 def when(pred, fn, *args):
     """`fn(*args)` where `pred` holds and zeros of its type elsewhere: `lax.cond`, so that under
     shard_map only the devices where `pred` holds run `fn` (under vmap both branches run, and a
-    select keeps one). Both branches' values vary over every Manual axis, as cond needs."""
+    select keeps one). Both branches' values vary over every Manual axis, as cond needs. In
+    Explicit mode (typed/) a select, as `branch` says why."""
+    if explicit(args):
+        return jax.tree.map(lambda o: jnp.where(pred, o, 0), fn(*args))
     zeros = lambda *a: jax.tree.map(  # noqa: E731
         lambda o: jnp.zeros(o.shape, o.dtype), jax.eval_shape(fn, *a)
     )
     return jax.lax.cond(pred, lambda *a: everywhere(fn(*a)), lambda *a: everywhere(zeros(*a)), *args)
+
+
+def branch(pred, yes, no, *args):
+    """`lax.cond(pred, yes, no, *args)`. In Explicit mode (typed/), where the stages run under
+    `vmap(spmd_axis_name='stage')`, a cond there becomes a select whose predicate, split over
+    'stage' only, jax (0.10 and 0.12) refuses beside values split over 'data' too ("select
+    `which` must be scalar or have the same sharding as cases"): there `jnp.where` of both
+    branches, which is what vmap makes of a cond anyway."""
+    if explicit(args):
+        return jax.tree.map(lambda a, b: jnp.where(pred, a, b), yes(*args), no(*args))
+    return jax.lax.cond(pred, yes, no, *args)
+
+
+def explicit(tree) -> bool:
+    """Whether any array of `tree` has its sharding in its type (typed/'s Explicit mode)."""
+    return any(typed(a) is not None for a in jax.tree.leaves(tree))
 
 
 def everywhere(tree):
@@ -322,8 +338,8 @@ def tick(p: Pieces, rest, batches, stages: int, virtual: int, fwd=True, bwd=True
         y = g_last = dx = None
         if fwd:
             tokens = take(batches['x'], f['mb'])
-            x = jax.lax.cond(first & (f['chunk'] == 0), lambda: everywhere(p.embed(rest, tokens)),
-                             lambda: state.h)  # fmt: skip
+            embed = lambda h: everywhere(p.embed(rest, tokens))  # noqa: E731
+            x = branch(first & (f['chunk'] == 0), embed, lambda h: h, state.h)
             y = p.run(pick(chunks, f['chunk']), x)
             state = state._replace(saved=state.saved.at[f['slot']].set(x))
             if loss:

@@ -225,7 +225,7 @@ PP_SCHEDULE = flags.DEFINE_enum(
     "With --strategy=pp, the pipeline's schedule: gpipe, every microbatch forward then every "
     'backward; 1f1b, one forward and one backward per tick after a warm-up, so a stage keeps '
     'at most 2S - 1 microbatches\' inputs; interleaved, 1f1b with --pp_virtual chunks per '
-    'stage, a smaller bubble (docs/pipeline.md). explicit/ and auto/ run all three, typed/ gpipe.',
+    'stage, a smaller bubble (docs/pipeline.md).',
 )
 PP_VIRTUAL = flags.DEFINE_integer(
     'pp_virtual',

@@ -67,20 +67,6 @@ def mesh_from_flags(axis_type, devices: int, ring=False):
     return plan, mesh
 
 
-def schedule_file(twin, schedule: str):
-    """The twin's file of --pp_schedule (its SCHEDULES; gpipe is its pp.py), or one line saying
-    which twins run it."""
-    if schedule == 'gpipe':
-        return twin.STRATEGIES['pp']
-    files = getattr(twin, 'SCHEDULES', {})
-    if schedule not in files:
-        raise UsageError(
-            f'--pp_schedule={schedule}: {twin.NAME}/ runs --pp_schedule=gpipe only; '
-            f'python -m explicit.train and auto.train run {schedule}'
-        )
-    return files[schedule]
-
-
 def restore_latest(mngr, state, saved: dict, mesh, steps: int):
     """(state, step): the latest complete checkpoint if this workdir has one, else (state, 0).
     Refuses a checkpoint of other settings, or one beyond --steps."""
@@ -129,7 +115,6 @@ def run(
             strategy, task.model_config, mesh, config.batch_size, microbatches, cp_layout,
             twin.RING, schedule, virtual,
         )  # fmt: skip
-    schedule_file(twin, schedule)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = place_state(state, mesh, strategy)
