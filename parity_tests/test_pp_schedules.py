@@ -263,6 +263,38 @@ def test_1f1b_keeps_memory_flat_in_m_where_gpipe_grows(name, stages):
         assert flat[0] < gpipe[0], (virtual, flat, gpipe)
 
 
+# --- The bubble, from the compiled FLOPs, and the picture ---
+
+
+@pytest.mark.slow  # compiles 24 small programs
+def test_each_schedules_bubble_from_its_compiled_flops_is_the_formula():
+    """benchmarks/pipeline.py's schedule_bubbles on S = 2, M = 2 and 4, V = 2 (16 layers minus
+    8, width 32): the blocks' FLOPs per stage device against one stage's / S give (S - 1)/(VM +
+    S - 1), within 0.005, for gpipe, 1f1b and interleaved: interleaving's smaller bubble is in
+    the compiled program, not only in the table. The check can fail: interleaved's bubble is
+    not 1f1b's."""
+    from benchmarks.pipeline import schedule_bubbles
+
+    rows = schedule_bubbles(2, (2, 4), (8, 16), 2, shape=(32, 16, 16))
+    for r in rows:
+        assert abs(r['bubble'] - r['formula']) < 0.005, r
+    by = {(r['schedule'], r['M']): r['bubble'] for r in rows}
+    assert by['interleaved', 2] < by['1f1b', 2] - 0.1, by
+
+
+def test_the_trace_draws_every_unit_once_per_stage():
+    """benchmarks/pipeline.py --trace: per schedule and stage, each (microbatch, chunk) once
+    forward and once backward, on the table's ticks."""
+    from benchmarks.pipeline import trace
+
+    events = [e for e in trace(2, 4, 2)['traceEvents'] if e['ph'] == 'X']
+    for pid, v in enumerate((1, 1, 2)):
+        for s in range(2):
+            mine = sorted(e['name'] for e in events if (e['pid'], e['tid']) == (pid, s))
+            chunks = [f':{c}' for c in range(v)] if v > 1 else ['']
+            assert mine == sorted(f'{k}{m}{c}' for k in 'BF' for m in range(4) for c in chunks)
+
+
 # --- Checkpoints and the CLI ---
 
 
