@@ -43,7 +43,9 @@ def pass_back(dx, mesh, virtual):  # the gradient of stage i's input, back to st
 
 def interleave(blocks, mesh, virtual):  # my L/S layers [Vk, ...] -> the chunks I run [V, k, ...]
     chunks = jax.tree.map(lambda w: w.reshape(virtual, -1, *w.shape[1:]), blocks)
-    pairs = interleave_pairs(mesh.shape[STAGE], virtual)  # V = 1: each stage keeps its own
+    if virtual == 1:  # each stage runs its own layers (a ppermute to itself would copy them)
+        return chunks
+    pairs = interleave_pairs(mesh.shape[STAGE], virtual)
 
     # my chunk v: one collective-permute for each chunk j that a stage sends me as my v
     mine = lambda w, v: sum(  # noqa: E731
