@@ -39,10 +39,12 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
                 state = state._replace(g=pass_back(dx, mesh, virtual))  # collective-permute
             return state
 
-        state = phases(table, start(model, rest, chunks, batches, table.slots), step)
+        begin = start(model, rest, chunks, batches, table.slots)  # zeros
+        state = phases(table, begin, step)
         # the embedding's gradient from stage 0, the head's from the last: an all-reduce
-        grads = joined(params, back(state.grads)[0], jax.lax.psum(state.rest, STAGE))
-        metrics = jax.tree.map(lambda m: m / microbatches, jax.lax.psum(state.metrics, STAGE))
+        rest, metrics = jax.lax.psum((state.rest, state.metrics), STAGE)
+        grads = joined(params, back(state.grads)[0], rest)
+        metrics = jax.tree.map(lambda m: m / microbatches, metrics)
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce over 'data'
 
     def on_devices(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
