@@ -1,11 +1,13 @@
 """Claim: the pipeline schedules beyond GPipe (--pp_schedule=1f1b|interleaved, <twin>/pp_1f1b.py
-in all three twins) give the one-device run's loss and every gradient leaf, and 20 AdamW steps track it, on S = 2
-and 4 stages, M = S and 2S microbatches, V = 2 virtual stages, MHA and GQA; their table
-(shard_parity/pipeline.py's `one_f_one_b`) hands every unit its input one tick before it runs
-and never overwrites a saved input before its backward; a backward run on another
-microbatch's saved input is caught (tools/zoo/pp_1f1b_wrong_slot.py); 1F1B's temporary memory
-does not grow with M, GPipe's does; checkpoints move between the schedules with bitwise logits;
-the train CLI runs them. Bad input: test_bad_inputs.py's --pp_schedule and --pp_virtual rows."""
+in all three twins) give the one-device run's loss and every gradient leaf, and 20 AdamW steps
+track it, on S = 2 and 4 stages, M = S and 2S microbatches, V = 2 virtual stages, MHA and GQA;
+their table (shard_parity/pipeline.py's `one_f_one_b`) hands every unit its input one tick
+before it runs and never overwrites a saved input before its backward; a backward run on
+another microbatch's saved input is caught (tools/zoo/pp_1f1b_wrong_slot.py), and the bisector
+finds it in the gradients; 1F1B's temporary memory does not grow with M, GPipe's does; the
+bubble in the compiled FLOPs is (S - 1)/(VM + S - 1); checkpoints move between the schedules
+with bitwise logits; the train CLI runs them. Bad input: test_bad_inputs.py's --pp_schedule and
+--pp_virtual rows."""
 
 import dataclasses
 import functools
@@ -44,6 +46,7 @@ from shard_parity.runtime import checkpoint
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import tasks
 from shard_parity.step import make_optimizer, one_device_loss_and_grads
+from shard_parity.tools import divergence as D
 from shard_parity.tools.zoo import pp_1f1b_wrong_slot
 
 MHA = cfg.TransformerConfig(seq_len=16, num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=32)
@@ -197,6 +200,27 @@ def test_a_backward_on_another_microbatchs_input_is_caught(virtual, one_device):
         assert_trees_close(grads, want_grads, **TOL)
 
 
+@pytest.mark.slow
+def test_the_bisector_finds_the_wrong_slot_in_the_gradients():
+    """tools.bisect against GPipe (explicit/pp.py), one step on 4x2 at the modules' default
+    M = 4, V = 1: the right 1F1B schedule agrees everywhere; the zoo's wrong slot passes the
+    forward and the loss and parts at the gradients, every block's and both embeddings' leaves,
+    but not the final norm's (the last stage takes it from the right forward)."""
+    case = make_case('transformer', GQA)
+    graphdef, tx, state = fresh_state(case=case)
+    mesh = pp_mesh(2)
+    reports = {}
+    for other in ('explicit.pp_1f1b', 'tools.zoo.pp_1f1b_wrong_slot'):
+        sides = [D.load_side(n, 'pp', mesh) for n in ('explicit', other)]
+        reports[other] = D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, 1)
+    assert reports['explicit.pp_1f1b'].step is None, reports['explicit.pp_1f1b']
+    report = reports['tools.zoo.pp_1f1b_wrong_slot']
+    assert (report.step, report.phase) == (0, 'gradients'), report
+    paths = {leaf.path for leaf in report.leaves}
+    assert {'blocks.ffn.up.kernel', 'embed.embedding', 'pos.embedding'} <= paths, paths
+    assert 'norm.scale' not in paths, paths
+
+
 def schedule_twin(twin, schedule, microbatches=4):
     """A twin whose 'pp' is its pp_1f1b.py under `schedule`, for helpers.train_twin."""
     module = twin.SCHEDULES[schedule]
@@ -246,7 +270,8 @@ MEMORY_CASES = [(t, s) for t in TWINS for s in (2, 4)]
 
 @pytest.mark.parametrize(
     'name, stages',
-    [pytest.param(*c, marks=[] if c == ('explicit', 2) else [pytest.mark.slow]) for c in MEMORY_CASES],
+    [pytest.param(*c, marks=[] if c == ('explicit', 2) else [pytest.mark.slow])
+     for c in MEMORY_CASES],  # fmt: skip
     ids=[f'{t}-S{s}' for t, s in MEMORY_CASES],
 )
 def test_1f1b_keeps_memory_flat_in_m_where_gpipe_grows(name, stages):
@@ -301,9 +326,10 @@ def test_the_trace_draws_every_unit_once_per_stage():
 @pytest.mark.slow
 def test_the_cli_trains_each_schedule_and_checkpoints_move_between_them(tmp_path):
     """The train CLI on 4x2: explicit's 1f1b saves after 2 steps, auto's interleaved resumes
-    that checkpoint, typed's 1f1b the interleaved one, and explicit's gpipe typed's; config.json records each run's schedule. The same
-    parameters, whatever the schedule, give bitwise the same logits (checkpoints hold global
-    arrays placed L/S layers per stage for every schedule)."""
+    that checkpoint, typed's 1f1b the interleaved one, and explicit's gpipe typed's;
+    config.json records each run's schedule. The checkpoints of 1f1b's and interleaved's steps,
+    restored on pp's 4x2 and dp's 8x1, give bitwise the same logits (every schedule places the
+    blocks L/S layers per stage, so a checkpoint is the same global arrays)."""
     shape = ['--model=transformer', '--strategy=pp', '--mesh=4x2', '--num_layers=4']
     shape += ['--seq_len=16', '--embed_dim=32', '--batch_size=16', '--cpu_devices=8']
     shape += ['--eval_every=2', '--keep=10', f'--workdir={tmp_path}']

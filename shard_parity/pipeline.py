@@ -113,7 +113,8 @@ def one_f_one_b(stages: int, microbatches: int, virtual: int = 1) -> Ticks:
         on = (u >= 0) & (u < V * M)
         slot = (g * S * V + v * S + w % S) % slots  # the forward unit's index, round the buffer
         mb, chunk = np.where(on, g * S + w % S, 0), np.where(on, v, 0)
-        return {k: a.astype(np.int32) for k, a in dict(on=on, mb=mb, chunk=chunk, slot=slot).items()}
+        fields = dict(on=on, mb=mb, chunk=chunk, slot=slot)
+        return {k: a.astype(np.int32) for k, a in fields.items()}
 
     forward, backward = units(t - s, False), units(t - depth - (S - 1 - s), True)
     phases = (depth, V * M + S - 1 - depth, depth)
@@ -276,7 +277,8 @@ def when(pred, fn, *args):
     zeros = lambda *a: jax.tree.map(  # noqa: E731
         lambda o: jnp.zeros(o.shape, o.dtype), jax.eval_shape(fn, *a)
     )
-    return jax.lax.cond(pred, lambda *a: everywhere(fn(*a)), lambda *a: everywhere(zeros(*a)), *args)
+    yes, no = lambda *a: everywhere(fn(*a)), lambda *a: everywhere(zeros(*a))  # noqa: E731
+    return jax.lax.cond(pred, yes, no, *args)
 
 
 def branch(pred, yes, no, *args):
@@ -350,7 +352,9 @@ def tick(p: Pieces, rest, batches, stages: int, virtual: int, fwd=True, bwd=True
                     rest=add(state.rest, d_rest), metrics=add(state.metrics, metrics)
                 )
         if bwd:
-            g = state.g if g_last is None else jnp.where(last & (b['chunk'] == virtual - 1), g_last, state.g)
+            g = state.g  # the next stage's, or the loss's where this unit ends the model:
+            if g_last is not None:
+                g = jnp.where(last & (b['chunk'] == virtual - 1), g_last, g)
             g = jnp.where(b['on'].astype(bool), g, 0)
             x = state.saved[b['slot']]
             _, back = jax.vjp(p.run, pick(chunks, b['chunk']), x)
@@ -365,7 +369,7 @@ def tick(p: Pieces, rest, batches, stages: int, virtual: int, fwd=True, bwd=True
 
     def head_grads(rest, y, batch):
         loss, back, metrics = jax.vjp(lambda r, y: p.head_loss(r, y, batch), rest, y, has_aux=True)
-        d_rest, dy = back(jnp.ones_like(loss) / M)  # the step's loss: the mean over the microbatches
+        d_rest, dy = back(jnp.ones_like(loss) / M)  # the step's loss: the microbatches' mean
         return d_rest, dy, metrics
 
     def embed_grads(rest, tokens, dx):
@@ -403,5 +407,6 @@ def phases(table: Ticks, state, step):
         part = jax.tree.map(lambda a: a[start_tick : start_tick + n], rows)
         start_tick += n
         if n:
-            state = jax.lax.scan(lambda c, r: (step(c, r, fwd, bwd, fwd and bwd), None), state, part)[0]
+            body = lambda c, r: (step(c, r, fwd, bwd, fwd and bwd), None)  # noqa: E731
+            state = jax.lax.scan(body, state, part)[0]
     return state
