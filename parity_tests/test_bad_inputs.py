@@ -544,6 +544,11 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
+        'inspector or bisect: --pp_schedule other than gpipe',
+        "--pp_schedule=1f1b: this tool runs the twins' pp.py (gpipe)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
         '--pp_schedule other than gpipe outside --strategy=pp',
         '--pp_schedule=1f1b runs under --strategy=pp only (this mesh runs dp)',
         'test_bad_inputs.test_cli_row',
@@ -688,6 +693,10 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
         'explicit.train',
         [*TINY, *PP, '--mesh=4x2', '--pp_schedule=interleaved', '--microbatches=3']
         + ['--batch_size=24'],
+    ),
+    'inspector or bisect: --pp_schedule other than gpipe': (
+        'inspector',
+        [*TINY, *PP, '--mesh=4x2', '--pp_schedule=1f1b'],
     ),
     '--pp_schedule other than gpipe outside --strategy=pp': (
         'explicit.train',

@@ -55,9 +55,17 @@ def check_strategy(
         )
 
 
-def mesh_from_flags(axis_type, devices: int, ring=False):
+def mesh_from_flags(axis_type, devices: int, ring=False, schedules=False):
     """(plan, mesh) of --mesh and --strategy over `devices` devices, checked before anything
-    compiles: the train CLI's, the inspector's and the bisector's. `ring`: as check_strategy's."""
+    compiles: the train CLI's, the inspector's and the bisector's. `ring`: as check_strategy's.
+    `schedules`: whether the caller runs --pp_schedule's files (the train CLI); the inspector
+    and the bisector run each twin's STRATEGIES, GPipe's pp.py, and refuse another schedule."""
+    if not schedules and F.PP_SCHEDULE.value != 'gpipe':
+        raise UsageError(
+            f'--pp_schedule={F.PP_SCHEDULE.value}: this tool runs the twins\' pp.py (gpipe); '
+            'the train CLIs run the other schedules, and the bisector takes their module: '
+            '--twins=explicit,explicit.pp_1f1b'
+        )
     plan = F.plan(devices)
     mesh = mesh_for(plan, axis_type)
     check_strategy(
@@ -233,7 +241,7 @@ def main(twin):
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{twin.NAME}_{F.MODEL.value}')
             # the mesh and what its axes need first: a short --steps's warm-up check after
             devices = default_devices(F.batch_size())
-            plan, mesh = mesh_from_flags(twin.AXIS_TYPE, devices, twin.RING)
+            plan, mesh = mesh_from_flags(twin.AXIS_TYPE, devices, twin.RING, schedules=True)
             F.warn_ignored_flags()
             config = F.train_config(checkpoint.latest_train_config(workdir))
             final = run(
