@@ -20,8 +20,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import STAGE
-from shard_parity.pipeline import one_f_one_b, phases, pieces, rest_of, split
-from shard_parity.pipeline import joined, start, tick
+from shard_parity.pipeline import one_f_one_b, phases, pieces, rest_of
+from shard_parity.pipeline import joined, split, start, tick
 from shard_parity.placement import STACKED, activations, named, state_shardings
 from shard_parity.step import make_train_step
 

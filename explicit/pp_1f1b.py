@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from shard_parity.mesh import DATA, STAGE
-from shard_parity.pipeline import interleave_pairs, one_f_one_b, phases, pieces, rest_of, split
-from shard_parity.pipeline import joined, sends, start, tick
+from shard_parity.pipeline import interleave_pairs, one_f_one_b, phases, pieces, rest_of, sends
+from shard_parity.pipeline import joined, split, start, tick
 from shard_parity.placement import BATCH, REPLICATED, STACKED, state_specs
 from shard_parity.step import make_train_step
 
@@ -46,12 +46,13 @@ def interleave(blocks, mesh, virtual):  # my L/S layers [Vk, ...] -> the chunks 
     if virtual == 1:  # each stage runs its own layers (a ppermute to itself would copy them)
         return chunks
     pairs = interleave_pairs(mesh.shape[STAGE], virtual)
-
-    # my chunk v: one collective-permute for each chunk j that a stage sends me as my v
-    mine = lambda w, v: sum(  # noqa: E731
-        jax.lax.ppermute(w[j], STAGE, to) for (j, u), to in pairs.items() if u == v
-    )
-    return jax.tree.map(lambda w: jnp.stack([mine(w, v) for v in range(virtual)]), chunks)
+    return jax.tree.map(  # my chunk v: a collective-permute per chunk j a stage sends me as v
+        lambda w: jnp.stack([
+            sum(jax.lax.ppermute(w[j], STAGE, to) for (j, u), to in pairs.items() if u == v)
+            for v in range(virtual)
+        ]),
+        chunks,
+    )  # fmt: skip
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1):

@@ -10,7 +10,11 @@ the saved inputs `f32[S@stage, K, B/M@data, T, C]`. Explicit mode has no type fo
 slot to the next device", so `pass_on` and `pass_back` drop to Manual mode, `jax.shard_map`
 around one ppermute each, as explicit/pp_1f1b.py's. The embedding, the head and the loss are a
 `lax.cond` on the stage in the tick; under `vmap` a cond becomes a select, so every slot
-computes them and keeps its own. Interleaved (`--pp_virtual=V`): the layers are viewed as
+computes them and keeps its own (here spelled `jnp.where`, and the microbatch picked by a
+masked sum: jax refuses a batched cond and a stage-varying gather on Explicit axes,
+docs/pipeline.md; `pipeline.branch` and `take`). The blocks stay replicated over 'data', as in
+typed/pp.py (vmap refuses a reduced operand), so their gradients are reduced at every tick.
+Interleaved (`--pp_virtual=V`): the layers are viewed as
 `[S@stage, V, L/(SV), ...]`, chunk v of stage s being virtual stage vS + s, a reshape whose
 out_sharding moves each chunk to the stage that runs it. Compare auto/pp_1f1b.py.
 """
@@ -20,8 +24,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import STAGE
-from shard_parity.pipeline import one_f_one_b, phases, pieces, rest_of, split
-from shard_parity.pipeline import joined, sends, start, tick
+from shard_parity.pipeline import one_f_one_b, phases, pieces, rest_of, sends
+from shard_parity.pipeline import joined, split, start, tick
 from shard_parity.placement import STACKED, activations, named, state_shardings
 from shard_parity.step import make_train_step
 
