@@ -234,17 +234,20 @@ def plot(rows, path, schedules=()) -> None:
     ax.set_title(f'GPipe bubble, S = {rows[0]["S"]} stages (explicit/pp.py)', fontsize=10)
     ax.set_xticks(m, [str(x) for x in m])
     ax.legend(fontsize=8)
-    for i, name in enumerate(('gpipe', '1f1b', 'interleaved')):
+    marks = {'gpipe': dict(marker='o', ms=9, mfc='none'), '1f1b': dict(marker='x'),
+             'interleaved': dict(marker='s')}  # GPipe's and 1F1B's coincide: both visible
+    for i, (name, mark) in enumerate(marks.items()):
         mine = [r for r in schedules if r['schedule'] == name]
         if mine:
             x = [r['M'] for r in mine]
             right.plot(x, [r['formula'] for r in mine], f'C{i}--', lw=1)
-            right.plot(x, [r['bubble'] for r in mine], f'C{i}o',
+            right.plot(x, [r['bubble'] for r in mine], f'C{i}', ls='none', **mark,
                        label=f"{name} (V = {mine[0]['V']})")  # fmt: skip
     right.set(xscale='log', xlabel='microbatches M', ylabel='bubble fraction')
-    right.set_title('each schedule: compiled FLOPs (dots), (S-1)/(VM+S-1) (dashes)', fontsize=10)
+    right.set_title("each schedule's bubble: FLOPs (marks), formula (dashes)", fontsize=10)
     ms = sorted({r['M'] for r in schedules})
     right.set_xticks(ms, [str(x) for x in ms])
+    right.minorticks_off()
     right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
