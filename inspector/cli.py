@@ -36,6 +36,11 @@ TRACE = flags.DEFINE_string('trace', None, 'Also write the predicted step as Chr
 FAIL_ON_SURPRISE = flags.DEFINE_bool(
     'fail_on_surprise', False, 'Exit with status 1 when any surprise is flagged (for CI).'
 )
+HOSTS = flags.DEFINE_integer(
+    'hosts', 1, 'Lay the mesh over this many hosts, outer axes across hosts (as '
+    'mesh_utils.create_hybrid_device_mesh): a collective whose devices span hosts is priced at '
+    'the inter-host link (inspector/hosts.py).', lower_bound=1
+)  # fmt: skip
 PROGRAM = flags.DEFINE_string(
     'program', None, 'MODULE:FUNCTION: inspect the jitted function FUNCTION() returns, with '
     'its arguments, instead of the twins.'
@@ -69,7 +74,13 @@ def report_of_flags():
 
         jitted, args = load_program(PROGRAM.value)
         measure = cost.HARDWARE[HARDWARE.value].emulation  # on the CPU: beside the measured time
-        return inspect(jitted, *args, hardware=HARDWARE.value, measure=measure).json(), True
+        data = inspect(jitted, *args, hardware=HARDWARE.value, measure=measure).json()
+        if HOSTS.value > 1:
+            from . import hosts
+            from .program import _mesh_of
+
+            hosts.price_report(data, hosts.lay(_mesh_of(args).shape.items(), HOSTS.value))
+        return data, True
     from .twins import inspect
 
     # the train CLI's checks, same messages
@@ -77,8 +88,9 @@ def report_of_flags():
     config = F.train_config()
     measure = cost.HARDWARE[HARDWARE.value].emulation  # on the CPU: beside the measured time
     report = inspect(
-        F.MODEL.value, config, mesh, plan.strategy, F.model_config(), HARDWARE.value, measure
-    )
+        F.MODEL.value, config, mesh, plan.strategy, F.model_config(), HARDWARE.value, measure,
+        F.MICROBATCHES.value, F.CP_LAYOUT.value, HOSTS.value,
+    )  # fmt: skip
     return report, False
 
 
@@ -98,8 +110,15 @@ def main(argv):
 
         print(program_text(report), end='')
     else:
+        from .expect import print_expected
+
         print_report(report)
         print_attribution(report)
+        print_expected(report)
+    if 'hosts' in report and not JSON.value:
+        from .hosts import print_hosts
+
+        print_hosts(report)
     if HTML.value:
         from .html import write_html
 
@@ -116,7 +135,7 @@ def main(argv):
 def run():
     declare_key_flags(
         [F.MODEL, F.STRATEGY, F.MESH, F.TRAIN['batch_size'], *F.TRANSFORMER_SHAPE, F.CPU_DEVICES]
-        + [F.CPU_FMA, F.NUM_DEVICES, HARDWARE, HTML, TRACE, FAIL_ON_SURPRISE, PROGRAM, JSON]
+        + [F.CPU_FMA, F.NUM_DEVICES, F.MICROBATCHES, HOSTS, HARDWARE, HTML, TRACE, FAIL_ON_SURPRISE, PROGRAM, JSON]
         + [F.VERBOSE]
     )
     app.run(main)

@@ -191,7 +191,7 @@ def inspect(jitted, *args, hardware: str = 'h100x8', mesh=None, name: str = 'pro
             expect_gathers=(), measure: bool = False) -> Report:  # fmt: skip
     """Compiles `jitted` for `args` (arrays or jax.ShapeDtypeStructs with shardings) and reads
     its collectives. `mesh`: whose axis names to report (default: the first argument's).
-    `expect_gathers`: mesh axes over which whole arguments may be all-gathered (FSDP's 'data').
+    `expect_gathers`: mesh axes over which whole arguments may be all-gathered (FSDP's 'fsdp').
     `measure`: also time the program here, on zeros (beside the prediction for --hardware=cpu)."""
     if hardware not in cost.HARDWARE:
         raise ValueError(f'--hardware={hardware}: expected one of {", ".join(cost.HARDWARE)}')

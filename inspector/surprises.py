@@ -2,7 +2,7 @@
 - the SPMD partitioner's "involuntary full rematerialization" warning (it replicates a whole
   array, then slices it), captured while compiling and attached to the op and line it names;
 - an all-gather that brings back a whole sharded argument (a weight, under a training step)
-  over axes the placement did not say it gathers over (FSDP's 'data' is asked for);
+  over axes the placement did not say it gathers over (FSDP's 'fsdp' is asked for);
 - an all-to-all or collective-permute the partitioner generated: a reshard nobody wrote;
 - (twins) a collective one twin has that its sibling does not: see twins.differences.
 """

@@ -22,7 +22,7 @@ from shard_parity.runtime import config as cfg
 from shard_parity.runtime import tasks
 from shard_parity.step import create_state, make_optimizer, one_device_train_step
 
-from . import cost, surprises
+from . import cost, hosts as by_host, surprises
 from .attribute import shorten
 from .expect import expectation
 from .program import VERSION, analyse, bytes_by_line, compile_all, measure_us
@@ -51,9 +51,21 @@ def with_sharding(tree, mesh, spec):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree)
 
 
-def lowered_steps(model, config, mesh, strategy, model_config):
+def step_options(module, microbatches=None, layout=None) -> dict:
+    """The keywords a strategy file's train_step takes beyond the mesh, as the train CLI passes
+    them (runtime/loop.py): --microbatches to pp and the composed step, --cp_layout to cp's."""
+    options = {}
+    if hasattr(module, 'MICROBATCHES'):
+        options['microbatches'] = microbatches or module.MICROBATCHES
+    if hasattr(module, 'LAYOUT'):
+        options['layout'] = layout or module.LAYOUT
+    return options
+
+
+def lowered_steps(model, config, mesh, strategy, model_config, microbatches=None, layout=None):
     """The abstract params, and a generator of (name, (lowered train step, its mesh, its
-    abstract args, its strategy file)): lowered one at a time, as the compiler asks for them."""
+    abstract args, its strategy file)): lowered one at a time, as the compiler asks for them.
+    `microbatches`, `layout`: --microbatches and --cp_layout (default: each file's own)."""
     make_model, loss_fn, batch = model_and_batch(model, config.batch_size, model_config)
     tx = make_optimizer(config)
     graphdef, state = nnx.eval_shape(lambda: create_state(make_model(nnx.Rngs(0)), tx))
@@ -70,7 +82,8 @@ def lowered_steps(model, config, mesh, strategy, model_config):
                 lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
             )
             module = twin.STRATEGIES[strategy]
-            step = module.train_step(graphdef, loss_fn, tx, twin_mesh)
+            options = step_options(module, microbatches, layout)
+            step = module.train_step(graphdef, loss_fn, tx, twin_mesh, **options)
             args = (abstract, with_sharding(batch, twin_mesh, rows(twin_mesh, strategy)))
             yield twin.NAME, (step.lower(*args), twin_mesh, args, shorten(module.__file__))
 
@@ -108,17 +121,26 @@ def read_steps(steps, weights, strategy, hardware, measure) -> dict:
 
 
 def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', model_config=None,
-            hardware: str = 'h100x8', measure: bool = False) -> dict:  # fmt: skip
+            hardware: str = 'h100x8', measure: bool = False, microbatches: int | None = None,
+            layout: str | None = None, hosts: int = 1) -> dict:  # fmt: skip
     """Compiles the train steps and returns their collectives, attribution, predicted cost,
     surprises and the expectation. `model_config`: the transformer's shape (default:
-    TransformerConfig()); unused by the MLP. `measure`: also time each step on this machine."""
+    TransformerConfig()); unused by the MLP. `measure`: also time each step on this machine.
+    `microbatches`, `layout`: --microbatches and --cp_layout (default: the files' own).
+    `hosts`: the mesh laid over that many hosts (inspector/hosts.py), outer axes across hosts,
+    each collective priced by the link its devices span."""
     model_config = model_config or cfg.TransformerConfig()
-    params, steps = lowered_steps(model, config, mesh, strategy, model_config)
+    microbatches = microbatches or explicit.pp.MICROBATCHES
+    over_hosts = by_host.lay(mesh.shape.items(), hosts)  # a bad --hosts: one line, uncompiled
+    params, steps = lowered_steps(model, config, mesh, strategy, model_config, microbatches, layout)
     weights = [
         (jax.tree_util.keystr(p), int(np.prod(x.shape)))
         for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
     ]
     read = read_steps(steps, weights, strategy, hardware, measure)
+    if hosts > 1:
+        for result in read.values():
+            by_host.price(result, over_hosts, hardware)
     programs = {name: r['ops'] for name, r in read.items()}
     found = {name: r['surprises'] for name, r in read.items()}
     lines = difference_lines(programs, 'auto') + difference_lines(programs, 'typed')
@@ -143,7 +165,9 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
         'warnings': {name: r['warnings'] for name, r in read.items()},
         'surprises': found,
         'sources': {name: r['source'] for name, r in read.items()},
-        'expected': expectation(strategy, model, params, mesh, config.batch_size, model_config),
+        'expected': expectation(
+            strategy, model, params, mesh, config.batch_size, model_config, microbatches
+        ),
         'differences': differences(programs['auto'], programs['explicit']),
         'typed_differences': (
             differences(programs['typed'], programs['explicit'], 'typed')
@@ -151,7 +175,7 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
             else None
         ),
         'difference_lines': lines,
-    }
+    } | ({'hosts': by_host.report(programs, over_hosts, hardware)} if hosts > 1 else {})
 
 
 def mark_differences(programs: dict, lines: list[dict]) -> None:

@@ -1,22 +1,34 @@
 """Claim: the bisector names where two twins first disagree: the step, the phase, the first
 layer that differs and the hint, for each mistake of the bug zoo (tools/zoo/); and it
-finds nothing where the twins agree."""
+finds nothing where the twins agree. It takes named meshes end to end: a composed mesh against
+one device, by flags and as two train runs on different meshes."""
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import optax
 import pytest
 
-from parity_tests.helpers import REPO, fresh_state, make_case, strategy_mesh
+from parity_tests.helpers import (
+    CLI_MODELS,
+    REPO,
+    fresh_state,
+    make_case,
+    read_metrics,
+    run_cli,
+    strategy_mesh,
+)
 from shard_parity import UsageError, auto, explicit
-from shard_parity.mesh import make_mesh
+from shard_parity import plan as plans
+from shard_parity.mesh import make_mesh, mesh_for
 from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.step import make_optimizer, one_device_loss_and_grads, one_device_train_step
 from shard_parity.tools import divergence as D
-from shard_parity.tools import runs
+from shard_parity.tools import leaves, runs
 
 DATA_HINT = "the 'data' axis size: in B a sum where a mean belongs"
 FSDP_HINT = "the 'fsdp' axis size: in B a sum where a mean belongs"
@@ -233,3 +245,88 @@ def test_the_logged_gradient_norm_is_the_one_device_norm(mesh8):
     plain = make_optimizer(case.config)
     _, m = one_device_train_step(graphdef, case.loss_fn, plain)(with_optimizer(state, plain), batch)
     assert 'grad_norm' not in m and not np.isclose(want, 0)
+
+
+def tool(*args, timeout=300):
+    return subprocess.run([sys.executable, '-m', *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.mark.slow  # the composed step compiled, then a CLI run: 10 s
+def test_a_named_mesh_against_one_device_agrees_and_its_planted_mistake_is_named():
+    """On data:2,fsdp:2,model:2, explicit/composed.py agrees with one device step after step.
+    By the CLI, on data:2,fsdp:4, composed_no_data (no mean over 'data') parts from one device
+    at step 0's gradients by 2x, 'data''s size: the hint names 'data', not 'fsdp' (4) nor both
+    (8); the sum over both where a mean belongs would be 'data' x 'fsdp'."""
+    case = make_case('transformer')
+    graphdef, tx, state = fresh_state(0, case)
+    mesh = mesh_for(plans.parse('data:2,fsdp:2,model:2', None, 8))
+    sides = [D.load_side(name, 'composed', mesh) for name in ('one_device', 'explicit')]
+    report = D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, 2)
+    assert not report.diverged and report.steps == 2, report
+    assert report.compared['gradients'] == len(jax.tree.leaves(state.params))
+    assert report.compared['forward'] >= 4  # the layers' outputs were compared, not skipped
+
+    shape = [f for f in CLI_MODELS['transformer'] if 'batch_size' not in f]
+    flags = [*shape, '--batch_size=16', '--steps=1', '--cpu_devices=8', '--mesh=data:2,fsdp:4']
+    result = tool('tools.bisect', *flags, '--twins=one_device,tools.zoo.composed_no_data')
+    assert result.returncode == 1, result.stderr[-2000:]
+    out = result.stdout
+    assert 'diverge at step 0, phase gradients' in out and 'B/A = 2 everywhere' in out, out
+    assert "B is 2x the other, the 'data' axis size: in B a sum where a mean belongs" in out
+    assert "'fsdp'" not in out.split('hint:', 1)[1], out
+
+
+def test_a_ratio_of_several_axes_is_named_by_their_product():
+    """A gradient summed over 'data' and 'fsdp' on data:2,fsdp:2,model:2 is 4x: the hint names
+    the two axes together; 2x names each (the bisector cannot tell them apart by the ratio)."""
+    mesh = mesh_for(plans.parse('data:2,fsdp:2,model:2', None, 8))
+    a, b = D.Side('one_device', None, None, 'composed'), D.Side('x', None, mesh, 'composed')
+    four, two = (leaves.Leaf('w', 1.0, 1.0, ratio=r) for r in (4.0, 2.0))
+    assert leaves.hints(four, a, b)[0].startswith(
+        "B is 4x the other, the size of 'data' x 'fsdp': in B a sum where a mean belongs"
+    )
+    assert len(leaves.hints(four, a, b)) == 1
+    named = [h.split(':')[0] for h in leaves.hints(two, a, b)]
+    assert named == [
+        "B is 2x the other, the 'data' axis size",
+        "B is 2x the other, the 'fsdp' axis size",
+        "A is the other / 2, the 'model' axis size",
+    ]
+
+
+@pytest.mark.slow  # two train runs, a compare, a bisect and a generate: 20 s
+def test_runs_on_a_composed_mesh_and_on_one_device_compare_bisect_and_generate(tmp_path):
+    """Two train runs on different named meshes, data:2,fsdp:2,model:2 and one device: compare
+    names each run's mesh; the bisector restores each run's shared checkpoint onto its own mesh
+    and replays both from there; generate reads the composed run's checkpoint."""
+    composed, single = tmp_path / 'composed', tmp_path / 'single'
+    flags = [*CLI_MODELS['transformer'], '--log_every=1', '--eval_every=2', '--save_initial']
+    flags += ['--checkpoint_every=2', '--steps=4']
+    for workdir, where in ((composed, ['--mesh=data:2,fsdp:2,model:2', '--cpu_devices=8']),
+                           (single, ['--cpu_devices=1'])):  # fmt: skip
+        result = run_cli('explicit', *flags, *where, f'--workdir={workdir}')
+        assert result.returncode == 0, result.stderr[-2000:]
+
+    compared = tool('tools.compare', composed, single)
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    assert compared.stdout.splitlines()[:2] == [
+        f'A {composed}: explicit composed on data:2,fsdp:2,model:2',
+        f'B {single}: explicit dp on data:1,model:1',
+    ]
+
+    lines = read_metrics(single)  # a difference planted at step 3: the replay starts at step 2
+    for line in lines:
+        if line['step'] == 3 and 'train_loss' in line:
+            line['train_loss'] += 0.01
+    (single / 'metrics.jsonl').write_text(''.join(json.dumps(x) + '\n' for x in lines))
+    bisected = tool('tools.bisect', composed, single, '--cpu_devices=8')
+    assert bisected.returncode == 0, bisected.stderr[-2000:]
+    assert bisected.stdout == (
+        f'A={composed} (explicit composed data:2,fsdp:2,model:2) and '
+        f'B={single} (explicit dp data:1,model:1) agree for 1 steps (f32).\n'
+    )
+
+    generated = run_cli('explicit', f'--workdir={composed}', '--max_new_bytes=8',
+                        '--temperature=0', program='generate')  # fmt: skip
+    assert generated.returncode == 0 and len(generated.stdout) >= 8, generated.stderr[-2000:]

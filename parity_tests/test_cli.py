@@ -269,3 +269,33 @@ def test_fused_attention_under_a_ring_says_it_is_ignored(caplog):
     with caplog.at_level('WARNING'):
         check_strategy('cp', fused, mesh, 16, 1, 'zigzag', typed.RING)  # typed's ring too
     assert 'is ignored' in caplog.text
+
+
+@pytest.mark.parametrize(
+    'strategy, saved, options',
+    [
+        ('cp', {'cp_layout': 'contiguous'}, {'layout': 'contiguous'}),
+        ('pp', {'microbatches': 2}, {'microbatches': 2}),
+        ('composed', {'cp_layout': 'contiguous', 'microbatches': 2},
+         {'layout': 'contiguous', 'microbatches': 2}),
+        ('dp', {}, {}),
+    ],
+)  # fmt: skip
+def test_the_loop_gives_each_step_the_options_its_axes_take(strategy, saved, options):
+    """--cp_layout reaches cp.py's and composed.py's steps, --microbatches pp.py's and
+    composed.py's, as config.json records them (runtime/train.py saves each only when the plan
+    has a 'seq' or a 'stage' axis); a strategy with neither gets neither."""
+    import types
+
+    from shard_parity.runtime.loop import Loop
+
+    seen = []
+    parallel = types.SimpleNamespace(
+        train_step=lambda *args, **kw: seen.append(('train', kw)),
+        eval_step=lambda *args, **kw: seen.append(('eval', kw)),
+    )
+    twin = types.SimpleNamespace(NAME='twin', STRATEGIES={strategy: parallel})
+    task = types.SimpleNamespace(loss_fn=None, eval_fn=None)
+    config = {'model': 'transformer', 'strategy': strategy, **saved}  # config.json's other keys
+    Loop(twin, strategy, task, None, None, None, None, None, None, config)
+    assert seen == [('train', options), ('eval', options)]

@@ -1,6 +1,7 @@
 """Claim: the compiled explicit step holds the gradient all-reduce we wrote, the compiled auto
-step holds the one the compiler inserted, both move exactly the gradient bytes (plus the two
-metric scalars), and neither gathers the replicated parameters."""
+step holds the one the compiler inserted, typed's the one its `reshard` of `unreduced`
+gradients asks for; each moves exactly the gradient bytes (plus the two metric scalars), and
+none gathers the replicated parameters."""
 
 import json
 import subprocess
@@ -10,17 +11,21 @@ import jax
 import numpy as np
 import pytest
 
-from parity_tests.helpers import REPO, fresh_state, inspect_collectives
-from shard_parity import auto, explicit
+from parity_tests.helpers import REPO, fresh_state, inspect_collectives, strategy_mesh
+from shard_parity import auto, explicit, typed
 from shard_parity.inspector.hlo import collectives, compiled_text
 from shard_parity.placement import place_batch, place_state
 from shard_parity.runtime.tasks import classification_loss
 from shard_parity.step import one_device_train_step
 
 METRIC_BYTES = 2 * 4  # the mean loss and accuracy, f32 scalars, averaged with the gradients
+TWINS = [auto, explicit, typed]
+IDS = ['auto', 'explicit', 'typed']
 
 
-def compiled_step_collectives(twin, mesh, mnist_batches):
+def compiled_step_collectives(twin, mnist_batches):
+    """The collectives of `twin`'s dp step on 8 devices (its own mesh: typed's is Explicit)."""
+    mesh = strategy_mesh('dp', twin=twin)
     graphdef, tx, state = fresh_state()
     step = twin.dp.train_step(graphdef, classification_loss, tx, mesh)
     args = place_state(state, mesh, 'dp'), place_batch(mnist_batches.batch(0), mesh)
@@ -38,9 +43,9 @@ def test_the_one_device_run_has_no_collective(mnist_batches):
     assert collectives(compiled_text(step, state, mnist_batches.batch(0))) == []
 
 
-@pytest.mark.parametrize('twin', [auto, explicit], ids=['auto', 'explicit'])
-def test_step_all_reduces_the_gradients_once_and_gathers_nothing(twin, mesh8, mnist_batches):
-    found = compiled_step_collectives(twin, mesh8, mnist_batches)
+@pytest.mark.parametrize('twin', TWINS, ids=IDS)
+def test_step_all_reduces_the_gradients_once_and_gathers_nothing(twin, mnist_batches):
+    found = compiled_step_collectives(twin, mnist_batches)
     assert found, 'a data-parallel step must hold at least one all-reduce'
     assert {c.kind for c in found} == {'all-reduce'}, found  # no all-gather of the params
     assert sum(c.bytes for c in found) == param_bytes() + METRIC_BYTES
@@ -49,15 +54,16 @@ def test_step_all_reduces_the_gradients_once_and_gathers_nothing(twin, mesh8, mn
         assert c.group_size == 8, c.replica_groups  # one group: every device of the mesh
 
 
-def test_twins_reduce_the_same_arrays(mesh8, mnist_batches):
+def test_twins_reduce_the_same_arrays(mnist_batches):
     shapes = {}
-    for twin in (auto, explicit):
-        found = compiled_step_collectives(twin, mesh8, mnist_batches)
+    for twin in TWINS:
+        found = compiled_step_collectives(twin, mnist_batches)
         # auto may lay a weight gradient out transposed ([out, in]): compare element counts.
         shapes[twin] = sorted(int(np.prod(s)) for c in found for s in c.shapes)
-    assert shapes[auto] == shapes[explicit]
+    assert shapes[auto] == shapes[explicit] == shapes[typed]
 
 
+@pytest.mark.pinned
 def test_inspector_pins_the_mlp_collectives():
     r = inspect_collectives('mlp')
     grads = r['expected']['gradient_bytes']
@@ -70,9 +76,10 @@ def test_inspector_pins_the_mlp_collectives():
     assert r['differences'] == [] and r['typed_differences'] == []
 
 
-@pytest.mark.slow  # four transformer programs, 30 s of CPU: the MLP's pins above run fast
+@pytest.mark.slow  # four transformer programs (5 s at the suite's level 0): the MLP's run fast
+@pytest.mark.pinned
 def test_inspector_pins_the_transformer_collectives():
-    """Pinned compiler behaviour (jax 0.10.2): the tied embedding gets two gradient terms, the
+    """Pinned compiler behaviour (jax 0.10.2 and 0.12): the tied embedding gets two gradient terms, the
     lookup and the output head. explicit/ adds them on each device and all-reduces the sum once;
     auto/ all-reduces each term, moving one extra [256, 128] float32 (131,072 bytes). typed/'s
     `reduced` table gets one `unreduced` gradient, both terms summed before its one reduction.

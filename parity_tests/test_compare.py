@@ -241,3 +241,21 @@ def test_steps_one_run_only_reached_are_reported(tmp_path):
     assert f'note: 4 logged steps in {a} only (140..200): {b} ends at step 120' in done.stdout
     assert 'final eval_accuracy (step 200 vs 120)' in done.stdout
     assert 'bitwise identical where both logged it' in done.stdout
+
+
+def test_each_runs_mesh_is_named_and_runs_on_other_meshes_compare(tmp_path):
+    """Where each run ran comes first, its mesh as --mesh names it; a run saved before named
+    meshes (fsdp's axis then 'data') is named as today's. Other meshes are no other settings."""
+    a = with_config(workdir(tmp_path, 'a', mlp_log(20)))
+    b = with_config(workdir(tmp_path, 'b', mlp_log(20)))
+    for path, twin, strategy, mesh in ((a, 'explicit', 'composed', {'data': 2, 'fsdp': 2, 'model': 2}),
+                                       (b, 'auto', 'fsdp', {'data': 8, 'model': 1})):  # fmt: skip
+        saved = json.loads((path / 'config.json').read_text())
+        saved.update(twin=twin, strategy=strategy, mesh=mesh)
+        (path / 'config.json').write_text(json.dumps(saved))
+    done = compare(a, b)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[:2] == [
+        f'A {a}: explicit composed on data:2,fsdp:2,model:2',
+        f'B {b}: auto fsdp on fsdp:8,model:1',
+    ]

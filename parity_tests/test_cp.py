@@ -172,7 +172,8 @@ def test_cp_evaluates_each_sequence_as_one_device_does(name, one_device):
     assert_trees_close(got, want, **TOL)
 
 
-@pytest.mark.slow  # compiles four programs: 20 s of the fast tier
+@pytest.mark.slow  # compiles four programs
+@pytest.mark.pinned
 def test_inspector_pins_the_cp_collectives():
     """explicit: per attention layer 8 collective-permutes of one f32[B/d, T/n, K, D] block each
     (keys, values and their gradients, in the ring's loops: 6n - 4 run), and the one gradient

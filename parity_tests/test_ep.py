@@ -194,6 +194,7 @@ def test_bad_expert_settings_are_refused():
 
 
 @pytest.mark.slow  # compiles four programs
+@pytest.mark.pinned
 def test_inspector_pins_the_ep_collectives():
     """Every twin: per MoE layer two all-to-alls over 'expert' forward and two backward, each
     moving the device's slots f32[E, B/(d n), cap, C] (the inspector's expectation); the

@@ -1,7 +1,9 @@
 """Claim: FSDP (--strategy=fsdp) keeps 1/n of the parameters and optimizer state per device,
-and trains exactly like data parallelism and the one-device run, in both twins and for both
-models. The explicit twin moves its weights with all-gathers and its gradients with
-reduce-scatters, written out. (Checkpoints moving between strategies: test_tp.py.)"""
+and trains exactly like data parallelism and the one-device run, in all three twins and for
+both models. The explicit twin moves its weights with all-gathers and its gradients with
+reduce-scatters, written out; typed/'s reshards ask for the same, and XLA:CPU compiles its
+reduce-scatter as an all-reduce and a slice. (Checkpoints moving between strategies:
+test_tp.py.)"""
 
 import jax
 import numpy as np
@@ -20,18 +22,24 @@ from parity_tests.helpers import (
     one_device_runs,
     read_metrics,
     run_cli,
+    strategy_mesh,
     train_twin,
     train_twin_x64,
     twin_loss_and_grads,
 )
-from shard_parity import auto, explicit
+from shard_parity import auto, explicit, typed
 from shard_parity.inspector.hlo import collectives, compiled_text
 from shard_parity.placement import layer_dims, place_batch, place_state
 from shard_parity.runtime.tasks import classification_loss
 from shard_parity.step import one_device_loss_and_grads
 
-TWINS = [auto, explicit]
-IDS = ['auto', 'explicit']
+TWINS = [auto, explicit, typed]
+IDS = ['auto', 'explicit', 'typed']
+
+
+def fsdp_mesh(twin):
+    """--strategy=fsdp's mesh on 8 devices for `twin` (typed's axes are Explicit)."""
+    return strategy_mesh('fsdp', twin=twin)
 
 
 def test_state_per_device_falls_to_one_nth(fsdp8, case):
@@ -47,13 +55,14 @@ def test_state_per_device_falls_to_one_nth(fsdp8, case):
 
 
 @pytest.mark.parametrize('twin', TWINS, ids=IDS)
-def test_fsdp_gradients_match_the_one_device_run(twin, fsdp8, case):
+def test_fsdp_gradients_match_the_one_device_run(twin, case):
     graphdef, _, state = fresh_state(case=case)
     batch = case.batches.batch(0)
     want_metrics, want_grads = one_device_loss_and_grads(graphdef, case.loss_fn)(
         state.params, batch
     )
-    metrics, grads = twin_loss_and_grads(twin, fsdp8, graphdef, case.loss_fn, state, batch, 'fsdp')
+    mesh = fsdp_mesh(twin)
+    metrics, grads = twin_loss_and_grads(twin, mesh, graphdef, case.loss_fn, state, batch, 'fsdp')
     assert_close(metrics['loss'], want_metrics['loss'], 'loss', **TOL)
     assert_trees_close(grads, want_grads, **TOL)
     kernels = [g for g in jax.tree.leaves(grads) if g.ndim == 2]
@@ -64,31 +73,51 @@ def test_fsdp_gradients_match_the_one_device_run(twin, fsdp8, case):
 # models under fsdp on 2x4 in the fast tier.
 @pytest.mark.slow
 @pytest.mark.parametrize('case', ['mlp', 'transformer'], indirect=True)
-def test_fsdp_trains_like_the_one_device_run(fsdp8, case):
+def test_fsdp_trains_like_the_one_device_run(case):
     """float32: the loss at every step; float64: every loss and parameter (helpers.py)."""
     (want_losses, _), (want_losses_64, want_params_64) = one_device_runs(case)
     assert not np.allclose(want_losses, want_losses[::-1])  # the run moved: the test can fail
     for twin in TWINS:
-        losses, _ = train_twin(twin, fsdp8, case, strategy='fsdp')
+        losses, _ = train_twin(twin, fsdp_mesh(twin), case, strategy='fsdp')
         assert_close(losses, want_losses, 'float32 losses', **LOSS_TOL)
-        losses, params = train_twin_x64(twin, fsdp8, case, strategy='fsdp')
+        losses, params = train_twin_x64(twin, fsdp_mesh(twin), case, strategy='fsdp')
         assert_close(losses, want_losses_64, 'float64 losses', **X64_TOL)
         assert_params_close(params, want_params_64, **X64_TOL)
 
 
-def test_explicit_fsdp_gathers_weights_and_scatters_gradients(fsdp8, mnist_batches):
+def fsdp_step_bytes(twin, mnist_batches):
+    """(bytes moved by each kind of collective in `twin`'s compiled fsdp step of the MLP,
+    the bytes of its weights that fsdp splits, of all its parameters)."""
+    mesh = fsdp_mesh(twin)
     graphdef, tx, state = fresh_state()
-    step = explicit.fsdp.train_step(graphdef, classification_loss, tx, fsdp8)
-    placed = place_state(state, fsdp8, 'fsdp')
-    found = collectives(compiled_text(step, placed, place_batch(mnist_batches.batch(0), fsdp8, 'fsdp')))
+    step = twin.fsdp.train_step(graphdef, classification_loss, tx, mesh)
+    placed = place_state(state, mesh, 'fsdp')
+    found = collectives(compiled_text(step, placed, place_batch(mnist_batches.batch(0), mesh, 'fsdp')))
     by_kind = {}
     for c in found:
         by_kind[c.kind] = by_kind.get(c.kind, 0) + c.bytes
-    weights = sum(p.nbytes for p in jax.tree.leaves(state.params) if p.shape[0] % 8 == 0)
+    params = jax.tree.leaves(state.params)
+    weights = sum(p.nbytes for p in params if p.shape[0] % 8 == 0)
+    return by_kind, weights, sum(p.nbytes for p in params)
+
+
+def test_explicit_fsdp_gathers_weights_and_scatters_gradients(mnist_batches):
+    by_kind, weights, _ = fsdp_step_bytes(explicit, mnist_batches)
     assert set(by_kind) == {'all-gather', 'reduce-scatter', 'all-reduce'}
     assert by_kind['all-gather'] == weights  # each sharded weight gathered once, whole
     assert by_kind['reduce-scatter'] == weights // 8  # each device keeps 1/8 of the gradient
     assert by_kind['all-reduce'] == 10 * 4 + 8  # the odd-sized bias (10 classes) + 2 metrics
+
+
+def test_typed_fsdp_gathers_weights_and_all_reduces_gradients(mnist_batches):
+    """typed/fsdp.py's two reshards: split weights -> whole `reduced` (the all-gathers, as
+    explicit/'s), `unreduced` gradients -> split (a reduce-scatter in the types). XLA:CPU has no
+    pass forming reduce-scatters, so the second compiles to one all-reduce of every gradient and
+    a slice (docs/typed.md; jax 0.10.2 and 0.12), as auto/'s does."""
+    by_kind, weights, params = fsdp_step_bytes(typed, mnist_batches)
+    assert set(by_kind) == {'all-gather', 'all-reduce'}
+    assert by_kind['all-gather'] == weights  # each sharded weight gathered once, whole
+    assert by_kind['all-reduce'] == params + 8  # every gradient once, + the 2 metrics
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""Claim: on the same global batch, auto, explicit and a one-device jit give the same loss and
-gradients (float32: rtol 1e-5, atol 1e-6), for the MLP and the transformer, and the explicit
+"""Claim: on the same global batch, auto, explicit, typed and a one-device jit give the same loss
+and gradients (float32: rtol 1e-5, atol 1e-6), for the MLP and the transformer, and the explicit
 gradient is the mean over devices, not the sum."""
 
 from functools import partial
@@ -13,12 +13,16 @@ from parity_tests.helpers import (
     assert_close,
     assert_trees_close,
     fresh_state,
+    strategy_mesh,
     twin_loss_and_grads,
 )
-from shard_parity import auto, explicit
+from shard_parity import auto, explicit, typed
 from shard_parity.mesh import DATA
 from shard_parity.placement import place_batch
 from shard_parity.step import bind, one_device_loss_and_grads
+
+TWINS = [auto, explicit, typed]
+IDS = ['auto', 'explicit', 'typed']
 
 
 @pytest.fixture(scope='module')
@@ -38,20 +42,24 @@ def test_comparison_can_fail_on_another_batch(case, one_device):
         assert_trees_close(grads, other, **TOL)
 
 
-@pytest.mark.parametrize('twin', [auto, explicit], ids=['auto', 'explicit'])
-def test_twin_matches_the_one_device_run(twin, mesh8, case, one_device):
+@pytest.mark.parametrize('twin', TWINS, ids=IDS)
+def test_twin_matches_the_one_device_run(twin, case, one_device):
     graphdef, state, batch, want_metrics, want_grads = one_device
-    metrics, grads = twin_loss_and_grads(twin, mesh8, graphdef, case.loss_fn, state, batch)
+    mesh = strategy_mesh('dp', twin=twin)  # 8 devices on 'data'; typed's axes are Explicit
+    metrics, grads = twin_loss_and_grads(twin, mesh, graphdef, case.loss_fn, state, batch)
     for key in want_metrics:
         assert_close(metrics[key], want_metrics[key], key, **TOL)
     assert_trees_close(grads, want_grads, **TOL)
 
 
-def test_twins_agree_with_each_other(mesh8, case, one_device):
+def test_twins_agree_with_each_other(case, one_device):
     graphdef, state, batch, _, _ = one_device
-    _, a = twin_loss_and_grads(auto, mesh8, graphdef, case.loss_fn, state, batch)
-    _, e = twin_loss_and_grads(explicit, mesh8, graphdef, case.loss_fn, state, batch)
-    assert_trees_close(a, e, **TOL)
+    grads = {}
+    for twin in TWINS:
+        mesh = strategy_mesh('dp', twin=twin)
+        _, grads[twin] = twin_loss_and_grads(twin, mesh, graphdef, case.loss_fn, state, batch)
+    assert_trees_close(grads[auto], grads[explicit], **TOL)
+    assert_trees_close(grads[typed], grads[explicit], **TOL)
 
 
 def test_gradient_without_the_varying_cast_is_the_sum(mesh8, case, one_device):

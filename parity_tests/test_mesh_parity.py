@@ -1,7 +1,7 @@
-"""Claim: on a DATA x MODEL mesh, every strategy (dp, fsdp, tp, fsdp_tp) in every twin gives the
-one-device run's loss and gradients (float32), and 20 AdamW steps track it (the same steps in
-float64, every loss and parameter: helpers.py's error model), for the MLP and the transformer
-(8 heads, so that 8 model devices get one each).
+"""Claim: on a 2-D mesh (AxB: data x model, fsdp x model for fsdp and fsdp_tp), every strategy
+(dp, fsdp, tp, fsdp_tp) in every twin gives the one-device run's loss and gradients (float32),
+and 20 AdamW steps track it (the same steps in float64, every loss and parameter: helpers.py's
+error model), for the MLP and the transformer (8 heads, so that 8 model devices get one each).
 dp and fsdp on the 1-D 8x1 mesh are in test_gradient_parity, test_training_parity, test_fsdp."""
 
 import dataclasses

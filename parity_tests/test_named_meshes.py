@@ -2,8 +2,8 @@
 --mesh=4x2 is --mesh=fsdp:4,model:2: the same plan, the same compiled step, the same 20 losses
 bit for bit and the same config.json. A run saved before named meshes (fsdp's axis then called
 'data' in its config.json and its checkpoints) still compares, bisects, generates and resumes.
-With several processes, each loads one contiguous block of the batch's rows, under (data, fsdp)
-rows too."""
+The inspector takes a named mesh as the strategy it names. With several processes, each loads
+one contiguous block of the batch's rows, under (data, fsdp) rows too."""
 
 import json
 import re
@@ -15,7 +15,15 @@ import jax
 import numpy as np
 import pytest
 
-from parity_tests.helpers import CLI_MODELS, REPO, fresh_state, make_case, read_metrics, run_cli
+from parity_tests.helpers import (
+    CLI_MODELS,
+    REPO,
+    fresh_state,
+    inspect_collectives,
+    make_case,
+    read_metrics,
+    run_cli,
+)
 from shard_parity import UsageError, explicit, typed
 from shard_parity import plan as plans
 from shard_parity.mesh import local_rows, mesh_for
@@ -77,6 +85,18 @@ def test_the_cli_runs_fsdp_tp_on_4x2_as_fsdp4_model2(tmp_path):
     saved = [json.loads((tmp_path / n / 'config.json').read_text()) for n in runs]
     assert saved[0] == saved[1]
     assert saved[0]['strategy'] == 'fsdp_tp' and saved[0]['mesh'] == {'fsdp': 4, 'model': 2}
+
+
+@pytest.mark.slow  # the inspector's four compiles, twice: 8 s
+def test_the_inspector_takes_a_named_mesh_as_the_strategy_it_names():
+    """`python -m inspector --mesh=fsdp:4,model:2` reports what --strategy=fsdp_tp --mesh=4x2
+    reports (the twins' collectives, their bytes and lines), and another mesh another report."""
+    run = lambda *mesh: command('inspector', '--json', '--cpu_devices=8', *mesh)  # noqa: E731
+    named, legacy = run('--mesh=fsdp:4,model:2'), run('--strategy=fsdp_tp', '--mesh=4x2')
+    assert named.returncode == legacy.returncode == 0, named.stderr[-2000:] + legacy.stderr[-2000:]
+    assert json.loads(named.stdout) == json.loads(legacy.stdout)
+    assert json.loads(named.stdout) == inspect_collectives('mlp', 'fsdp_tp', (4, 2))
+    assert json.loads(named.stdout) != inspect_collectives('mlp', 'tp', (4, 2))
 
 
 def as_saved_before_named_meshes(workdir):
@@ -181,4 +201,6 @@ def test_the_rows_are_split_as_the_row_axes_say():
     placed = jax.device_put(x, jax.sharding.NamedSharding(mesh, rows(mesh)))
     for shard in placed.addressable_shards:
         d, f, _ = (int(i) for i in np.argwhere(mesh.devices == shard.device)[0])
-        np.testing.assert_array_equal(np.asarray(shard.data), x[2 * (2 * d + f) : 2 * (2 * d + f) + 2])
+        np.testing.assert_array_equal(
+            np.asarray(shard.data), x[2 * (2 * d + f) : 2 * (2 * d + f) + 2]
+        )

@@ -196,6 +196,7 @@ def test_cli_trains_with_pp(tmp_path):
 
 
 @pytest.mark.slow  # compiles four programs
+@pytest.mark.pinned
 def test_inspector_pins_the_pp_collectives():
     """explicit: two collective-permutes of one microbatch's activations f32[B/dM, T, C], the
     forward's (stage i -> i + 1) and the backward's (i + 1 -> i), each run M + S - 1 times;

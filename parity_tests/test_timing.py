@@ -1,10 +1,13 @@
-"""benchmarks.timing.interleaved: the order in which it times its candidates."""
+"""benchmarks.timing.interleaved: the order in which it times its candidates, and what it makes
+of the times."""
 
 import collections
 import itertools
+import types
 
 import pytest
 
+from benchmarks import timing
 from benchmarks.timing import balanced_orders, interleaved
 
 
@@ -39,7 +42,17 @@ def test_three_candidates_run_in_every_order():
     assert sorted(timed_rounds('abc', 6)) == sorted(itertools.permutations('abc'))
 
 
-def test_a_median_per_candidate_and_its_spread():
-    out = interleaved({n: (lambda: None) for n in 'abcd'}, rounds=3)
-    assert set(out) == set('abcd') | {'_spread'}
-    assert all(lo <= out[n] <= hi for n, (lo, hi) in out['_spread'].items())
+def test_a_median_per_candidate_and_its_spread_over_the_timed_rounds_alone(monkeypatch):
+    """On a fake clock each call takes its candidate's next duration: the warm-up rounds' (1000 s)
+    are left out, the median is that of the timed calls, the spread their least and greatest."""
+    now = [0.0]
+    monkeypatch.setattr(timing, 'time', types.SimpleNamespace(perf_counter=lambda: now[0]))
+    durations = {'a': [1000, 1000, 30, 1, 2], 'b': [1000, 1000, 7, 90, 8, 4]}
+    left = {n: iter(d) for n, d in durations.items()}
+
+    def call(name):
+        now[0] += next(left[name])
+
+    out = interleaved({'a': lambda: call('a'), 'b': lambda: call('b')}, rounds=3, warmup=2)
+    assert out == {'a': 2, 'b': 8, '_spread': {'a': (1, 30), 'b': (7, 90)}}
+    assert next(left['b']) == 4  # each candidate ran warmup + rounds times, no more

@@ -1,6 +1,6 @@
 """Claim: tensor parallelism (--strategy=tp, fsdp_tp) splits each layer Megatron's way over the
 mesh's 'model' axis, so that per-device state falls as 1/(model) for the split layers and
-1/(data x model) under fsdp_tp; the explicit twin's only forward collective is the psum after
+1/(fsdp x model) under fsdp_tp; the explicit twin's only forward collective is the psum after
 each row-parallel layer, and auto's compiler finds the same all-reduces; checkpoints move
 between dp, fsdp, tp and fsdp_tp with unchanged logits; the train CLIs run it on a 2-D mesh."""
 
@@ -66,13 +66,14 @@ def test_state_per_device_falls_with_each_axis(model):
     assert held['fsdp_tp', (4, 2)] < held['tp', (4, 2)] / 3  # and fsdp splits what is left 4 ways
 
 
+@pytest.mark.pinned
 @pytest.mark.parametrize('model', ['mlp', pytest.param('transformer', marks=pytest.mark.slow)])
 def test_inspector_pins_the_tp_collectives(model):
     shape = {'num_layers': 2, 'num_heads': 4, 'num_kv_heads': 4} if model == 'transformer' else {}
     r = inspect_collectives(model, 'tp', (4, 2), batch_size=16, **shape)
     act, grads = r['expected']['activations'], r['expected']['gradient_bytes']
     assert act['count'] == (1 if model == 'mlp' else 5 * 2) and act['group_size'] == 2
-    for twin in ('auto', 'explicit'):
+    for twin in ('auto', 'explicit', 'typed'):
         ops = r['programs'][twin]
         assert {op['kind'] for op in ops} == {'all-reduce'}
         over_model = [s for op in ops if op['group_size'] == 2 for s in op['shapes']]
@@ -84,19 +85,30 @@ def test_inspector_pins_the_tp_collectives(model):
         assert over_data == grads + extra, (twin, over_data, grads)
 
 
-def test_inspector_pins_the_explicit_fsdp_tp_collectives():
+@pytest.mark.pinned
+def test_inspector_pins_the_fsdp_tp_collectives():
+    """explicit/: the all-gathers and reduce-scatters it writes; typed/: the same all-gathers,
+    and its reshard of `unreduced` gradients to the split layout (a reduce-scatter in the
+    types), which XLA:CPU compiles to one all-reduce of every gradient and a slice, as under
+    fsdp (test_fsdp.py, docs/typed.md)."""
     r = inspect_collectives('mlp', 'fsdp_tp', (4, 2), batch_size=16)
-    ops = r['programs']['explicit']
     by_kind = {}
-    for op in ops:
-        by_kind.setdefault((op['kind'], op['group_size']), 0)
-        by_kind[op['kind'], op['group_size']] += op['bytes']
+    for twin in ('explicit', 'typed'):
+        for op in r['programs'][twin]:
+            key = twin, op['kind'], op['group_size']
+            by_kind[key] = by_kind.get(key, 0) + op['bytes']
     tp_slice = r['expected']['gradient_bytes']  # each device's tensor-parallel slice
-    odd = (10 + 256) * 4  # the head's 10-wide bias, layer 1's bias: not split over 'data'
-    assert by_kind['all-gather', 4] == tp_slice - odd  # every data-sharded slice, whole
-    assert by_kind['reduce-scatter', 4] == (tp_slice - odd) // 4
-    assert by_kind['all-reduce', 2] == r['expected']['activations']['bytes']
-    assert by_kind['all-reduce', 4] == odd + 8  # + the two metrics
+    odd = (10 + 256) * 4  # the head's 10-wide bias, layer 1's bias: not split over 'fsdp'
+    activations = r['expected']['activations']['bytes']
+    assert by_kind == {
+        ('explicit', 'all-gather', 4): tp_slice - odd,  # every fsdp-sharded slice, whole
+        ('explicit', 'reduce-scatter', 4): (tp_slice - odd) // 4,
+        ('explicit', 'all-reduce', 2): activations,
+        ('explicit', 'all-reduce', 4): odd + 8,  # + the two metrics
+        ('typed', 'all-gather', 4): tp_slice - odd,
+        ('typed', 'all-reduce', 2): activations,
+        ('typed', 'all-reduce', 4): tp_slice + 8,  # every gradient, + the two metrics
+    }
 
 
 # the stacked query kernel f32[L, C, C]: the layer dimension is never split

@@ -2,8 +2,10 @@
 The project's one installed name: the twins, the inspector, the tools and the data loaders are
 its subpackages (shard_parity.auto, .explicit, .typed, .inspector, .tools, .datasets).
 
-    mesh.py       the DATA x MODEL mesh, emulated CPU devices
-    placement.py  where each array lives under each strategy, and the placing itself
+    plan.py       the mesh's named axes (data, fsdp, stage, expert, seq, model), a Plan of
+                  them, the strategy each mesh is, and what each axis must divide
+    mesh.py       the mesh of a plan, emulated CPU devices
+    placement.py  where each array lives, one rule per axis, and the placing itself
     step.py       TrainState, AdamW, apply_gradients, the one-device step
     model/        the MLP, the transformer, attention and the custom-backward ops
     runtime/      configs, flags, tasks, the loop, checkpoints, reports, processes, the CLIs

@@ -27,7 +27,7 @@ from flax import nnx
 
 from shard_parity import plan as plans
 from shard_parity.mesh import MODEL
-from shard_parity.placement import state_shardings
+from shard_parity.placement import state_shardings, state_specs
 from shard_parity.step import TrainState
 
 MiB = 2**20
@@ -50,6 +50,19 @@ def compiled_step(module, make_model, loss_fn, tx, mesh, batch: dict):
     of ShapeDtypeStructs with their shardings); nothing runs."""
     graphdef, state = abstract_state(make_model, tx, mesh, module.STRATEGY)
     return module.train_step(graphdef, loss_fn, tx, mesh).lower(state, batch).compile()
+
+
+def state_bytes(state, mesh, strategy: str = 'composed') -> int:
+    """Each device's bytes of `state` (arrays or ShapeDtypeStructs): every array's whole bytes
+    / the product of the sizes of the mesh axes its layout splits it over (placement.spec, one
+    rule per axis). What memory_analysis() counts of the state among a step's arguments."""
+    plan = plans.of(mesh, strategy)
+    total = 0
+    for x, spec in zip(jax.tree.leaves(state), jax.tree.leaves(state_specs(state, strategy, mesh)),
+                       strict=True):  # fmt: skip
+        axes = [a for d in spec if d for a in (d if isinstance(d, tuple) else (d,))]
+        total += math.prod(x.shape) * x.dtype.itemsize // math.prod(plan.size(a) for a in axes)
+    return total
 
 
 def measured(compiled) -> dict:

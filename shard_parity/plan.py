@@ -249,7 +249,7 @@ def check_model(plan, config, m, **_):
     if m == 1 and plan.strategy in ('tp', 'fsdp_tp'):
         logging.warning(
             "--strategy=%s on a mesh whose 'model' axis is 1 splits nothing over it: it runs "
-            'as %s; give --mesh=DATAxMODEL with MODEL > 1 to split the layers',
+            "as %s; give 'model' more than 1 device (--mesh=4x2, or model:2) to split the layers",
             plan.strategy, 'fsdp' if plan.strategy == 'fsdp_tp' else 'dp',
         )  # fmt: skip
 

@@ -4,14 +4,17 @@ layer, the leaves, and what a constant ratio between them points to.
     python -m tools.bisect --model=mlp --twins=auto,explicit --steps=5
     python -m tools.bisect --twins=explicit,mypkg.my_dp --strategy=dp --x64
     python -m tools.bisect --twins=one_device,explicit --strategy=tp --mesh=4x2
-    python -m tools.bisect RUN_A RUN_B      # two train runs' workdirs
+    python -m tools.bisect --twins=one_device,typed --mesh=data:2,fsdp:2,model:2
+    python -m tools.bisect RUN_A RUN_B      # two train runs' workdirs, on any two meshes
 
-Each of --twins is a twin (auto, explicit: its STRATEGIES[--strategy]), one_device, or the
+Each of --twins is a twin (auto, explicit, typed: its STRATEGIES[--strategy]; a named --mesh
+runs the file that covers its axes, else composed.py, as the train CLI), one_device, or the
 import path of a strategy module with loss_and_grads, train_step and eval_step (a copy of
 explicit/dp.py with one line changed, on PYTHONPATH). Both start from one initial state and take
-the same batches; tools/divergence.py compares them. Exit 0: they agree for --steps
-steps; 1: they diverge (the report says where); 2: bad input (the train CLI's own checks, one
-line); 3: a side cannot run (`B (mypkg.my_dp) fails to trace at mypkg/my_dp.py:42: ...`).
+the same batches; tools/sides.py loads them, tools/divergence.py compares them. Exit 0: they
+agree for --steps steps; 1: they diverge (the report says where); 2: bad input (the train CLI's
+own checks, one line); 3: a side cannot run (`B (mypkg.my_dp) fails to trace at
+mypkg/my_dp.py:42: ...`).
 docs/bisect.md walks through it.
 """
 
@@ -29,7 +32,7 @@ from shard_parity.runtime import flags as F
 TWINS = flags.DEFINE_list(
     'twins',
     ['auto', 'explicit'],
-    'A,B: twins (auto, explicit), one_device, or import paths of strategy modules.',
+    'A,B: twins (auto, explicit, typed), one_device, or import paths of strategy modules.',
 )
 TOLERANCE = flags.DEFINE_enum(
     'tolerance',
@@ -67,7 +70,7 @@ def main(argv):
             traceback.print_exc()
         print(f'error: {e}', file=sys.stderr)
         sys.exit(2)
-    except Exception as e:  # divergence.SideFailed: one side cannot run, which is no divergence
+    except Exception as e:  # sides.SideFailed: one side cannot run, which is no divergence
         if type(e).__name__ != 'SideFailed':
             raise
         if F.VERBOSE.value:
@@ -94,6 +97,7 @@ def from_flags():
     from shard_parity.step import create_state, make_optimizer
 
     from . import divergence as D
+    from .sides import load_side
 
     model = F.MODEL.value
     # --steps is how many steps to compare; the schedule stays the model's (not decayed over N)
@@ -103,7 +107,7 @@ def from_flags():
     plan, mesh = mesh_from_flags(AxisType.Auto, F.NUM_DEVICES.value or jax.device_count())
     if len(TWINS.value) != 2:
         raise UsageError(f'--twins={",".join(TWINS.value)}: give two, such as auto,explicit')
-    a, b = (D.load_side(name, plan.strategy, mesh) for name in TWINS.value)
+    a, b = (load_side(name, plan.strategy, mesh) for name in TWINS.value)
     if model == 'mlp':
         task = tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value)
     else:

@@ -2,14 +2,13 @@
 
     python -m tools.compare runs/auto runs/explicit
 
-First compares the settings each run was trained with (its config.json): a run of another
-length, seed, batch, learning rate or model is a different experiment, so a difference is named
-and is an error unless --allow_other_settings (what only changes the logging, --log_every,
---eval_every and --log_grad_norm, and where it ran, twin, strategy and mesh, may differ: each
-run's is printed first, its mesh as --mesh names it, e.g. data:2,fsdp:2,model:2). Then
-reads each workdir's metrics.jsonl and prints every logged figure of both runs with their
-difference, the steps only one run reached, then each run's throughput. Exits non-zero if the final evaluations differ by more
-than --max_accuracy_gap (the MLP's eval_accuracy) or --max_loss_gap (the transformer's
+First compares the settings each run was trained with (its config.json; tools/settings.py): a
+run of another length, seed, batch, learning rate or model is a different experiment, so a
+difference is named and is an error unless --allow_other_settings; where each run ran (twin,
+strategy, mesh as --mesh names it) is printed first and may differ. Then reads each workdir's
+metrics.jsonl and prints every logged figure of both runs with their difference, the steps only
+one run reached, then each run's throughput. Exits non-zero if the final evaluations differ by
+more than --max_accuracy_gap (the MLP's eval_accuracy) or --max_loss_gap (the transformer's
 eval_loss), or if any logged figure of either run is NaN or infinite.
 
 Lines are paired by step and by the figures they carry (a step can have a train line and an eval
@@ -31,6 +30,8 @@ from absl import app, flags
 
 from shard_parity.runtime import declare_key_flags
 
+from . import settings
+
 MAX_GAP = flags.DEFINE_float(
     'max_accuracy_gap',
     0.003,
@@ -50,7 +51,6 @@ ALLOW = flags.DEFINE_bool(
     'instead of refusing them; the differences are still listed.',
 )
 KEYS = ('train_loss', 'eval_loss', 'eval_accuracy')
-LOGGING_ONLY = ('log_every', 'eval_every', 'log_grad_norm')  # change what is logged, not the run
 USAGE = 'usage: python -m tools.compare WORKDIR_A WORKDIR_B'
 
 
@@ -101,76 +101,6 @@ def read(workdir: str) -> list[dict]:
             sys.exit(f'error: {path} has no readable line: all {skipped} are unparsable')
         sys.exit(f'error: {path} is empty: the run logged nothing (did it fail at the start?)')
     return lines
-
-
-def settings(workdir: str) -> dict | None:
-    """A workdir's config.json (what the train CLI writes), or None if it has none."""
-    path = pathlib.Path(workdir) / 'config.json'
-    if not path.is_file():
-        return None
-    try:
-        saved = json.loads(path.read_bytes().decode('utf-8', errors='replace'))
-        if not all(isinstance(saved.get(k), dict) for k in ('model_config', 'train')):
-            raise ValueError('no model_config and train settings')
-        return saved
-    except (ValueError, OSError) as e:
-        sys.exit(f'error: {path} is not a readable config.json ({str(e)[:100]})')
-
-
-def other_settings(a: dict, b: dict) -> list[str]:
-    """`--key: A x, B y` for each model or training setting the two runs do not share. A field
-    one run lacks (saved before it existed) takes its default."""
-    diffs = []
-    if a.get('model') != b.get('model'):
-        diffs.append(f"--model: A {a.get('model')}, B {b.get('model')}")
-    defaults = {'model_config': {}, 'train': {}}
-    for group in defaults:
-        keys = sorted((set(a[group]) ^ set(b[group])) - set(LOGGING_ONLY))
-        if keys:  # an older run: the defaults of today's TrainConfig (a heavier import)
-            from shard_parity.runtime import config as cfg
-
-            defaults['train'] = cfg.to_dict(cfg.TrainConfig())
-            defaults['model_config'] = cfg.to_dict(cfg.TransformerConfig())  # num_experts...
-        for key in sorted(set(a[group]) | set(b[group])):
-            x, y = (r[group].get(key, defaults[group].get(key)) for r in (a, b))
-            if key not in LOGGING_ONLY and x != y:
-                diffs.append(f'--{key}: A {x}, B {y}')
-    return diffs
-
-
-def where(saved: dict) -> str | None:
-    """Where a run ran, its mesh spelled as --mesh names it: 'explicit fsdp_tp on
-    fsdp:4,model:2'. A run saved before named meshes (fsdp's axis then called 'data') is named
-    as today's would be; None for a config.json without a strategy and mesh."""
-    if not (isinstance(saved.get('strategy'), str) and isinstance(saved.get('mesh'), dict)):
-        return None
-    from shard_parity import plan as plans
-
-    plan = plans.from_saved(saved['strategy'], saved['mesh'])
-    return f"{saved.get('twin', '?')} {plan.strategy} on {plan.text()}"
-
-
-def check_settings(names) -> None:
-    """Prints where each run ran (runs on other twins, strategies or meshes are comparable);
-    exits with one line if the runs' settings differ (unless --allow_other_settings)."""
-    a, b = settings(names[0]), settings(names[1])
-    for label, name, saved in (('A', names[0], a), ('B', names[1], b)):
-        if saved is not None and (ran := where(saved)):
-            print(f'{label} {name}: {ran}')
-    if a is None or b is None:
-        missing = [n for n, x in zip(names, (a, b)) if x is None]
-        print(f'note: no config.json in {" and ".join(missing)}: settings not compared')
-        return
-    diffs = other_settings(a, b)
-    if not diffs:
-        return
-    if not ALLOW.value:
-        sys.exit(
-            f'error: {names[0]} (A) and {names[1]} (B) were trained with other settings: '
-            + '; '.join(diffs)
-            + '. Pass --allow_other_settings to compare them anyway'
-        )
-    print('note: other settings (--allow_other_settings): ' + '; '.join(diffs))
 
 
 def figures(lines: list[dict]) -> tuple[dict, dict]:
@@ -256,7 +186,7 @@ def main(argv):
         sys.exit(
             f'error: {names[0]} and {names[1]} are the same directory: compare two different runs'
         )
-    check_settings(names)
+    settings.check_settings(names, ALLOW.value)
     a, b = read(names[0]), read(names[1])
     (va, since_a), (vb, since_b) = figures(a), figures(b)
     print(f'{"step":>6} {"figure":<14} {names[0]:>22} {names[1]:>22} {"|difference|":>13}')
@@ -311,8 +241,7 @@ def main(argv):
     at = f' (step {fa["step"]} vs {fb["step"]})' if fa['step'] != fb['step'] else ''
     print(
         f'\nfinal {key}{at} {fa[key]:.4f} vs {fb[key]:.4f} '
-        f'(gap {gap:.4f}); every logged figure: {verdict}'
-        + (' where both logged it' if at else '')
+        f'(gap {gap:.4f}); every logged figure: {verdict}' + (' where both logged it' if at else '')
     )
     if table := throughput_table(names, (fa, fb)):
         print('\n' + '\n'.join(table))

@@ -8,12 +8,13 @@ some devices only, are named, and `hints` says what such a pattern usually means
 
 import dataclasses
 import itertools
+import math
 
 import jax
 import numpy as np
 
 from shard_parity.mesh import MODEL
-from shard_parity.plan import ROWS
+from shard_parity.plan import BATCH_AXES, ROWS
 
 # (rtol, atol as a fraction of the leaf's largest magnitude) per --tolerance
 TOLERANCES = {'f32': (1e-5, 1e-6), 'bitwise': (0.0, 0.0), 'x64': (1e-9, 1e-11)}
@@ -83,7 +84,7 @@ def compare_trees(prefix, a, b, tolerance) -> list[Leaf]:
 
 
 def hints(leaf: Leaf, a, b) -> list[str]:
-    """What `leaf`'s difference between sides a and b (divergence.Side) points to."""
+    """What `leaf`'s difference between sides a and b (sides.Side) points to."""
     sizes = {  # an axis a mesh lacks: size 1
         ax: sorted({s.mesh.shape.get(ax, 1) for s in (a, b) if s.mesh} - {1})
         for ax in (*ROWS, MODEL)
@@ -99,11 +100,13 @@ def hints(leaf: Leaf, a, b) -> list[str]:
                     f"P('{ax}')): every device works on the whole batch"
                 )
     r = leaf.ratio
-    for ax, n in ((ax, n) for ax in ROWS for n in sizes[ax]) if r else ():
+    for axes, n in batch_groups(a, b) if r else ():
+        named = ' x '.join(f"'{ax}'" for ax in axes)
+        named = f'the {named} axis size' if len(axes) == 1 else f'the size of {named}'
         for big, k in (('B', r), ('A', 1 / r)):
             if abs(k - n) <= 1e-3 * n:
                 out.append(
-                    f"{big} is {n}x the other, the '{ax}' axis size: in {big} a sum where a mean "
+                    f"{big} is {n}x the other, {named}: in {big} a sum where a mean "
                     'belongs (psum for pmean, or a reduce-scatter without its division by n), or '
                     'a missing pcast(..., to=\'varying\') before grad, whose transpose is a psum'
                 )
@@ -121,3 +124,16 @@ def hints(leaf: Leaf, a, b) -> list[str]:
             'folded with axis_index where the global draw was meant)'
         )
     return out
+
+
+def batch_groups(a, b) -> list[tuple[tuple[str, ...], int]]:
+    """(axes, the product of their sizes) for each set of batch axes (the rows', and 'seq') of
+    either side's mesh: a gradient summed over those axes where the loss is a mean over them is
+    that product times too large (on data:2,fsdp:2 a sum over both is 4x)."""
+    out = set()
+    for mesh in (s.mesh for s in (a, b) if s.mesh):
+        axes = [ax for ax in mesh.axis_names if ax in BATCH_AXES and mesh.shape[ax] > 1]
+        for k in range(1, len(axes) + 1):
+            for group in itertools.combinations(axes, k):
+                out.add((group, math.prod(mesh.shape[ax] for ax in group)))
+    return sorted(out, key=lambda g: (len(g[0]), g))

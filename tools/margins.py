@@ -14,13 +14,22 @@ import sys
 
 import pytest
 
+# Every test file that compares through helpers.assert_close (assert_trees_close,
+# assert_params_close), whose margins --margins records (test_margins.py keeps this list whole).
+# test_tp.py is not one: its claims are exact (bytes, bitwise checkpoints); tp's parity is
+# test_mesh_parity.py's.
 PARITY = [
     'parity_tests/test_gradient_parity.py',
     'parity_tests/test_training_parity.py',
     'parity_tests/test_mesh_parity.py',
     'parity_tests/test_fsdp.py',
     'parity_tests/test_cp.py',
+    'parity_tests/test_pp.py',
+    'parity_tests/test_ep.py',
+    'parity_tests/test_composed.py',
     'parity_tests/test_typed.py',
+    'parity_tests/test_transformer.py',
+    'parity_tests/test_multiprocess.py',
 ]
 
 

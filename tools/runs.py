@@ -20,6 +20,7 @@ from shard_parity.step import make_optimizer
 
 from . import divergence as D
 from . import leaves
+from .sides import Side, load_side
 
 SAME = ('model', 'model_config', 'train')  # what two runs must share to be replayed together
 
@@ -132,9 +133,9 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
     )
 
 
-def side(saved: dict, run: str) -> D.Side:
+def side(saved: dict, run: str) -> Side:
     plan = plans.from_saved(saved['strategy'], saved['mesh'])  # runs before named meshes too
-    found = D.load_side(saved['twin'], plan.strategy, mesh_for(plan))
+    found = load_side(saved['twin'], plan.strategy, mesh_for(plan))
     return found._replace(name=f"{run} ({saved['twin']} {plan.strategy} {plan.text()})")
 
 

@@ -141,6 +141,10 @@ class Stopwatch:
         return self.seconds + (time.perf_counter() - self.t0)
 
 
+# config.json's key: the argument (--pp_virtual: V, the chunks per stage of pp_1f1b.py)
+OPTIONS = {'cp_layout': 'layout', 'microbatches': 'microbatches', 'pp_virtual': 'virtual'}
+
+
 class Loop:
     """The step loop of `twin.STRATEGIES[strategy]`, with a stopwatch for the throughput."""
 
@@ -151,13 +155,9 @@ class Loop:
         self.name, self.task, self.config, self.mesh = twin.NAME, task, config, mesh
         self.strategy = strategy
         self.log, self.mngr, self.saved = log, mngr, saved
-        # a strategy with a LAYOUT (explicit/ and typed/ cp.py) takes --cp_layout
-        layout = saved.get('cp_layout', getattr(parallel, 'LAYOUT', None))
-        options = {'layout': layout} if hasattr(parallel, 'LAYOUT') else {}
-        if hasattr(parallel, 'MICROBATCHES'):  # pp.py takes --microbatches
-            options['microbatches'] = saved.get('microbatches', parallel.MICROBATCHES)
-        if 'pp_virtual' in saved:  # --pp_virtual: V chunks per stage
-            options['virtual'] = saved['pp_virtual']
+        # what the plan's axes take, as config.json saves them (runtime/train.py): a 'seq' axis
+        # --cp_layout (cp.py, composed.py), a 'stage' axis --microbatches (pp.py, composed.py)
+        options = {arg: saved[key] for key, arg in OPTIONS.items() if key in saved}
         self.train_step = parallel.train_step(graphdef, task.loss_fn, tx, mesh, **options)
         self.eval_step = parallel.eval_step(graphdef, task.eval_fn, mesh, **options)
         self.clock = Stopwatch()

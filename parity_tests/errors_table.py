@@ -1,0 +1,551 @@
+"""The table of docs/errors.md, row by row: (what goes wrong, the message fragment the user sees,
+the test that shows it). test_bad_inputs.py checks that every row is in the docs and names a test
+that exists, and runs the rows whose test is its test_cli_row (CLI_ROWS there: each one's
+command); the other rows point at the test file that owns them. A new row goes at the end, here
+and in docs/errors.md's table.
+"""
+
+ROWS = [
+    (
+        'batch not divisible by the device count',
+        'is not divisible by the 8 devices of the mesh',
+        'test_cli.test_bad_flags_get_one_clear_line',
+    ),
+    (
+        'more devices asked than exist',
+        'but this process has 8 CPU devices: use 1..8',
+        'test_cli.test_bad_flags_get_one_clear_line',
+    ),
+    (
+        '--cpu_devices after JAX started',
+        'came too late: JAX has already started with 8 devices',
+        'test_cli.test_cpu_devices_after_jax_started_is_refused',
+    ),
+    (
+        'unknown model',
+        'flag --model=resnet: value should be one of <mlp|transformer>',
+        'test_cli.test_bad_flags_get_one_clear_line',
+    ),
+    ('unknown flag', "Unknown command line flag 'nosuchflag'", 'test_bad_inputs.test_cli_row'),
+    (
+        'stray argument',
+        "unexpected arguments ['stray']: every setting is a --flag",
+        'test_cli.test_bad_flags_get_one_clear_line',
+    ),
+    (
+        'zero or negative size',
+        'flag --batch_size=-8: -8 is not a positive integer',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--num_kv_heads not dividing --num_heads',
+        '--num_kv_heads=3 does not divide --num_heads=4',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--embed_dim not divisible by --num_heads',
+        '--embed_dim=30 is not divisible by --num_heads=4',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--seq_len beyond the text',
+        '--seq_len=200000 is longer than the validation text (111,540 bytes)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'warm-up as long as the schedule',
+        '--warmup_steps=100 must be below the length of the schedule',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'data folder missing, downloads off',
+        'is missing and downloading is off',
+        'test_cli.test_missing_data_says_where_to_put_it',
+    ),
+    (
+        'data missing and the host unreachable (offline)',
+        'offline or host unreachable',
+        'test_datasets.test_offline_error_names_the_expected_path',
+    ),
+    (
+        'truncated or corrupt data file',
+        'is not a readable gzip file',
+        'test_cli.test_corrupt_data_names_the_file',
+    ),
+    (
+        'data file whose IDX header disagrees with its size',
+        'but its IDX header',
+        'test_datasets.test_idx_size_mismatch_names_the_file',
+    ),
+    (
+        'wrong checksum on download',
+        'md5 mismatch for',
+        'test_datasets.test_wrong_checksum_leaves_no_file',
+    ),
+    (
+        'interrupted download',
+        'truncated download from',
+        'test_datasets.test_truncated_response_leaves_no_file',
+    ),
+    (
+        'missing checkpoint',
+        'no checkpoint in',
+        'test_generate.test_cli_without_a_checkpoint_says_so',
+    ),
+    (
+        'corrupt or truncated checkpoint',
+        'is corrupt or truncated',
+        'test_resume.test_corrupt_checkpoint_is_reported_and_older_ones_stay',
+    ),
+    (
+        'checkpoint of other settings',
+        'was trained with other settings: --embed_dim: checkpoint 16, requested 32',
+        'test_resume.test_other_model_settings_are_refused_naming_the_fields',
+    ),
+    ('unwritable workdir', 'is not writable', 'test_bad_inputs.test_cli_row'),
+    (
+        'disk full while saving',
+        'could not save the checkpoint of step 10',
+        'test_bad_inputs.test_disk_full_while_saving_keeps_the_earlier_checkpoints',
+    ),
+    (
+        'NaN or inf loss',
+        'training stopped',
+        'test_resume.test_a_diverging_loss_stops_without_saving_nan',
+    ),
+    (
+        'prompt longer than the context',
+        "longer than the model's context of 16 bytes",
+        'test_generate.test_prompt_longer_than_the_context_is_refused',
+    ),
+    (
+        'generating from an MLP checkpoint',
+        'generation needs --model=transformer',
+        'test_bad_inputs.test_cli_row',
+    ),
+    ('--top_k outside 1..256', 'flag --top_k=0: 0 is not', 'test_bad_inputs.test_cli_row'),
+    (
+        'non-UTF-8 output bytes (not an error)',
+        'printed as \\xNN, exit 0',
+        'test_generate.test_cli_prints_non_utf8_bytes_and_handles_an_empty_prompt',
+    ),
+    (
+        'incomplete multi-process settings',
+        'multi-process needs --coordinator_address, --num_processes and --process_id',
+        'test_bad_inputs.test_cli_row',
+    ),
+    ('unknown benchmark section', "--sections has ['foo']", 'test_bad_inputs.test_cli_row'),
+    (
+        'malformed --mesh',
+        '--mesh=4by2: expected DATAxMODEL, two positive integers such as 4x2',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--mesh and --num_devices disagree',
+        '--num_devices=4 and --mesh=4x2 (8 devices) disagree',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'heads not divisible by the model axis (tp)',
+        "--num_heads=4 is not divisible by the mesh's model axis (8)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'bisect: a strategy module that cannot be imported',
+        "--twins: cannot import 'nosuch.module'",
+        'test_bisect.test_bad_twins_get_one_line',
+    ),
+    (
+        'bisect: a strategy module without a function of the interface',
+        '--twins: parity_tests.helpers has no loss_and_grads()',
+        'test_bisect.test_bad_twins_get_one_line',
+    ),
+    (
+        'bisect: two run directories of other settings',
+        'were trained with other settings: --embed_dim: A 16, B 32',
+        'test_bisect.test_run_directories_of_other_settings_or_without_checkpoints_are_refused',
+    ),
+    (
+        'bisect: no checkpoint before the divergence',
+        'share no checkpoint before it',
+        'test_bisect.test_run_directories_of_other_settings_or_without_checkpoints_are_refused',
+    ),
+    (
+        '--seq_len not divisible by the sequence axis (cp)',
+        "--seq_len=30 is not divisible by the mesh's sequence axis (4)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--seq_len not divisible by 2 x the sequence axis (cp, zigzag layout)',
+        '--seq_len=36 is not divisible by 2 x the sequence axis (8)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--strategy=cp with the MLP',
+        '--strategy=cp splits sequences, and --model=mlp has none',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--experts_per_token above --num_experts',
+        '--experts_per_token=5 must be between 1 and --num_experts=4',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--num_experts not divisible by the expert axis (ep)',
+        "--num_experts=6 is not divisible by the mesh's expert axis (4)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--strategy=ep without experts',
+        '--strategy=ep splits the experts of a mixture-of-experts transformer',
+        'test_ep.test_bad_expert_settings_are_refused',
+    ),
+    (
+        '--capacity_factor of 0 or below with experts on',
+        '--capacity_factor=0.0 must be above 0 with --num_experts=4',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--num_experts under a strategy other than dp or ep',
+        '--strategy=pp with --num_experts=4: the mixture of experts runs under --strategy=dp '
+        'or ep, or on a named mesh',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'a sequence axis of 1 (cp; a warning, not an error)',
+        'splits no sequence: it runs as dp',
+        'test_cp.test_a_sequence_axis_of_1_warns_and_bad_inputs_are_refused',
+    ),
+    (
+        '--num_layers not divisible by the stage axis (pp)',
+        "--num_layers=6 is not divisible by the mesh's stage axis (4)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--batch_size not divisible into the microbatches (pp)',
+        '--batch_size=12 does not split into --microbatches=4 on each of the 2 devices',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--strategy=pp with the MLP',
+        '--strategy=pp splits a stack of equal layers into stages, and --model=mlp has none',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'a stage axis of 1 (pp; a warning, not an error)',
+        'makes no pipeline: one stage holds every layer',
+        'test_pp.test_a_stage_axis_of_1_warns_and_bad_inputs_are_refused',
+    ),
+    (
+        'generating from a cp checkpoint (not an error)',
+        'restored onto one device, exit 0',
+        'test_cp.test_cli_trains_with_cp_and_its_checkpoint_generates',
+    ),
+    (
+        '--learning_rate nan or inf',
+        '--learning_rate=nan is not a finite number',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--batch_size beyond the training split',
+        '--batch_size=100000 is larger than the MNIST training split',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--data_dir naming a file',
+        'is a file: give the folder that holds',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: --program not MODULE:FUNCTION',
+        '--program=mymod: expected MODULE:FUNCTION, e.g. mypkg.mymod:build',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: --program module not importable',
+        "--program: cannot import 'nosuchmodule'",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: unknown --hardware',
+        'flag --hardware=a100: value should be one of',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'a second trainer in the same workdir',
+        'is in use by another trainer (pid',
+        'test_faults.test_a_second_trainer_is_refused_naming_the_holder',
+    ),
+    (
+        'disk full in the background save',
+        (
+            'could not save the checkpoint of step 10: No space left on device; the checkpoints '
+            'of steps 5 are intact'
+        ),
+        'test_faults.test_a_failed_background_save_is_one_error_and_the_rerun_resumes',
+    ),
+    (
+        'disk full while appending to metrics.jsonl',
+        'its earlier lines are intact',
+        'test_faults.test_a_line_the_disk_cuts_short_is_taken_back',
+    ),
+    (
+        'torn, garbled or missing metrics.jsonl on resume (a warning)',
+        'dropped 3 torn or unparsable line(s)',
+        'test_faults.test_a_torn_garbled_or_missing_log_never_blocks_a_resume',
+    ),
+    (
+        'rerunning a finished run (exit 0)',
+        'already holds step 20',
+        'test_faults.test_finished_and_ahead_runs_touch_nothing',
+    ),
+    (
+        '--steps below the newest checkpoint',
+        '--steps=10 is below the newest checkpoint',
+        'test_faults.test_finished_and_ahead_runs_touch_nothing',
+    ),
+    (
+        'Ctrl-C or SIGTERM (exit 130 or 143)',
+        '; rerun the same command to resume',
+        'test_interrupts.test_an_interrupted_run_saves_and_resumes_to_the_same_parameters',
+    ),
+    (
+        'tp on a mesh whose model axis is 1 (a warning)',
+        "on a mesh whose 'model' axis is 1 splits nothing over it",
+        'test_cli.test_settings_that_change_nothing_warn_once',
+    ),
+    (
+        'transformer flags with the MLP (a warning)',
+        'only shape the transformer: --model=mlp ignores them',
+        'test_cli.test_settings_that_change_nothing_warn_once',
+    ),
+    (
+        'non-UTF-8 --prompt (not an error)',
+        'its raw bytes are the prompt, exit 0',
+        'test_generate.test_cli_streams_a_non_utf8_prompt_and_its_continuation',
+    ),
+    (
+        'a checkpoint whose bytes changed on disk (bit rot)',
+        'does not match the checksum written when it was saved',
+        'test_faults.test_flipped_bits_in_a_checkpoint_are_refused_naming_the_intact_ones',
+    ),
+    (
+        'compare: runs of other settings (another --steps, --seed, ...)',
+        'were trained with other settings: --learning_rate: A 0.001, B 0.01',
+        'test_compare.test_other_settings_are_named_and_refused_unless_allowed',
+    ),
+    (
+        'compare: steps only one run reached (a note)',
+        'logged steps in',
+        'test_compare.test_steps_one_run_only_reached_are_reported',
+    ),
+    (
+        'compare or bisect: a torn config.json',
+        'is not a readable config.json',
+        'test_compare.test_other_settings_are_named_and_refused_unless_allowed',
+    ),
+    (
+        'bisect: one run directory given twice',
+        'are the same directory: give two different runs',
+        'test_bisect.test_run_directories_given_twice_or_garbled_are_one_line',
+    ),
+    (
+        'bisect: torn or garbled metrics.jsonl lines (a warning)',
+        'skipped 3 torn or garbled line(s) of',
+        'test_bisect.test_run_directories_given_twice_or_garbled_are_one_line',
+    ),
+    (
+        'bisect: a strategy, model or mesh the train CLI refuses (exit 2)',
+        '--strategy=cp splits sequences, and --model=mlp has none',
+        'test_bisect.test_cli_checks_its_input_as_the_train_cli_does_and_exits_2_or_3',
+    ),
+    (
+        'bisect: a strategy module that fails to trace (exit 3)',
+        'B (my_broken_dp) fails to trace at',
+        'test_bisect.test_a_side_that_fails_to_trace_is_named_with_its_line',
+    ),
+    (
+        'the default batch not splitting over every device (a warning)',
+        'does not split over 8 devices: training on 6',
+        'test_cli.test_the_transformer_defaults_run_on_8_emulated_devices',
+    ),
+    (
+        'a strategy the twin does not have, or none of that name',
+        'value should be one of <dp|fsdp|tp|fsdp_tp',
+        'test_cli.test_each_train_cli_offers_exactly_its_twins_strategies',
+    ),
+    (
+        '--seed beyond 2**31 - 1',
+        'is not an integer in the range [0, 2147483647]',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--mesh with non-ASCII digits',
+        '--mesh=²x1: expected DATAxMODEL',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--temperature nan or inf',
+        '--temperature must be a finite number',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'a metrics line whose step is not an integer ({"step": 1e400}; a warning)',
+        'dropped 3 torn or unparsable line(s)',
+        'test_faults.test_a_torn_garbled_or_missing_log_never_blocks_a_resume',
+    ),
+    (
+        'a second trainer after `.lock` was deleted',
+        'is in use by another trainer',
+        'test_faults.test_the_lock_survives_its_file_being_deleted_and_a_full_disk_leaves_none',
+    ),
+    (
+        'a new workdir on a full disk',
+        'cannot write',
+        'test_faults.test_the_lock_survives_its_file_being_deleted_and_a_full_disk_leaves_none',
+    ),
+    (
+        '--attention=fused under a ring attention (explicit and typed cp; a warning)',
+        "--attention=fused is ignored: this twin's cp.py runs its own ring attention",
+        'test_cli.test_fused_attention_under_a_ring_says_it_is_ignored',
+    ),
+    (
+        'launch: the command without -- before it',
+        'put -- before the command',
+        'test_launch.test_a_forgotten_double_dash_is_named',
+    ),
+    (
+        'launch: every process hangs (--timeout; exit 124)',
+        's passed; stopping the processes',
+        'test_launch.test_timeout_stops_processes_that_all_hang',
+    ),
+    (
+        'a coordinator address nobody answers',
+        'nobody answered within 2 s (--heartbeat_timeout): start process 0 first',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'SIGTERM to several processes (each, or the launcher; exit 143)',
+        'interrupted at step',
+        'test_multiprocess.test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise',
+    ),
+    (
+        'a second Ctrl-C or SIGTERM, even during the first compile (exit 130 or 143 at once)',
+        'interrupted again: stopped at once, saving nothing new',
+        'test_interrupts.test_a_second_ctrl_c_during_the_first_compile_exits_at_once',
+    ),
+    (
+        'processes that do not all join (a note after 5 s; Ctrl-C exits 130 at once)',
+        'waiting for all 2 processes to join at',
+        'test_multiprocess.test_ctrl_c_works_while_process_0_waits_for_the_others',
+    ),
+    (
+        "launch: gloo's connection lines and each pid: printed only with --verbose (not an error)",
+        '[Gloo] Rank 0 is connected',
+        'test_launch.test_gloo_lines_and_pids_only_with_verbose',
+    ),
+    (
+        "Orbax's notice about a step a kill -9 left without _CHECKPOINT_METADATA: never printed (not an error)",
+        'Metadata file does not exist',
+        'test_faults.test_a_step_cut_short_by_a_kill_leaks_no_orbax_notice',
+    ),
+    (
+        'a named mesh whose sizes do not multiply to the device count',
+        '--mesh=data:2,fsdp:2 has 4 devices (2 x 2), but 8 are in use: the sizes must multiply to 8',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'a named mesh with an unknown axis (the inspector)',
+        "--mesh=data:2,tensor:4: unknown axis 'tensor'; the axes are data, fsdp, stage, expert, "
+        'seq, model',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'a named mesh with an axis given twice (bisect: exit 2)',
+        "--mesh=data:2,data:4: the axis 'data' is given twice; name each axis once",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'heads not divisible by a named mesh\'s model axis',
+        "--num_heads=3 is not divisible by the mesh's model axis (2)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'KV heads not divisible by a named mesh\'s model axis',
+        "--num_kv_heads=1 is not divisible by the mesh's model axis (2)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'layers not divisible by a named mesh\'s stage axis',
+        "--num_layers=3 is not divisible by the mesh's stage axis (2)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'experts not divisible by a named mesh\'s expert axis',
+        "--num_experts=3 is not divisible by the mesh's expert axis (2)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'the sequence not divisible by a named mesh\'s seq axis',
+        "--seq_len=31 is not divisible by the mesh's sequence axis (2)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'the batch not divisible by a named mesh\'s row axes',
+        "--batch_size=6 is not divisible by the 4 devices of the mesh's row axes ('data' x 'fsdp')",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'the batch not splitting into the microbatches on a named mesh',
+        '--batch_size=8 does not split into --microbatches=4 on each of the 4 devices of the '
+        "mesh's row axes ('data' x 'fsdp')",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'benchmarks: a --mesh that names no axes',
+        '--mesh=4x2: name the axes, e.g. data:2,fsdp:2,model:2',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: --hosts not dividing the devices',
+        '--hosts=3: the 8 devices of the mesh data:4,model:2 do not split evenly over 3 hosts; '
+        'give one of 1, 2, 4, 8',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        "inspector: a mesh whose inner axes do not fit in a host (--hosts)",
+        '--hosts=2: 3 devices a host, but the inner axes of the mesh data:3,model:2 do not fit '
+        'in a host',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--pp_virtual without --pp_schedule=interleaved',
+        '--pp_virtual=2 needs --pp_schedule=interleaved (it is --pp_schedule=1f1b)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'layers not divisible by the stage axis x --pp_virtual',
+        '--num_layers=4 is not divisible by the stage axis x --pp_virtual (2 x 4 = 8)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'fewer microbatches than stages under 1f1b',
+        '--microbatches=2 is fewer than the stage axis (4): 1F1B reaches its steady state',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'interleaved microbatches not a multiple of the stage axis',
+        '--microbatches=3 is not a multiple of the stage axis (2)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector or bisect: --pp_schedule other than gpipe',
+        "--pp_schedule=1f1b: this tool runs the twins' pp.py (gpipe)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--pp_schedule other than gpipe outside --strategy=pp',
+        '--pp_schedule=1f1b runs under --strategy=pp only (this mesh runs dp)',
+        'test_bad_inputs.test_cli_row',
+    ),
+]

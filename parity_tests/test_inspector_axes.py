@@ -1,0 +1,355 @@
+"""Claim: the inspector's expectation of a composed step comes from its mesh's axes, one piece
+per axis (inspector/expect.py: the gradient's reduction over the batch axes, fsdp's gathers and
+scatters, model's activation all-reduces, the ring over seq, the pipeline's permutes over stage,
+the experts' all-to-alls), and it is what the compiled explicit step moves: per kind, mesh axes
+and phase, the bytes of each op x its loop trips. A planted mistake moves other bytes.
+
+Over several hosts (--hosts, the mesh laid as create_hybrid_device_mesh lays it, outer axes
+across hosts) each collective is priced by the link its devices span, and a device holds the
+whole state / the product of the axes that split each array, as memory_analysis() reads it.
+Compile only: nothing runs.
+"""
+
+import copy
+import dataclasses
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.experimental import mesh_utils
+from jax.sharding import AbstractMesh, AxisType, NamedSharding
+
+from parity_tests.helpers import REPO
+from shard_parity import UsageError, explicit, memory
+from shard_parity import plan as plans
+from shard_parity.inspector import hosts, twins
+from shard_parity.inspector.expect import expectation, program_totals, totals
+from shard_parity.mesh import mesh_for
+from shard_parity.model.transformer import Transformer
+from shard_parity.placement import rows
+from shard_parity.runtime import config as cfg
+from shard_parity.runtime.tasks import lm_loss
+from shard_parity.step import make_optimizer
+
+SLOW = pytest.mark.slow
+# test_composed.py's model: 4 layers (2 a stage), 4 query and 2 key/value heads, 16 positions
+DENSE = cfg.TransformerConfig(seq_len=16, num_layers=4, num_heads=4, num_kv_heads=2, embed_dim=32)
+MOE = dataclasses.replace(DENSE, num_experts=4, experts_per_token=2)
+BATCH, MICROBATCHES = 16, 4
+
+# The expected collectives, (piece, kind, axes, phase, bytes of one op, ops x trips a step), of
+# DENSE at batch 16. data:2,fsdp:2,model:2: 4 rows a device, activations f32[4, 16, 32] = 8,192
+# bytes; the 4 layers gathered over 'fsdp' forward and again backward (the checkpointed layer
+# is recomputed, and so is its attention-out all-reduce over 'model'); the gradient of what
+# 'fsdp' splits reduce-scattered, all of it (each device's fsdp shard) averaged over 'data'.
+# fsdp:2,model:2,stage:2: 8 rows a device in 4 microbatches of 2, 5 ticks (M + S - 1) of each
+# stage's 2 layers; the forward's gathers hoisted out of the ticks' loop.
+PINNED = {
+    'data:2,fsdp:2,model:2': [
+        ('gradient', 'all-reduce', ('data',), 'outside-grad', 63040, 1),
+        ('fsdp', 'all-gather', ('fsdp',), 'outside-grad', 34944, 1),
+        ('fsdp', 'reduce-scatter', ('fsdp',), 'outside-grad', 17472, 1),
+        ('fsdp', 'all-gather', ('fsdp',), 'forward', 22784, 4),
+        ('fsdp', 'all-gather', ('fsdp',), 'backward', 22784, 4),
+        ('fsdp', 'reduce-scatter', ('fsdp',), 'backward', 11392, 4),
+        ('model', 'all-reduce', ('model',), 'forward', 8192, 4),
+        ('model', 'all-reduce', ('model',), 'forward', 8192, 4),
+        ('model', 'all-reduce', ('model',), 'backward', 8192, 8),
+        ('model', 'all-reduce', ('model',), 'backward', 8192, 4),
+        ('model', 'all-reduce', ('model',), 'backward', 8192, 4),
+    ],
+    'fsdp:2,model:2,stage:2': [
+        ('fsdp', 'all-gather', ('fsdp',), 'outside-grad', 34944, 1),
+        ('fsdp', 'reduce-scatter', ('fsdp',), 'outside-grad', 17472, 1),
+        ('fsdp', 'all-gather', ('fsdp',), 'outside-grad', 22784, 2),
+        ('fsdp', 'all-gather', ('fsdp',), 'backward', 22784, 10),
+        ('fsdp', 'reduce-scatter', ('fsdp',), 'backward', 11392, 10),
+        ('model', 'all-reduce', ('model',), 'forward', 4096, 10),
+        ('model', 'all-reduce', ('model',), 'forward', 4096, 10),
+        ('model', 'all-reduce', ('model',), 'backward', 4096, 20),
+        ('model', 'all-reduce', ('model',), 'backward', 4096, 10),
+        ('model', 'all-reduce', ('model',), 'backward', 4096, 10),
+        ('stage', 'collective-permute', ('stage',), 'forward', 4096, 5),
+        ('stage', 'collective-permute', ('stage',), 'backward', 4096, 5),
+        ('stage', 'all-reduce', ('stage',), 'forward', 16384, 1),
+        ('stage', 'all-reduce', ('stage',), 'backward', 16384, 1),
+    ],
+    # 16 devices (an abstract mesh: the expectation reads only its axes): each stage's 2 layers,
+    # 4 rows a device in 4 microbatches of 1, and half the gradient (2 of the 4 layers) over data
+    'data:2,fsdp:2,model:2,stage:2': [
+        ('gradient', 'all-reduce', ('data',), 'outside-grad', 40256, 1),
+        ('fsdp', 'all-gather', ('fsdp',), 'outside-grad', 34944, 1),
+        ('fsdp', 'reduce-scatter', ('fsdp',), 'outside-grad', 17472, 1),
+        ('fsdp', 'all-gather', ('fsdp',), 'outside-grad', 22784, 2),
+        ('fsdp', 'all-gather', ('fsdp',), 'backward', 22784, 10),
+        ('fsdp', 'reduce-scatter', ('fsdp',), 'backward', 11392, 10),
+        ('model', 'all-reduce', ('model',), 'forward', 2048, 10),
+        ('model', 'all-reduce', ('model',), 'forward', 2048, 10),
+        ('model', 'all-reduce', ('model',), 'backward', 2048, 20),
+        ('model', 'all-reduce', ('model',), 'backward', 2048, 10),
+        ('model', 'all-reduce', ('model',), 'backward', 2048, 10),
+        ('stage', 'collective-permute', ('stage',), 'forward', 2048, 5),
+        ('stage', 'collective-permute', ('stage',), 'backward', 2048, 5),
+        ('stage', 'all-reduce', ('stage',), 'forward', 8192, 1),
+        ('stage', 'all-reduce', ('stage',), 'backward', 8192, 1),
+    ],
+}
+# mesh -> model: every axis in at least one, the pinned 8-device two in the fast tier
+COMPILED = {
+    'data:2,fsdp:2,model:2': DENSE,
+    'fsdp:2,model:2,stage:2': DENSE,
+    'data:2,seq:2,model:2': DENSE,
+    'data:2,expert:2,model:2': MOE,
+    'stage:2,expert:4': MOE,
+}
+FAST = {'data:2,fsdp:2,model:2', 'fsdp:2,model:2,stage:2'}
+
+
+def plan_mesh(text):
+    plan = plans.parse(text, 'composed', jax.device_count())
+    return plan, mesh_for(plan)
+
+
+def abstract_params(config):
+    return nnx.state(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), nnx.Param)
+
+
+def records(text, config=DENSE):
+    plan = plans.parse(text, 'composed', _devices(text))
+    mesh = AbstractMesh(plan.shape, plan.names, axis_types=(AxisType.Auto,) * len(plan.names))
+    e = expectation('composed', 'transformer', abstract_params(config), mesh, BATCH, config,
+                    MICROBATCHES)  # fmt: skip
+    return e['collectives']
+
+
+def explicit_program(text, config=DENSE, strategy=None):
+    """(the expectation's records, the explicit twin's analysed step {'ops', 'predicted'}) on
+    the mesh `text`: only that twin is compiled."""
+    plan, mesh = plan_mesh(text)
+    strategy = strategy or plan.strategy
+    train = dataclasses.replace(cfg.TRAIN_DEFAULTS['transformer'], batch_size=BATCH)
+    params, steps = twins.lowered_steps(
+        'transformer', train, mesh, strategy, config, MICROBATCHES, None
+    )
+    read = twins.read_steps(((n, s) for n, s in steps if n == 'explicit'), [], strategy,
+                            'h100x8', False)  # fmt: skip
+    e = expectation(strategy, 'transformer', params, mesh, BATCH, config, MICROBATCHES)
+    return e['collectives'], read['explicit']
+
+
+@pytest.mark.parametrize('text', PINNED)
+def test_the_expected_collectives_are_pinned(text):
+    got = [(r['piece'], r['kind'], tuple(r['axes']), r['phase'], r['bytes'], r['trips'])
+           for r in records(text)]  # fmt: skip
+    assert got == PINNED[text]
+
+
+def test_each_axis_adds_its_own_piece():
+    """An axis of size 1 adds nothing; each axis added brings its piece and leaves the others'
+    records as they were: model's over fsdp:4,model:2 are those over data:2,fsdp:2,model:2 (4
+    rows a device either way, whichever row axes split them); without 'fsdp' no layer is
+    recomputed, and the recomputed attention-out all-reduce goes."""
+    pieces = lambda text: {r['piece'] for r in records(text)}  # noqa: E731
+    assert pieces('data:8') == {'gradient'}
+    assert pieces('data:4,fsdp:2') == {'gradient', 'fsdp'}
+    assert pieces('data:2,fsdp:2,model:2') == {'gradient', 'fsdp', 'model'}
+    assert pieces('data:2,seq:2,model:2') == {'gradient', 'seq', 'model'}
+    assert pieces('data:2,fsdp:2,model:2,seq:1') == pieces('data:2,fsdp:2,model:2')
+    three = [r for r in records('data:2,fsdp:2,model:2') if r['piece'] == 'model']
+    assert [r for r in records('fsdp:4,model:2') if r['piece'] == 'model'] == three
+    plain = [r for r in records('data:4,model:2') if r['piece'] == 'model']
+    assert plain == [r for r in three if 'again' not in r['what']] and len(plain) == 4
+
+
+@pytest.mark.parametrize(
+    'text', [pytest.param(t, marks=[] if t in FAST else [SLOW]) for t in COMPILED]
+)
+def test_the_compiled_explicit_step_moves_what_the_axes_say(text):
+    expected, program = explicit_program(text, COMPILED[text])
+    want, got = totals(expected), program_totals(program['ops'])
+    assert want == got
+    kinds = {k for k, _, _ in got}
+    assert 'all-reduce' in kinds and len(kinds) > 1  # a composition, not one collective
+
+
+@SLOW
+def test_a_planted_mistake_moves_other_bytes(monkeypatch):
+    """The comparison above can fail: the zoo's composed_too_many also averages the gradients
+    over 'model', whose devices hold different shards of them: one all-reduce over
+    data and model instead of over data alone."""
+    from tools.zoo import composed_too_many
+
+    monkeypatch.setitem(explicit.STRATEGIES, 'composed', composed_too_many)
+    expected, program = explicit_program('data:2,fsdp:2,model:2')
+    want, got = totals(expected), program_totals(program['ops'])
+    assert want != got
+    assert ('all-reduce', ('data', 'model'), 'outside-grad') in set(got) - set(want)
+
+
+# --- The hosts
+
+
+def test_the_layout_is_create_hybrid_device_meshs():
+    """Each device's host, as inspector/hosts.py lays the mesh, is its process in the mesh
+    that jax.experimental.mesh_utils.create_hybrid_device_mesh builds from the layout's
+    mesh_shape and dcn_mesh_shape (devices whose process is their host)."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Device:
+        id: int
+        process_index: int
+        platform: str = 'gpu'
+        device_kind: str = 'emulated'
+        slice_index: int = 0
+
+    cases = [('data:2,fsdp:2,model:2', 2), ('data:2,fsdp:2,model:2', 4), ('data:4,model:2', 2),
+             ('fsdp:2,model:2,stage:2', 2), ('data:2,fsdp:4,model:2', 4), ('model:2,data:4', 2)]  # fmt: skip
+    for text, n in cases:
+        layout = hosts.lay(plans.named(text, _devices(text)).axes, n)
+        devices = [Device(i, i // layout.per_host) for i in range(layout.devices)]
+        built = mesh_utils.create_hybrid_device_mesh(
+            layout.within, layout.across, devices=devices, process_is_granule=True
+        )
+        got = np.vectorize(lambda d: d.process_index)(built).ravel()
+        assert got.tolist() == [layout.host(p) for p in range(layout.devices)], (text, n)
+    assert hosts.lay(plans.named('data:2,fsdp:2,model:2', 8).axes, 4).crossing() == {
+        'data': 2, 'fsdp': 2,
+    }  # fmt: skip
+    assert hosts.lay(plans.named('data:4,model:2', 8).axes, 2).within == (2, 2)
+
+
+def _devices(text):
+    return int(np.prod([int(p.split(':')[1]) for p in text.split(',')]))
+
+
+def test_bad_hosts_are_one_line():
+    with pytest.raises(UsageError, match='--hosts=3: the 8 devices of the mesh data:4,model:2 do '
+                       'not split evenly over 3 hosts; give one of 1, 2, 4, 8'):  # fmt: skip
+        hosts.lay(plans.named('data:4,model:2', 8).axes, 3)
+    with pytest.raises(UsageError, match='--hosts=2: 3 devices a host, but the inner axes of '
+                       'the mesh data:3,model:2 do not fit in a host'):  # fmt: skip
+        hosts.lay(plans.named('data:3,model:2', 6).axes, 2)
+
+
+def test_an_op_crosses_hosts_when_a_group_or_pair_does():
+    """On data:2,model:4 over 2 hosts (devices 0-3 and 4-7): 'data''s groups pair device i with
+    i + 4, across; 'model''s are 0-3 and 4-7, within; a ring over 'data' is priced at the
+    inter-host link: 50 GB/s x 0.8 and 5 us a step against NVLink's 450 x 0.8 and 1 us."""
+    layout = hosts.lay(plans.named('data:2,model:4', 8).axes, 2)
+    op = lambda groups, n: {'kind': 'all-reduce', 'bytes': 4_000_000, 'group_size': n,  # noqa: E731
+                            'trip_count': 1, 'replica_groups': groups}  # fmt: skip
+    data, model = op('{{0,4},{1,5},{2,6},{3,7}}', 2), op('[2,4]<=[8]', 4)
+    pairs = dict(op('pairs={{0,4},{4,0}}', 2), kind='collective-permute')
+    inner = dict(op('pairs={{0,1},{1,0}}', 2), kind='collective-permute')
+    program = {'ops': [data, model, pairs, inner],
+               'predicted': {'compute_us': 0.0, 'comms_us': 0.0, 'step_us': [0.0, 0.0]}}  # fmt: skip
+    hosts.price(program, layout, 'h100x8')
+    assert [o['link'] for o in program['ops']] == ['inter-host', 'host', 'inter-host', 'host']
+    assert data['predicted_us'] == round(2 * 5.0 + 4e6 / (50e9 * 0.8) * 1e6, 3)  # 110 us
+    assert model['predicted_us'] == round(6 * 1.0 + 2 * 4e6 * 3 / 4 / (450e9 * 0.8) * 1e6, 3)
+    assert program['predicted']['comms_us'] == round(
+        sum(o['predicted_us'] for o in program['ops']), 3
+    )
+
+
+def priced(program, text, n):
+    """A copy of an analysed program priced over `n` hosts."""
+    program = copy.deepcopy(program)
+    hosts.price(program, hosts.lay(plans.named(text, 8).axes, n), 'h100x8')
+    return program
+
+
+@SLOW  # two compiles of the explicit twin's tp step
+def test_the_axis_that_crosses_hosts_costs_more_and_model_costs_most():
+    """One program priced over 1 and 2 hosts: over 2, data:4,model:2 puts 'data' across hosts,
+    its all-reduces take the inter-host link and cost more, 'model''s stay as they were. Laid
+    the other way (model:2,data:4: 'model' across hosts, 'data' within) the step's collectives
+    cost more still: the activations cross every layer, the gradient once."""
+    config = dataclasses.replace(DENSE, num_kv_heads=4)
+    _, data_out = explicit_program('data:4,model:2', config)
+    one, two = priced(data_out, 'data:4,model:2', 1), priced(data_out, 'data:4,model:2', 2)
+    assert two['predicted']['comms_us'] > one['predicted']['comms_us']
+    for a, b in zip(one['ops'], two['ops'], strict=True):
+        assert a['link'] == 'host'
+        if 'data' in a['axes']:
+            assert b['link'] == 'inter-host' and b['predicted_us'] > a['predicted_us']
+        elif a['axes'] == ['model']:
+            assert b['link'] == 'host' and b['predicted_us'] == a['predicted_us']
+    _, model_out = explicit_program('model:2,data:4', config)
+    flipped = priced(model_out, 'model:2,data:4', 2)
+    assert {op['link'] for op in flipped['ops'] if op['axes'] == ['data']} == {'host'}
+    assert {op['link'] for op in flipped['ops'] if op['axes'] == ['model']} == {'inter-host'}
+    assert flipped['predicted']['comms_us'] > two['predicted']['comms_us']
+    # the report's table says the same of one program: model's extra time across hosts is the
+    # larger, so data goes across
+    table = {r['axis']: r for r in hosts.axis_table(two['ops'], hosts.lay(
+        plans.named('data:4,model:2', 8).axes, 2), 'h100x8')}  # fmt: skip
+    extra = {a: r['across_us'] - r['within_us'] for a, r in table.items()}
+    assert extra['model'] > extra['data'] > 0
+    layout = hosts.lay(plans.named('data:4,model:2', 8).axes, 2)
+    assert hosts.report({'explicit': two['ops']}, layout, 'h100x8')['suggested'] == 'data:4,model:2'
+    assert hosts.report({'explicit': model_out['ops']}, hosts.lay(
+        plans.named('model:2,data:4', 8).axes, 2), 'h100x8')['suggested'] == 'data:4,model:2'  # fmt: skip
+    assert table['data']['hosts'] == 2 and table['model']['hosts'] == 1
+
+
+@SLOW  # the CLI compiles the MLP's four programs
+def test_the_cli_prices_over_hosts_and_says_which_axis_crosses():
+    result = subprocess.run(
+        [sys.executable, '-m', 'inspector', '--mesh=data:4,model:2', '--hosts=2', '--json']
+        + ['--cpu_devices=8'],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    r = json.loads(result.stdout)
+    h = r['hosts']
+    assert (h['across'], h['mesh_shape'], h['dcn_mesh_shape']) == ({'data': 2}, [2, 2], [2, 1])
+    for op in r['programs']['explicit']:
+        assert op['link'] == ('inter-host' if 'data' in op['axes'] else 'host'), op
+    assert [a['axis'] for a in h['axes']] == ['data', 'model']
+
+
+# --- Memory
+
+
+def state_and_arguments(text, config):
+    """(the formula's state bytes per device, memory_analysis()'s argument bytes of the explicit
+    composed step on `text` less its batch's, and the whole state's bytes)."""
+    _, mesh = plan_mesh(text)
+    sharding = NamedSharding(mesh, rows(mesh, 'composed'))
+    batch = {
+        k: jax.ShapeDtypeStruct((BATCH, config.seq_len), jnp.int32, sharding=sharding)
+        for k in ('x', 'y')
+    }
+    make_model = lambda rngs: Transformer(config, rngs=rngs)  # noqa: E731
+    tx = make_optimizer(cfg.TrainConfig())
+    compiled = memory.compiled_step(explicit.composed, make_model, lm_loss, tx, mesh, batch)
+    _, state = memory.abstract_state(make_model, tx, mesh, 'composed')
+    batch_bytes = sum(np.prod(x.sharding.shard_shape(x.shape)) * 4 for x in batch.values())
+    whole = sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state))
+    arguments = compiled.memory_analysis().argument_size_in_bytes - batch_bytes
+    return memory.state_bytes(state, mesh), arguments, whole
+
+
+@pytest.mark.parametrize('text', [
+    'data:2,fsdp:2,model:2',
+    pytest.param('fsdp:2,model:2,stage:2', marks=SLOW),
+    pytest.param('data:2,expert:2,model:2', marks=SLOW),
+    pytest.param('fsdp:4,model:2', marks=SLOW),
+])  # fmt: skip
+def test_state_per_device_is_the_whole_over_the_axes_that_split_it(text):
+    """Each array's bytes / the product of the axes its layout splits it over (memory.py's
+    state_bytes), summed: what the compiled step takes in per device, besides the batch. The
+    axes split it: well under the whole state (the embedding and norms stay whole under
+    'model', the step counter everywhere)."""
+    state, arguments, whole = state_and_arguments(text, MOE if 'expert' in text else DENSE)
+    assert state == arguments
+    assert state < whole / 2

@@ -1,0 +1,133 @@
+"""A side of the bisector (tools/divergence.py): what is compared, how it is found and placed,
+and how its failure is named.
+
+A side is a twin package (auto, explicit, typed: its STRATEGIES[strategy]), the import path of a
+strategy module of yours (loss_and_grads, train_step and eval_step, as explicit/dp.py defines
+them), or 'one_device'; with the mesh it runs on (None: one device) and the strategy that places
+its state. A side whose own code raises, while tracing, compiling or running, cannot be
+compared: SideFailed names it and the line, which is no divergence.
+"""
+
+import functools
+import importlib
+import os
+import re
+import sys
+import traceback
+import types
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from shard_parity import UsageError
+from shard_parity.mesh import with_axis_type
+from shard_parity.placement import place_batch, place_state
+from shard_parity.step import bind, one_device_loss_and_grads, one_device_train_step
+
+INTERFACE = ('loss_and_grads', 'train_step', 'eval_step')
+
+
+class Side(NamedTuple):
+    name: str  # as given: 'auto', 'one_device', 'tools.zoo.no_pcast', ...
+    module: Any  # loss_and_grads, train_step, eval_step
+    mesh: Any  # None: one device, no mesh
+    strategy: str  # how its state is placed (shard_parity/placement.py)
+
+
+def _one_device():
+    return types.SimpleNamespace(
+        loss_and_grads=lambda graphdef, loss_fn, mesh: one_device_loss_and_grads(graphdef, loss_fn),
+        train_step=lambda graphdef, loss_fn, tx, mesh: one_device_train_step(graphdef, loss_fn, tx),
+        eval_step=lambda graphdef, eval_fn, mesh: jax.jit(bind(graphdef, eval_fn)),
+    )
+
+
+def module_name(name: str) -> str:
+    """The module a --twins name means: a twin (auto, explicit, typed, or one of their modules)
+    and the bug zoo (tools.zoo.X; parity_tests.zoo.X, its old name) are this project's, found
+    under the package the bisector runs from; any other name is a module of yours, as given."""
+    if name.split('.')[0] in ('auto', 'explicit', 'typed'):
+        return f'shard_parity.{name}'
+    for zoo in ('tools.zoo.', 'parity_tests.zoo.'):
+        if name.startswith(zoo):  # tools when run from a checkout, else shard_parity.tools
+            return f'{__package__}.zoo.{name.removeprefix(zoo)}'
+    return name
+
+
+def load_side(name: str, strategy: str, mesh) -> Side:
+    """A twin package (its STRATEGIES[strategy]), a strategy module's import path, or
+    'one_device'."""
+    if name == 'one_device':
+        return Side(name, _one_device(), None, strategy)
+    full = module_name(name)
+    try:
+        module = importlib.import_module(full)
+    except ImportError as e:
+        raise UsageError(
+            f'--twins: cannot import {name!r} ({e}): give a twin (auto, explicit), one_device, '
+            'or the import path of a strategy module on PYTHONPATH, e.g. mypkg.my_dp'
+        ) from e
+    # The twin's mesh type (typed/ needs an Explicit mesh): the package's AXIS_TYPE, if any.
+    package = module if hasattr(module, 'STRATEGIES') else sys.modules.get(full.rpartition('.')[0])
+    if getattr(package, 'AXIS_TYPE', None) is not None and mesh is not None:
+        mesh = with_axis_type(mesh, package.AXIS_TYPE)
+    if hasattr(module, 'STRATEGIES'):
+        if strategy not in module.STRATEGIES:
+            raise UsageError(f'--twins: {name} has no --strategy={strategy}')
+        module = module.STRATEGIES[strategy]
+    missing = [f for f in INTERFACE if not callable(getattr(module, f, None))]
+    if missing:
+        raise UsageError(
+            f'--twins: {name} has no {", ".join(f + "()" for f in missing)}: a strategy module '
+            f'defines {", ".join(INTERFACE)} (as explicit/dp.py does)'
+        )
+    return Side(name, module, mesh, getattr(module, 'STRATEGY', strategy))
+
+
+def place(side: Side, tree, batch=False):
+    tree = jax.tree.map(np.array, tree)  # a private copy: train_step donates its state
+    if side.mesh is None:
+        return jax.device_put(tree, jax.devices()[0])
+    return (
+        place_batch(tree, side.mesh, side.strategy)
+        if batch
+        else place_state(tree, side.mesh, side.strategy)
+    )
+
+
+class SideFailed(Exception):
+    """A side's function raised (while tracing, compiling or running): it cannot be compared,
+    which is not a divergence."""
+
+
+def where(e: BaseException, side: Side) -> str:
+    """file:line of the innermost frame in the side's own module, else the innermost frame
+    outside JAX, Flax and this file."""
+    frames = traceback.extract_tb(e.__traceback__)
+    own = getattr(side.module, '__file__', None)
+    mine = [f for f in frames if own and f.filename == own]
+    outside = [
+        f for f in frames if not re.search(r'site-packages|(divergence|sides)\.py$', f.filename)
+    ]
+    frame = (mine or outside or frames)[-1]
+    return f'{os.path.relpath(frame.filename)}:{frame.lineno}'
+
+
+def guarded(method):
+    """Turns an exception of the side's code into SideFailed, naming the side and the line."""
+
+    @functools.wraps(method)
+    def call(self, *args):
+        try:
+            return method(self, *args)
+        except UsageError:
+            raise
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [''])[0][:200]
+            raise SideFailed(
+                f'{self.label} ({self.side.name}) fails to trace at {where(e, self.side)}: '
+                f'{type(e).__name__}: {first}'
+            ) from e
+
+    return call
