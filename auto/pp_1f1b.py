@@ -48,10 +48,12 @@ def pass_back(dx, mesh, virtual):  # the gradient of slot i's input, to slot i -
 
 
 def interleave(blocks, mesh, virtual):  # [L, ...] @ P('stage') -> the chunks [S, V, k, ...]
-    chunks = jax.tree.map(lambda w: w.reshape(virtual, mesh.shape[STAGE], -1, *w.shape[1:]), blocks)
-    # chunk v of stage s: virtual stage vS + s's k layers, which XLA moves to stage s
-    return jax.lax.with_sharding_constraint(jax.tree.map(lambda w: w.swapaxes(0, 1), chunks),
-                                            named(mesh, P(STAGE)))  # fmt: skip
+    chunks = jax.tree.map(  # chunk v of stage s: virtual stage vS + s's k layers
+        lambda w: w.reshape(virtual, mesh.shape[STAGE], -1, *w.shape[1:]).swapaxes(0, 1), blocks
+    )
+    if virtual == 1:  # each stage runs its own layers, where they are placed
+        return chunks
+    return jax.lax.with_sharding_constraint(chunks, named(mesh, P(STAGE)))  # XLA moves them
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1):
