@@ -80,8 +80,9 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
                 state = state._replace(g=pass_back(dx, mesh, virtual))  # a collective-permute
             return state
 
-        zeros = lambda c: start(model, rest, c, batches, table.slots)  # noqa: E731
-        begin = jax.vmap(zeros, spmd_axis_name=STAGE)(chunks)  # zeros; the metrics [S] too:
+        begin = jax.vmap(  # zeros; the metrics [S] split over 'stage' too, as vmap wants:
+            lambda c: start(model, rest, c, batches, table.slots), spmd_axis_name=STAGE
+        )(chunks)
         begin = begin._replace(metrics=jax.reshard(begin.metrics, named(mesh, P(STAGE))))
         state = phases(table, begin, step)
         # each slot's embedding and head gradients (stage 0's, the last's): summed over 'stage'
@@ -90,7 +91,11 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
         metrics = jax.tree.map(lambda m: m / microbatches, metrics)
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))  # all-reduce
 
-    return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
+    def in_mesh(params, batch):  # the mesh as context: without it jax 0.12's zeros_like (the
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # stages' zeros before the
+            return fn(params, batch)  # first tick) drops its operand's sharding, 0.10's keeps it
+
+    return jax.jit(in_mesh)  # the inputs' placement (place_state, place_batch) is their type
 
 
 def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, virtual=1):
