@@ -8,7 +8,10 @@
 #
 # Without SHARD_PARITY_DATA_DIR, training downloads tiny Shakespeare (checksum-verified) first.
 # OUT_DIR receives results_gpu.{json,md}, attention_gpu.png, sweep_gpu.png, the two runs'
-# metrics_{auto,explicit}.jsonl and gpu.log (everything printed). A step that fails is logged and
+# metrics_{auto,explicit}.jsonl, gpu.log (everything printed) and the GPUs' target config: the
+# compiler's description of them, which lets `python -m inspector --target=h200x8` compile for
+# them on a machine without a GPU (it is written to inspector/target_configs/, to be committed,
+# and copied to OUT_DIR; docs/inspector.md). A step that fails is logged and
 # the next one still runs, so one failure does not cost the rest of the lease; the script exits
 # non-zero if any step failed.
 set -uo pipefail
@@ -41,6 +44,11 @@ step 120 "$py" -c 'import jax, flax, optax, orbax.checkpoint as ocp, sys
 print(sys.version.split()[0], "jax", jax.__version__, "flax", flax.__version__, "optax",
       optax.__version__, "orbax", ocp.__version__)
 print(jax.devices())'
+step 60 "$py" -c 'import shutil, sys
+from shard_parity.inspector.target import capture_gpu_config
+path = capture_gpu_config()
+print("captured", path)
+shutil.copy(path, sys.argv[1])' "$out"
 step 300 "$py" -m benchmarks.run --platform=gpu --rounds=11 --out="$out"
 for twin in auto explicit; do
   step 120 "$py" -m "$twin.train" --model=transformer --dtype=bfloat16 --attention=fused \

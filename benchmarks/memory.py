@@ -1,12 +1,21 @@
-"""Section memory: what each twin x strategy holds per device in its compiled train step, from
-XLA's memory_analysis() (compile only: nothing runs), beside the formula (shard_parity/memory.py).
+"""Sections memory and memory_101m: what each twin x strategy holds per device in its compiled
+train step, from XLA's memory_analysis() (compile only: nothing runs), beside the formula
+(shard_parity/memory.py).
 
     python -m benchmarks.run --sections=memory --cpu_devices=8
+    python -m benchmarks.run --sections=memory_101m --target=tpu-v5e-8
 
-dp and fsdp on 8x1, tp and fsdp_tp on 4x2; a transformer of width 512 (one layer 12 MiB of
+`--target`: compiled for that hardware instead of the emulated CPU devices (inspector/target.py;
+pip install -e ".[tpu]"). A TPU's temp_size_in_bytes is not its peak (it can be 0 where the
+peak is megabytes): the rows then also carry the TPU compiler's own peak_memory_in_bytes, the
+arguments and live buffers at their largest, which is what the chip's HBM must hold.
+
+memory: dp and fsdp on 8x1, tp and fsdp_tp on 4x2; a transformer of width 512 (one layer 12 MiB of
 float32) at 2 and 4 layers, global batch 8. The formula: the gradient each device holds (all
 of it under dp, 1/m under tp, 1/n under fsdp and fsdp_tp) + the weights gathered at a time
 (one layer under fsdp, 1/m of one under fsdp_tp) + each layer's input x [B/d, T, C].
+memory_101m: the README's headline, the 101M-parameter transformer (8 layers, width 1024) under
+dp and fsdp on 8x1 and fsdp_tp on 4x2, global batch 8, in the three twins.
 """
 
 import dataclasses
@@ -18,6 +27,7 @@ from jax.sharding import NamedSharding
 
 from shard_parity import auto, explicit, memory, typed
 from shard_parity import plan as plans
+from shard_parity.inspector import target as targets
 from shard_parity.mesh import MODEL, mesh_for
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import rows
@@ -29,6 +39,8 @@ CONFIG = cfg.TransformerConfig(seq_len=32, num_layers=2, num_heads=8, num_kv_hea
 SHAPES = {'dp': '8x1', 'fsdp': '8x1', 'tp': '4x2', 'fsdp_tp': '4x2'}  # fsdp_tp: fsdp:4,model:2
 LAYERS = (2, 4)
 BATCH_SIZE = 8
+# the README's 101M-parameter transformer (385 MiB of float32; one layer 48 MiB)
+HEADLINE = cfg.TransformerConfig(seq_len=32, num_layers=8, num_heads=8, num_kv_heads=8, embed_dim=1024)
 
 
 def formula(model_config, strategy: str, mesh) -> dict:
@@ -39,23 +51,35 @@ def formula(model_config, strategy: str, mesh) -> dict:
     return terms
 
 
-def one(twin, strategy: str, model_config) -> dict:
-    mesh = mesh_for(plans.parse(SHAPES[strategy], strategy, 8), twin.AXIS_TYPE)
+def one(twin, strategy: str, model_config, target: str | None = None) -> dict:
+    devices = targets.devices(target) if target else None
+    mesh = mesh_for(plans.parse(SHAPES[strategy], strategy, 8), twin.AXIS_TYPE, devices=devices)
     sharding = NamedSharding(mesh, rows(mesh, strategy))
     shape = (BATCH_SIZE, model_config.seq_len)
     batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k in ('x', 'y')}
-    compiled = memory.compiled_step(
-        twin.STRATEGIES[strategy],
-        lambda rngs: Transformer(model_config, rngs=rngs),
-        lm_loss,
-        make_optimizer(cfg.TrainConfig()),
-        mesh,
-        batch,
-    )
-    return {**memory.measured(compiled), **formula(model_config, strategy, mesh)}
+    expected = formula(model_config, strategy, mesh)
+    try:
+        with targets.uncached(target is not None):
+            compiled = memory.compiled_step(
+                twin.STRATEGIES[strategy],
+                lambda rngs: Transformer(model_config, rngs=rngs),
+                lm_loss,
+                make_optimizer(cfg.TrainConfig()),
+                mesh,
+                batch,
+            )
+    except Exception as e:  # a target's HBM that cannot hold it: the compiler's reason
+        if not target or (why := targets.does_not_fit(e)) is None:
+            raise
+        return {'does_not_fit': why, 'target': target, **expected}
+    out = memory.measured(compiled)
+    if target:
+        peak = compiled.memory_analysis().peak_memory_in_bytes
+        out |= {'target': target, 'compiler_peak': peak / memory.MiB}
+    return {**out, **expected}
 
 
-def memory_section(layers=LAYERS, model_config=CONFIG) -> list[dict]:
+def memory_section(layers=LAYERS, model_config=CONFIG, target: str | None = None) -> list[dict]:
     """One row per twin x strategy x layer count, in MiB per device."""
     rows = []
     for strategy in SHAPES:
@@ -63,28 +87,57 @@ def memory_section(layers=LAYERS, model_config=CONFIG) -> list[dict]:
             for n in layers:
                 mc = dataclasses.replace(model_config, num_layers=n)
                 row = {'twin': twin.NAME, 'strategy': strategy, 'layers': n}
-                rows.append(row | one(twin, strategy, mc))
+                rows.append(row | one(twin, strategy, mc, target))
     return rows
 
 
-def markdown(rows: list[dict]) -> list[str]:
-    out = [
-        '\n## Memory per device of the compiled train step (MiB, XLA memory_analysis)\n',
-        (
-            f'Transformer of width {CONFIG.embed_dim}, {CONFIG.num_heads} heads, seq_len '
-            f'{CONFIG.seq_len}, global batch {BATCH_SIZE}; dp and fsdp on 8x1, tp and fsdp_tp on '
-            '4x2. formula = gradient held (params/n) + gathered weights + layer inputs.\n'
-        ),
-        (
-            '| twin | strategy | layers | arguments | temp | peak | params/n | gathered '
-            '| activations | formula |'
-        ),
-        '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
+def headline(target: str | None = None) -> list[dict]:
+    """memory_101m: the 101M-parameter transformer under dp, fsdp and fsdp_tp, one row per twin."""
+    return [
+        {'twin': twin.NAME, 'strategy': strategy, 'layers': HEADLINE.num_layers}
+        | one(twin, strategy, HEADLINE, target)
+        for strategy in ('dp', 'fsdp', 'fsdp_tp')
+        for twin in (auto, explicit, typed)
     ]
-    keys = ('arguments', 'temp', 'peak', 'params_n', 'gathered', 'activations', 'formula')
+
+
+def _cells(r: dict, keys) -> str:
+    if 'does_not_fit' in r:  # not compiled: the measured cells are the compiler's reason
+        return ' | '.join('does not fit' if k in MEASURED else f'{r[k]:.1f}' for k in keys)
+    return ' | '.join(f'{r[k]:.1f}' for k in keys)
+
+
+MEASURED = ('arguments', 'temp', 'peak', 'compiler_peak')
+
+
+def markdown(rows: list[dict], title: str = '', config=CONFIG) -> list[str]:
+    target = next((r['target'] for r in rows if r.get('target')), None)
+    where = f'compiled for {target}' if target else 'XLA:CPU, 8 emulated devices'
+    out = [
+        f'\n## {title or "Memory per device of the compiled train step"} (MiB, XLA '
+        f'memory_analysis, {where})\n',
+        (
+            f'Transformer of width {config.embed_dim}, {config.num_heads} heads, seq_len '
+            f'{config.seq_len}, global batch {BATCH_SIZE}; '
+            + ', '.join(f'{k} on {SHAPES[k]}' for k in dict.fromkeys(r['strategy'] for r in rows))
+            + '. formula = gradient held (params/n) + gathered weights + layer inputs. peak = '
+            'arguments + temp + outputs - aliased'
+            + (
+                "; TPU peak: the TPU compiler's own peak_memory_in_bytes (its temp is not the "
+                'peak).\n'
+                if target else '.\n'
+            )
+        ),
+    ]  # fmt: skip
+    keys = ('arguments', 'temp', 'peak') + (('compiler_peak',) if target else ())
+    keys += ('params_n', 'gathered', 'activations', 'formula')
+    head = ['twin', 'strategy', 'layers', 'arguments', 'temp', 'peak']
+    head += ['TPU peak'] if target else []
+    head += ['params/n', 'gathered', 'activations', 'formula']
+    out += ['| ' + ' | '.join(head) + ' |', '| --- | --- |' + ' ---: |' * (len(head) - 2)]
     for r in rows:
-        cells = ' | '.join(f'{r[k]:.1f}' for k in keys)
-        out.append(f"| {r['twin']} | {r['strategy']} | {r['layers']} | {cells} |")
+        out.append(f"| {r['twin']} | {r['strategy']} | {r['layers']} | {_cells(r, keys)} |")
+    out += [f"\n{r['twin']} {r['strategy']}: {r['does_not_fit']}" for r in rows if 'does_not_fit' in r]
     return out
 
 
@@ -99,7 +152,10 @@ def plot(rows: list[dict], out: pathlib.Path, suffix: str = '') -> None:
     for key in sorted({(r['twin'], r['strategy']) for r in rows}):
         mine = [r for r in rows if (r['twin'], r['strategy']) == key]
         ax.plot(
-            [r['layers'] for r in mine], [r['temp'] for r in mine], marker='o', label='/'.join(key)
+            [r['layers'] for r in mine],
+            [r.get('temp', float('nan')) for r in mine],  # nan: did not fit the target
+            marker='o',
+            label='/'.join(key),
         )
     ax.set(
         xlabel='layers', ylabel='temp MiB per device', title='Compiled train step: temp vs layers'

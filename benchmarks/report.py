@@ -1,9 +1,7 @@
-"""Turns benchmark results into the Markdown tables the README carries, and PNG plots."""
+"""Turns benchmark results into the Markdown tables the README carries (the plots:
+benchmarks/plots.py; a section with a module of its own brings its own table)."""
 
-import pathlib
 import statistics
-
-from shard_parity.runtime.report import atomic_write
 
 NANOGPT_MS = 45.0  # nanoGPT's PyTorch step, same configuration and machine type
 
@@ -184,46 +182,20 @@ def markdown(r: dict) -> str:
             _table(['model', 'strategy', 'twin', 'mesh', 'ms/step', 'state MiB/device'], rows),
         ]
     if 'context' in r:
-        out += _context(r['context'])
+        from benchmarks import context
+
+        out += context.markdown(r['context'])
     if 'cli' in r:
         out += _cli(r['cli'])
     if 'memory' in r:
         from benchmarks import memory
 
         out += memory.markdown(r['memory'])
+    if 'memory_101m' in r:
+        from benchmarks import memory
+
+        out += memory.markdown(r['memory_101m'], 'The 101M-parameter transformer', memory.HEADLINE)
     return '\n'.join(out) + '\n'
-
-
-CONTEXT = ('dp naive', 'dp fused', 'cp explicit', 'cp typed', 'cp auto')  # sections.py's order
-
-
-def _context(rows: list) -> list:
-    def ms(x, name):
-        return f"{x[f'{name}_ms']:.0f}" if f'{name}_ms' in x else '—'
-
-    def mib(x, name):  # results of before cp typed existed lack it
-        return f"{x[f'{name}_temp_bytes'] / 2**20:,.1f}" if f'{name}_temp_bytes' in x else '—'
-
-    def expected(x):  # dp fused / 8, and explicit cp's multiple of it
-        want = x.get('cp_expected_bytes', x['dp fused_temp_bytes'] / 8)
-        return [f'{want / 2**20:,.1f}', f"{x['cp explicit_temp_bytes'] / want:.2f}"]
-
-    table = [
-        [f"{x['seq_len']:,}", *(mib(x, n) for n in CONTEXT), *expected(x)]
-        + [ms(x, n) for n in CONTEXT]
-        for x in rows
-    ]
-    return [
-        '\n**7. Context parallelism** (one block, 4 heads of 32, width 128, 8 devices; XLA '
-        'temporary memory per device of the compiled train step, MiB; ms per step where run. '
-        'dp: 8x1, one whole sequence per device; cp: 1x8, one sequence split 8 ways; expected: '
-        'dp fused / 8, flash attention split 8 ways; issue 22 asks cp explicit / expected <= 1.5)\n',
-        _table(
-            ['T', *(f'{n} MiB' for n in CONTEXT), 'expected MiB', 'cp explicit / expected']
-            + [f'{n} ms' for n in CONTEXT],
-            table,
-        ),
-    ]
 
 
 CLI = ('auto', 'explicit', 'typed', 'auto_copy')  # benchmarks/cli.py's candidates
@@ -252,100 +224,3 @@ def _cli(rows: list) -> list:
             table,
         ),
     ]
-
-
-def plots(r: dict, out: pathlib.Path, suffix: str = '') -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use('Agg')
-        from matplotlib import pyplot as plt
-    except ImportError:
-        return
-    if r.get('twins') and 'processes_ms' in r['twins'][0]:
-        fig, axes = plt.subplots(
-            1, len(r['twins']), figsize=(5 * len(r['twins']), 4), squeeze=False
-        )
-        for ax, x in zip(axes[0], r['twins']):
-            steps = x['processes_ms']
-            for name, marker in (
-                ('auto', 'o'),
-                ('auto_copy', '.'),
-                ('explicit', 's'),
-                ('typed', '^'),
-            ):
-                if f'{name}_ms' in steps[0]:
-                    ys = [p[f'{name}_ms'] for p in steps]
-                    ax.plot(range(1, len(ys) + 1), ys, marker, label=name.replace('_', ' '))
-            ax.set(
-                xticks=range(1, len(steps) + 1),
-                xlabel='fresh process, in the order they ran',
-                ylabel='ms per step (median of its rounds)',
-                title=f"{x['model']}, {x['devices']} devices",
-            )
-            ax.legend(fontsize=7)
-        atomic_write(out / f'twins{suffix}.png', lambda f: fig.savefig(f, format='png', dpi=90))
-        plt.close(fig)
-    if 'attention' in r:
-        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-        lengths = [x['seq_len'] for x in r['attention']]
-        for name in ('naive', 'fused'):
-            a.loglog(lengths, [x[f'{name}_ms'] for x in r['attention']], 'o-', label=name)
-            b.loglog(
-                lengths, [x[f'{name}_temp_bytes'] / 2**20 for x in r['attention']], 'o-', label=name
-            )
-        a.set(xlabel='sequence length', ylabel='ms (fwd + bwd)', title='attention latency')
-        b.set(xlabel='sequence length', ylabel='MiB', title='XLA temporary memory')
-        a.legend(), b.legend()
-        atomic_write(out / f'attention{suffix}.png', lambda f: fig.savefig(f, format='png', dpi=90))
-        plt.close(fig)
-    if 'memory' in r:
-        from benchmarks import memory
-
-        memory.plot(r['memory'], out, suffix)
-    if 'context' in r:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        lengths = [x['seq_len'] for x in r['context']]
-        for name in CONTEXT:
-            mib = [x.get(f'{name}_temp_bytes', float('nan')) / 2**20 for x in r['context']]
-            ax.loglog(lengths, mib, 'o-', label=name)
-        expected = [x['dp fused_temp_bytes'] / 8 / 2**20 for x in r['context']]
-        ax.loglog(lengths, expected, 'k--', label='expected: dp fused / 8')
-        ax.minorticks_off()  # the lengths' own labels only
-        ax.set(
-            xlabel='sequence length T',
-            ylabel='MiB per device',
-            title='train step temporary memory, 8 devices',
-            xticks=lengths,
-            xticklabels=[f'{t:,}' for t in lengths],
-        )
-        ax.legend(fontsize=7)
-        atomic_write(out / f'context{suffix}.png', lambda f: fig.savefig(f, format='png', dpi=90))
-        plt.close(fig)
-    if 'sweep' in r:
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for ax, model in zip(axes, ('mlp', 'transformer')):
-            for mode in ('fixed global batch', 'fixed per-device batch'):
-                for twin in sorted({x['twin'] for x in r['sweep']}):
-                    xs = [
-                        x
-                        for x in r['sweep']
-                        if (x['model'], x['mode'], x['twin']) == (model, mode, twin)
-                    ]
-                    ax.plot(
-                        [x['devices'] for x in xs],
-                        [x['per_sec'] for x in xs],
-                        'o-',
-                        label=f'{twin}, {mode}',
-                    )
-            ax.set(
-                xlabel='devices',
-                ylabel='examples/s' if model == 'mlp' else 'tokens/s',
-                title=model,
-                xscale='log',
-                xticks=[1, 2, 4, 8],
-                xticklabels=['1', '2', '4', '8'],
-            )
-            ax.legend(fontsize=7)
-        atomic_write(out / f'sweep{suffix}.png', lambda f: fig.savefig(f, format='png', dpi=90))
-        plt.close(fig)

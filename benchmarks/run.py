@@ -15,7 +15,9 @@ import time
 import jax
 from absl import app, flags
 
+from shard_parity.inspector.target import TARGETS, TargetError
 from shard_parity.mesh import configure_jax
+from shard_parity.runtime.report import atomic_write
 
 NANOGPT_DEVICES = 2  # one device per core of the 2-core machines nanoGPT's ~45 ms was timed on
 SECTIONS = [
@@ -28,14 +30,25 @@ SECTIONS = [
     'context',
     'cli',
     'memory',
+    'memory_101m',
 ]
 SECTION = flags.DEFINE_list(
     'sections',
-    SECTIONS[:-3],
+    SECTIONS[:-4],
     f'Which of {SECTIONS} to run. Default: all but context (context parallelism at T = 4,096 '
     'to 16,384: minutes of compiling; python -m benchmarks.run --sections=context), cli '
-    '(whole train CLI runs: about 20 minutes at the defaults) and memory (24 compiles: every '
-    'twin x strategy at 2 and 4 layers, benchmarks/memory.py).',
+    '(whole train CLI runs: about 20 minutes at the defaults), memory (24 compiles: every '
+    'twin x strategy at 2 and 4 layers, benchmarks/memory.py) and memory_101m (the README\'s '
+    '101M-parameter transformer under dp, fsdp and fsdp_tp, the three twins).',
+)
+TARGET = flags.DEFINE_enum(
+    'target',
+    None,
+    list(TARGETS),
+    'Sections memory, memory_101m and context: compile for this hardware instead of the '
+    'emulated CPU devices, which need not be here (the inspector\'s --target, '
+    'inspector/target.py; tpu-*: pip install -e ".[tpu]"); nothing is timed. The other '
+    'sections refuse it.',
 )
 MESHES = flags.DEFINE_multi_string(
     'mesh',
@@ -138,7 +151,9 @@ def transformer_config(gpu: bool):
 
 
 def run_sections(names, rounds, gpu: bool, model_config) -> dict:
+    from benchmarks import one_device as O
     from benchmarks import sections as S
+    from benchmarks.context import context
 
     n = min(8, jax.device_count())
     counts = [c for c in (1, 2, 4, 8) if c <= n]
@@ -153,20 +168,24 @@ def run_sections(names, rounds, gpu: bool, model_config) -> dict:
         elif name == 'sweep':
             results[name] = S.sweep(counts, rounds, model_config)
         elif name == 'attention':
-            results[name] = S.attention_sweep(
+            results[name] = O.attention_sweep(
                 [128, 256, 512, 1024, 2048, 4096], rounds, model_config.compute_dtype
             )
         elif name == 'generation':
-            results[name] = S.generation([64, 256, 1024], max(3, rounds // 2), model_config)
+            results[name] = O.generation([64, 256, 1024], max(3, rounds // 2), model_config)
         elif name == 'strategies':
             results[name] = S.strategies(n, rounds, model_config, MESHES.value)
         elif name == 'context':
             lengths, timed = (list(map(int, f.value)) for f in (CONTEXT_LENGTHS, CONTEXT_TIMED))
-            results[name] = S.context(lengths, timed, rounds)
+            results[name] = context(lengths, timed, rounds, TARGET.value)
         elif name == 'memory':
             from benchmarks.memory import memory_section
 
-            results[name] = memory_section()
+            results[name] = memory_section(target=TARGET.value)
+        elif name == 'memory_101m':
+            from benchmarks.memory import headline
+
+            results[name] = headline(TARGET.value)
         elif name == 'cli':
             from benchmarks.cli import cli
 
@@ -177,7 +196,7 @@ def run_sections(names, rounds, gpu: bool, model_config) -> dict:
         elif name == 'nanogpt' and not gpu and jax.device_count() != NANOGPT_DEVICES:
             results[name] = nanogpt_process(rounds)
         elif name == 'nanogpt':
-            results[name] = S.nanogpt(rounds, model_config)
+            results[name] = O.nanogpt(rounds, model_config)
         print(f'[{name}] {time.perf_counter() - start:.0f} s', file=sys.stderr, flush=True)
     return results
 
@@ -267,6 +286,12 @@ def main(argv):
     if unknown:
         sys.exit(f'error: --sections has {sorted(unknown)}; choose from {SECTIONS}')
     configure_jax(CPU_DEVICES.value if PLATFORM.value == 'cpu' else None, cpu_fma=CPU_FMA.value)
+    compiled_only = {'memory', 'memory_101m', 'context'}
+    if TARGET.value and set(SECTION.value) - compiled_only:
+        sys.exit(
+            f'error: --target={TARGET.value} compiles sections {sorted(compiled_only)} only; '
+            f'--sections has {sorted(set(SECTION.value) - compiled_only)}'
+        )
     check_meshes(MESHES.value, min(8, jax.device_count()))
     if PLATFORM.value == 'gpu' and jax.devices()[0].platform != 'gpu':
         sys.exit('error: --platform=gpu, but JAX finds no GPU (pip install -e ".[gpu]")')
@@ -279,20 +304,25 @@ def main(argv):
             'transformer_attention': config.attention,
         },
         'command': 'python -m benchmarks.run ' + ' '.join(sys.argv[1:]),
-        **run_sections(SECTION.value, ROUNDS.value, gpu, config),
     }
+    try:
+        results |= run_sections(SECTION.value, ROUNDS.value, gpu, config)
+    except TargetError as e:  # libtpu missing, a GPU config not captured: one line
+        sys.exit(f'error: {e}')
+    if TARGET.value:
+        results['machine']['target'] = TARGET.value
     out = pathlib.Path(OUT.value)
     out.mkdir(parents=True, exist_ok=True)
-    suffix = '' if PLATFORM.value == 'cpu' else '_gpu'
-    from benchmarks import report
+    suffix = ('' if PLATFORM.value == 'cpu' else '_gpu') + (f'_{TARGET.value}' if TARGET.value else '')
+    from benchmarks import plots, report
 
     markdown = report.markdown(results)
     for name, text in (
         (f'results{suffix}.json', json.dumps(results, indent=1)),
         (f'results{suffix}.md', markdown),
     ):
-        report.atomic_write(out / name, lambda f, text=text: f.write(text.encode()))
-    report.plots(results, out, suffix)
+        atomic_write(out / name, lambda f, text=text: f.write(text.encode()))
+    plots.plots(results, out, suffix)
     print(markdown)
 
 

@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 
-from .hlo import Frame, Module, _collective_lines, device_groups
+from .hlo import Frame, Module, device_groups, logical
 
 WRITTEN = {
     'psum', 'pmean', 'pmax', 'pmin', 'all_gather', 'ppermute', 'psum_scatter', 'reduce_scatter',
@@ -132,6 +132,25 @@ def consumer(module: Module, name: str) -> list[Frame]:
     return []
 
 
+def producer(module: Module, name: str, depth: int = 6) -> tuple[list[Frame], str]:
+    """(user frames, op_name) of the nearest op whose result the collective reads, through ops
+    that carry no source line: for a collective neither it nor its consumer labels (a TPU's
+    all-reduce-scatter fusion, a collective-permute-start), the line that made its operand."""
+    todo, seen = [(name, 0)], {name}
+    while todo:
+        n, d = todo.pop(0)
+        i = module.instructions.get(n)
+        for o in i.operands if i is not None and d < depth else []:
+            if o in seen or o not in module.instructions:
+                continue
+            seen.add(o)
+            line = module.instructions[o].line
+            if frames := user_frames(module.stack(line)):
+                return frames, (re.search(r'op_name="([^"]*)"', line) or [None, ''])[1]
+            todo.append((o, d + 1))
+    return [], ''
+
+
 def _adds(module: Module, i) -> bool:
     if i.opcode == 'add':
         return True
@@ -179,15 +198,17 @@ def attribute(hlo_text: str, mesh=None, module: Module | None = None) -> list[di
     module = module or Module(hlo_text)
     differentiates = 'jvp(' in hlo_text
     out = []
-    for c, line in _collective_lines(hlo_text):
-        name = re.match(r'\s*(?:ROOT\s+)?%(\S+)', line).group(1)
+    for found in logical(module):
+        c, line, name = found.collective, found.line, found.name
         op_name = (re.search(r'op_name="([^"]*)"', line) or [None, ''])[1]
         frames = user_frames(module.stack(line))
         comp = module.instructions[name].computation if name in module.instructions else None
         used = consumer(module, name)
+        made, made_by = producer(module, name) if not (frames or used) else ([], '')
         # newer XLA may label a partitioner's collective with its operand's name only (no
-        # frame): the line of the op that reads it is then the line that asked for it
-        where = (frames or used or [Frame('', 0, '')])[0]
+        # frame): the line of the op that reads it is then the line that asked for it; failing
+        # that (a TPU's fused reduce-scatter), the line that made what it reads
+        where = (frames or used or made or [Frame('', 0, '')])[0]
         how, told = origin(op_name, line)
         out.append(
             {
@@ -197,14 +218,20 @@ def attribute(hlo_text: str, mesh=None, module: Module | None = None) -> list[di
                 'function': where.function,
                 'stack': [f'{f.file}:{f.line} {f.function}' for f in frames],
                 'op_name': op_name,
-                'phase': phase(op_name, differentiates),
+                'phase': phase(op_name or made_by, differentiates),
                 'origin': how,
                 'origin_from': told,
-                'located_by': 'own' if frames else ('consumer' if used else 'none'),
+                'located_by': (
+                    'own' if frames else 'consumer' if used else 'producer' if made else 'none'
+                ),
                 'axes': mesh_axes(c.replica_groups, line, mesh),
                 'trip_count': module.multiplier.get(comp, 1),
                 'accumulates_in_loop': accumulates_in_loop(module, name),
                 'consumer': f'{used[0].file}:{used[0].line} {used[0].function}' if used else '',
+                # a TPU's or GPU's program: started, then awaited after `overlaps` ran
+                'async': found.asynchronous,
+                'overlaps': [f'{n} ({what})' for n, what in found.between],
+                'fused_as': found.fused_as,
             }
         )
     return out

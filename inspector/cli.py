@@ -5,12 +5,16 @@ or any program of yours.
     python -m inspector --model=transformer --strategy=fsdp --hardware=tpu-v5e-8 \
         --html=/tmp/fsdp.html --trace=/tmp/fsdp.json --cpu_devices=8
     python -m inspector --program=mypkg.mymod:build --cpu_devices=8
+    python -m inspector --model=mlp --strategy=fsdp --target=tpu-v5e-8
 
 `--program=MODULE:FUNCTION`: FUNCTION() (in a module on PYTHONPATH) builds its mesh and returns
 (jitted function, tuple of its arguments: arrays or jax.ShapeDtypeStructs with shardings).
+`--target=NAME`: every program compiled for that hardware, which need not be here
+(inspector/target.py); FUNCTION(devices=...) then gets its devices, if it takes them.
 """
 
 import importlib
+import inspect as pyinspect
 import json
 import sys
 
@@ -25,6 +29,7 @@ from shard_parity.runtime import flags as F
 from shard_parity.runtime.train import mesh_from_flags
 
 from . import cost
+from . import target as targets
 from .render import print_attribution, print_report
 
 JSON = flags.DEFINE_bool('json', False, 'Print one JSON object instead of the tables.')
@@ -36,6 +41,13 @@ TRACE = flags.DEFINE_string('trace', None, 'Also write the predicted step as Chr
 FAIL_ON_SURPRISE = flags.DEFINE_bool(
     'fail_on_surprise', False, 'Exit with status 1 when any surprise is flagged (for CI).'
 )
+TARGET = flags.DEFINE_enum(
+    'target', None, list(targets.TARGETS),
+    'Compile every program for this hardware, which need not be here (its compiler runs on '
+    'this machine; tpu-*: pip install -e ".[tpu]"), read its optimized HLO, and price it on '
+    'that hardware: tpu-v5e-N (v5litepod-N), tpu-v5p-N and tpu-v4-N (N = 2 x chips, as Cloud '
+    'names them), h200x8 (from a target config captured by benchmarks/gpu.sh).',
+)  # fmt: skip
 HOSTS = flags.DEFINE_integer(
     'hosts', 1, 'Lay the mesh over this many hosts, outer axes across hosts (as '
     'mesh_utils.create_hybrid_device_mesh): a collective whose devices span hosts is priced at '
@@ -47,8 +59,9 @@ PROGRAM = flags.DEFINE_string(
 )  # fmt: skip
 
 
-def load_program(spec: str):
-    """FUNCTION() of MODULE, for --program=MODULE:FUNCTION: (jitted, args)."""
+def load_program(spec: str, devices=None):
+    """FUNCTION() of MODULE, for --program=MODULE:FUNCTION: (jitted, args). `devices`: a
+    --target's, passed as FUNCTION(devices=...) when it takes them (to build its mesh from)."""
     module_name, _, function = spec.partition(':')
     if not module_name or not function:
         raise UsageError(f'--program={spec}: expected MODULE:FUNCTION, e.g. mypkg.mymod:build')
@@ -59,7 +72,8 @@ def load_program(spec: str):
     build = getattr(module, function, None)
     if not callable(build):
         raise UsageError(f'--program: {module_name} has no function {function}()')
-    built = build()
+    takes = devices is not None and 'devices' in pyinspect.signature(build).parameters
+    built = build(devices=devices) if takes else build()
     if not (isinstance(built, tuple) and len(built) == 2 and hasattr(built[0], 'lower')):
         raise UsageError(
             f'--program: {spec}() must return (jitted function, tuple of its arguments)'
@@ -68,13 +82,22 @@ def load_program(spec: str):
 
 
 def report_of_flags():
-    configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
+    configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value, libtpu_lines=F.VERBOSE.value)
+    target = TARGET.value
+    if target and flags.FLAGS[HARDWARE.name].present:
+        raise UsageError(
+            f'--hardware={HARDWARE.value} with --target={target}: a target\'s program is priced '
+            f'on its own hardware ({targets.get(target).hardware}); drop --hardware'
+        )
+    devices = targets.devices(target, F.VERBOSE.value) if target else None
+    # on the CPU: beside the measured time; a target's programs cannot run here
+    measure = cost.HARDWARE[HARDWARE.value].emulation and not target
     if PROGRAM.value:
         from .program import inspect
 
-        jitted, args = load_program(PROGRAM.value)
-        measure = cost.HARDWARE[HARDWARE.value].emulation  # on the CPU: beside the measured time
-        data = inspect(jitted, *args, hardware=HARDWARE.value, measure=measure).json()
+        jitted, args = load_program(PROGRAM.value, devices)
+        hardware = None if target else HARDWARE.value
+        data = inspect(jitted, *args, hardware=hardware, measure=measure, target=target).json()
         if HOSTS.value > 1:
             from . import hosts
             from .program import _mesh_of
@@ -84,12 +107,12 @@ def report_of_flags():
     from .twins import inspect
 
     # the train CLI's checks, same messages
-    plan, mesh = mesh_from_flags(AxisType.Auto, F.NUM_DEVICES.value or jax.device_count())
+    count = F.NUM_DEVICES.value or (len(devices) if target else jax.device_count())
+    plan, mesh = mesh_from_flags(AxisType.Auto, count, on=devices)
     config = F.train_config()
-    measure = cost.HARDWARE[HARDWARE.value].emulation  # on the CPU: beside the measured time
     report = inspect(
         F.MODEL.value, config, mesh, plan.strategy, F.model_config(), HARDWARE.value, measure,
-        F.MICROBATCHES.value, F.CP_LAYOUT.value, HOSTS.value,
+        F.MICROBATCHES.value, F.CP_LAYOUT.value, HOSTS.value, target=target,
     )  # fmt: skip
     return report, False
 
@@ -99,7 +122,7 @@ def main(argv):
         sys.exit(f'error: unexpected arguments {argv[1:]}')
     try:
         report, own = report_of_flags()
-    except UsageError as e:
+    except (UsageError, targets.TargetError) as e:
         if F.VERBOSE.value:
             raise
         sys.exit(f'error: {e}')
@@ -135,7 +158,8 @@ def main(argv):
 def run():
     declare_key_flags(
         [F.MODEL, F.STRATEGY, F.MESH, F.TRAIN['batch_size'], *F.TRANSFORMER_SHAPE, F.CPU_DEVICES]
-        + [F.CPU_FMA, F.NUM_DEVICES, F.MICROBATCHES, HOSTS, HARDWARE, HTML, TRACE, FAIL_ON_SURPRISE, PROGRAM, JSON]
+        + [F.CPU_FMA, F.NUM_DEVICES, F.MICROBATCHES, HOSTS, HARDWARE, TARGET, HTML, TRACE]
+        + [FAIL_ON_SURPRISE, PROGRAM, JSON]
         + [F.VERBOSE]
     )
     app.run(main)

@@ -56,13 +56,23 @@ HARDWARE = {
         'interconnect 1,600 Gbps per chip); f32 dots at JAX\'s default precision run as bf16.',
     ),
     'tpu-v5p-8': Hardware(
-        'tpu-v5p-8: 8 TPU v5p chips, ICI 3D torus (Cloud names this slice by chips x 2 cores)',
+        'tpu-v5p-8: 4 TPU v5p chips, ICI 3D torus (Cloud names slices by TensorCores, 2 a chip)',
         link_gb_s=300.0,  # ICI 4,800 Gbps = 600 GB/s per chip over 6 links; a ring uses 2 + 1
         achievable=0.7,
         hop_us=1.0,
         peak_tflops={'bf16': 459.0, 'f16': 459.0, 'f32': 459.0},
         sources='Google Cloud TPU v5p documentation (459 TFLOP/s bf16 per chip, inter-chip '
         'interconnect 4,800 Gbps per chip).',
+    ),
+    'tpu-v4-8': Hardware(
+        'tpu-v4-8: 4 TPU v4 chips, ICI 3D torus (Cloud names slices by TensorCores, 2 a chip)',
+        link_gb_s=100.0,  # an assumption: Cloud's v4 page gives no per-chip ICI figure (below)
+        achievable=0.7,
+        hop_us=1.0,
+        peak_tflops={'bf16': 275.0, 'f16': 275.0, 'f32': 275.0},
+        sources='Google Cloud TPU v4 documentation (275 TFLOP/s bf16 per chip, 32 GiB HBM2); '
+        'it states no inter-chip bandwidth per chip, so the link is priced at v5e\'s 50 GB/s '
+        'per link, 2 links a ring: an assumption, not a datasheet figure.',
     ),
     'cpu': Hardware(
         'cpu: emulated devices of this machine (XLA:CPU, --cpu_devices)',

@@ -183,6 +183,8 @@ def fsdp(s: Step) -> list[Expected]:
     out = []
     for stacked in (False, True):
         arrays = [a for a in s.arrays if a.stacked == stacked]
+        if not arrays:  # the MLP has no stacked layers
+            continue
         split = sum(a.shard(s.plan) for a in arrays if FSDP in a.axes)
         whole = sum(a.shard(s.plan) for a in arrays if FSDP not in a.axes)
         if not stacked:

@@ -76,6 +76,14 @@ INTER_HOST = {
         sources='assumed: the NIC configuration of a v5e host (Cloud TPU v5e documentation) '
         'over the 4 chips of a v5p host; check your own VMs.',
     ),
+    'tpu-v4-8': Link(
+        'data-center network: assumed 2 x 100 Gb/s NICs per host of 4 chips',
+        link_gb_s=6.25,  # 200 Gb/s = 25 GB/s per host, shared by its 4 chips
+        achievable=0.7,
+        hop_us=10.0,
+        sources='assumed, as tpu-v5p-8: the NIC configuration of a v5e host over the 4 chips '
+        'of a v4 host; check your own VMs.',
+    ),
     'cpu': Link(
         'emulation: processes of one machine over its loopback (gloo)',
         link_gb_s=1.0,

@@ -58,11 +58,15 @@ COLUMNS = [  # header, sort type, value of an op
     ('phase', 'str', lambda op: op['phase']),
     ('origin', 'str', lambda op: op['origin']),
     ('consumed at', 'str', lambda op: op['consumer'].partition(' ')[0]),
+    ('dtype', 'str', lambda op: ','.join(sorted(set(op['dtypes'])))),
+    # a TPU's or GPU's asynchronous collectives: how many ops run before it is awaited
+    ('async: overlaps', 'num', lambda op: len(op.get('overlaps', [])) if op.get('async') else -1),
 ]
 
 
 def _cell(kind, value, title='') -> str:
     shown = f'{value:,}' if kind == 'num' and isinstance(value, int) else str(value)
+    shown = '' if value == -1 else shown  # a synchronous collective has no overlap column
     if kind == 'num' and not isinstance(value, int):
         shown = f'{value:,.2f}'
     title = f' title="{html.escape(title)}"' if title else ''
@@ -78,7 +82,8 @@ def _table(name, ops) -> str:
         cls = ' '.join(['op'] + (['diff'] if 'twin-difference' in flags else [])
                        + (['surprise'] if set(flags) - {'twin-difference'} else []))  # fmt: skip
         stack = 'called from ' + ' <- '.join(op['stack']) + f"; consumed at {op['consumer']}"
-        cells = ''.join(_cell(t, f(op), stack if h == 'file:line' else '') for h, t, f in COLUMNS)
+        tips = {'file:line': stack, 'async: overlaps': ', '.join(op.get('overlaps', []))}
+        cells = ''.join(_cell(t, f(op), tips.get(h, '')) for h, t, f in COLUMNS)
         rows.append(f'<tr class="{cls}" title="{html.escape(op["op_name"])}">{cells}</tr>')
     if not ops:
         return ''
@@ -106,15 +111,46 @@ def _source(source: dict) -> str:
     return f'<h2>{html.escape(source["file"])}</h2><pre class="source">{"".join(out)}</pre>'
 
 
+def _memory(r: dict) -> str:
+    """Per device on the target: memory_analysis()'s figures against the chip's HBM."""
+    head = ''.join(f'<th>{h}</th>' for h in ('program', 'arguments MiB', 'outputs MiB',
+                   'aliased MiB', 'temp MiB', 'peak MiB', 'HBM MiB', 'verdict'))  # fmt: skip
+
+    def mib(b) -> str:
+        return '-' if b is None else f'{b / 2**20:,.1f}'  # None: not compiled, did not fit
+
+    rows = []
+    for name, m in r['memory'].items():
+        cells = [mib(m[k]) for k in ('arguments', 'outputs', 'aliased', 'temp', 'peak')]
+        verdict = 'fits' if m.get('fits') else 'does not fit'
+        verdict += f": {m['reason']}" if m.get('reason') else ''
+        rows.append(
+            f'<tr><td>{name}</td>' + ''.join(f'<td class=num>{c}</td>' for c in cells)
+            + f"<td class=num>{mib(m.get('hbm', 0))}</td><td class=verdict>"
+            f'{html.escape(verdict)}</td></tr>'
+        )  # fmt: skip
+    return (
+        f"<h2>Memory per device on {html.escape(r['target'])}</h2><p class=note>"
+        "memory_analysis(); peak is the compiler's own peak_memory_in_bytes</p>"
+        f'<table id="memory"><tr>{head}</tr>{"".join(rows)}</table>'
+    )
+
+
 def render(r: dict) -> str:
     title = f"Collectives: {r.get('model', 'program')} {r.get('strategy', '')}".strip()
+    title += f" on {r['target']}" if r.get('target') else ''
     diffs = r.get('difference_lines', [])
     surprises = [(n, s) for n, found in r['surprises'].items() for s in found]
+    target = (
+        f"compiled for <b id=target>{html.escape(r['target'])}</b> "
+        f"({html.escape(r['device_kind'])}) from shapes alone; "
+        if r.get('target') else ''
+    )  # fmt: skip
     parts = [
         f'<h1>{html.escape(title)}</h1>',
         (
-            f"<p class=note>{r['devices']} devices ({' x '.join(r['axes'])}); predicted on "
-            f"{html.escape(r['hardware'])}: {html.escape(r['hardware_note'])}</p>"
+            f"<p class=note>{target}{r['devices']} devices ({' x '.join(r['axes'])}); predicted "
+            f"on {html.escape(r['hardware'])}: {html.escape(r['hardware_note'])}</p>"
         ),
         (
             '<h2>Predicted step</h2><table id="steps"><tr><th>program</th><th>compute us</th>'
@@ -128,6 +164,8 @@ def render(r: dict) -> str:
             f"{p['step_us'][1]:,.1f}</td><td class=num>{p.get('measured_us', '')}</td></tr>"
         )
     parts.append('</table>')
+    if r.get('memory'):
+        parts.append(_memory(r))
     parts.append(f'<h2>Surprises (<span id="surprise-count">{len(surprises)}</span>)</h2><ul>')
     parts += [
         f"<li>{n}: [{s['kind']}] {html.escape(s['file'])}:{s['line']}: {html.escape(s['what'])}"

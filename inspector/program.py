@@ -16,7 +16,9 @@ import numpy as np
 
 from . import cost, surprises
 from .attribute import attribute
-from .hlo import Module, _collective_lines
+from .hlo import Module, logical
+from . import target as targets
+from .target import DoesNotFit, TargetError, does_not_fit, memory, not_fitting, own_cost
 
 VERSION = 2  # of the JSON: 1 had kind, shapes, dtypes, replica_groups, bytes, group_size
 
@@ -46,7 +48,8 @@ def compile_with_warnings(lowered):
 
 
 def compile_all(named_lowered) -> dict:
-    """{name: (compiled, its partitioner warnings)} for an iterable of (name, lowered program).
+    """{name: (compiled, its partitioner warnings)} for an iterable of (name, lowered program);
+    compiled is a target.DoesNotFit where the target's compiler found its HBM too small.
     Compiles on two threads (XLA releases the GIL), so that the next program is traced and
     lowered (Python) while the previous one compiles. A warning goes to the program whose HLO
     carries its op_name, or to every program when none does."""
@@ -54,8 +57,15 @@ def compile_all(named_lowered) -> dict:
     with captured_stderr(logs), concurrent.futures.ThreadPoolExecutor(2) as pool:
         for name, lowered in named_lowered:
             futures[name] = pool.submit(lowered.compile)
-        compiled = {name: f.result() for name, f in futures.items()}
-    texts = {name: c.as_text() for name, c in compiled.items()}
+        compiled = {}
+        for name, f in futures.items():
+            try:
+                compiled[name] = f.result()
+            except Exception as e:  # a target's compiler refuses what its HBM cannot hold
+                if (why := does_not_fit(e)) is None:
+                    raise
+                compiled[name] = DoesNotFit(why)  # reported as such; the others still are
+    texts = {n: c.as_text() for n, c in compiled.items() if not isinstance(c, DoesNotFit)}
     out = {name: (c, []) for name, c in compiled.items()}
     for w in surprises.remat_warnings(logs[0]):
         owners = [n for n, t in texts.items() if w['op_name'] and f'"{w["op_name"]}"' in t]
@@ -65,8 +75,9 @@ def compile_all(named_lowered) -> dict:
 
 
 def dot_dtype(module: Module) -> str:
-    """The dtype most of the program's dots produce: what the chip's peak is looked up by."""
-    dots = [i.type for i in module.instructions.values() if i.opcode == 'dot']
+    """The dtype most of the program's dots (a TPU's convolutions) produce: what the chip's
+    peak is looked up by."""
+    dots = [i.type for i in module.instructions.values() if i.opcode in ('dot', 'convolution')]
     kinds = [t.split('[')[0] for t in dots]
     return max(set(kinds), key=kinds.count) if kinds else 'f32'
 
@@ -83,13 +94,18 @@ def flops(compiled, module: Module) -> float:
     return total
 
 
-def analyse(compiled, mesh, hardware: str, warnings=()) -> dict:
-    """{'ops': one record per collective, 'predicted': the step on `hardware`, 'warnings'}."""
+def analyse(compiled, mesh, hardware: str, warnings=(), target=None) -> dict:
+    """{'ops': one record per collective, 'predicted': the step on `hardware`, 'warnings'};
+    for a `target` (inspector/target.py) also 'memory' per device against its HBM, and the
+    target compiler's own cost figures under predicted['target_cost']."""
+    if isinstance(compiled, DoesNotFit):
+        return not_fitting(compiled, target, hardware)
     hw = cost.HARDWARE[hardware]
     text = compiled.as_text()
     module = Module(text)
     ops = []
-    for (c, _), where in zip(_collective_lines(text), attribute(text, mesh, module)):
+    for found, where in zip(logical(module), attribute(text, mesh, module)):
+        c = found.collective
         each = cost.collective_us(c.kind, c.bytes, c.group_size, hw)
         ops.append(
             dataclasses.asdict(c)
@@ -109,7 +125,11 @@ def analyse(compiled, mesh, hardware: str, warnings=()) -> dict:
         'step_us': [round(lo, 3), round(hi, 3)],
         'loops_without_trip_count': sorted(module.unknown_trip),
     }
-    return {'ops': ops, 'predicted': predicted, 'warnings': list(warnings)}
+    result = {'ops': ops, 'predicted': predicted, 'warnings': list(warnings)}
+    if target is not None:
+        result['memory'] = memory(compiled, target)
+        predicted['target_cost'] = own_cost(compiled)
+    return result
 
 
 def bytes_by_line(ops, source) -> dict:
@@ -187,35 +207,65 @@ class Report:
         return write_trace(self.data, path)
 
 
-def inspect(jitted, *args, hardware: str = 'h100x8', mesh=None, name: str = 'program',
-            expect_gathers=(), measure: bool = False) -> Report:  # fmt: skip
+def inspect(jitted, *args, hardware: str | None = None, mesh=None, name: str = 'program',
+            expect_gathers=(), measure: bool = False, target: str | None = None) -> Report:  # fmt: skip
     """Compiles `jitted` for `args` (arrays or jax.ShapeDtypeStructs with shardings) and reads
     its collectives. `mesh`: whose axis names to report (default: the first argument's).
     `expect_gathers`: mesh axes over which whole arguments may be all-gathered (FSDP's 'fsdp').
-    `measure`: also time the program here, on zeros (beside the prediction for --hardware=cpu)."""
+    `measure`: also time the program here, on zeros (beside the prediction for --hardware=cpu).
+    `hardware`: what to price it on (default h100x8). `target`: compile it for that hardware
+    instead (inspector/target.py: 'tpu-v5e-8' ...), priced on it: the arguments move to the
+    target's devices, their shardings' specs kept on the same mesh shapes. A function that
+    names a mesh of its own must build it from `inspector.target.devices(target)`."""
+    chosen = targets.get(target) if target else None
+    if chosen and hardware is not None and hardware != chosen.hardware:
+        raise ValueError(
+            f'hardware={hardware} with target={target}: a target is priced on its own hardware'
+        )
+    hardware = chosen.hardware if chosen else (hardware or 'h100x8')
     if hardware not in cost.HARDWARE:
         raise ValueError(f'--hardware={hardware}: expected one of {", ".join(cost.HARDWARE)}')
-    compiled, warnings = compile_with_warnings(jitted.lower(*args))
+    if chosen:
+        devices = targets.devices(target)
+        args = targets.onto(args, devices)
+        mesh = targets.mesh_on(mesh, devices) if mesh is not None else None
+        measure = False  # nothing of the target's runs here
+    try:
+        lowered = jitted.lower(*args)
+    except ValueError as e:
+        if chosen and 'device' in str(e).lower():
+            raise TargetError(
+                f'--target={target}: the program names devices of this machine ({str(e)[:120]}'
+                '...): build its mesh from inspector.target.devices(target), or take a '
+                'devices= argument (--program)'
+            ) from e
+        raise
+    with targets.uncached(chosen is not None):
+        compiled, warnings = compile_with_warnings(lowered)
+    if isinstance(compiled, DoesNotFit):  # one program: nothing else to report
+        raise TargetError(f'the program does not fit {target}: {compiled.reason}')
     mesh = mesh or _mesh_of(args)
-    result = analyse(compiled, mesh, hardware, warnings)
+    result = analyse(compiled, mesh, hardware, warnings, chosen)
     if measure:
         result['predicted']['measured_us'] = measure_us(compiled, args)
     found = surprises.program_surprises(result, _whole_arrays(args), expect_gathers)
     files = collections.Counter(op['file'] for op in result['ops'] if op['file'])
     source = files.most_common(1)[0][0] if files else ''
-    return Report(
-        {
-            'version': VERSION,
-            'hardware': hardware,
-            'hardware_note': cost.HARDWARE[hardware].sources,
-            'devices': mesh.size if mesh is not None else jax.device_count(),
-            'axes': list(mesh.axis_names) if mesh is not None else [],
-            'programs': {name: result['ops']},
-            'predicted': {name: result['predicted']},
-            'warnings': {name: result['warnings']},
-            'surprises': {name: found},
-            'sources': {
-                name: {'file': source, 'bytes_by_line': bytes_by_line(result['ops'], source)}
-            },
-        }
-    )
+    data = {
+        'version': VERSION,
+        'hardware': hardware,
+        'hardware_note': cost.HARDWARE[hardware].sources,
+        'devices': mesh.size if mesh is not None else (1 if chosen else jax.device_count()),
+        'axes': list(mesh.axis_names) if mesh is not None else [],
+        'programs': {name: result['ops']},
+        'predicted': {name: result['predicted']},
+        'warnings': {name: result['warnings']},
+        'surprises': {name: found},
+        'sources': {
+            name: {'file': source, 'bytes_by_line': bytes_by_line(result['ops'], source)}
+        },
+    }
+    if chosen:
+        data |= {'target': target, 'device_kind': chosen.device_kind,
+                 'memory': {name: result['memory']}}  # fmt: skip
+    return Report(data)

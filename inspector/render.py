@@ -11,7 +11,7 @@ def print_report(r: dict) -> None:
     print(
         f"Collectives in one compiled train step: --model={r['model']} --strategy="
         f"{r['strategy']}, mesh {r['mesh']} ({' x '.join(r['axes'])}), global batch "
-        f"{r['batch_size']}\n"
+        f"{r['batch_size']}" + (f", {compiled_for(r)}" if r.get('target') else '') + '\n'
     )
     print(f"{'program':<10} {'kind':<12} {'group':>5} {'dtype':<6} {'bytes':>12}  result shapes")
     for name, ops in r['programs'].items():
@@ -71,11 +71,14 @@ def print_attribution(r: dict) -> None:
             used = f"  <- {op['consumer']}" if op['consumer'] else ''
             if op.get('strategy_line'):
                 where += f" [{op['strategy_line']}]"
+            kind = op['kind'] + ('*' if op.get('async') else '')
             print(
-                f"{name:<10} {op['kind']:<18} {axes:<10} {op['bytes']:>12,} "
+                f"{name:<10} {kind:<18} {axes:<10} {op['bytes']:>12,} "
                 f"{'x' + str(op['trip_count']):>6} {op['predicted_us']:>9.2f}  "
                 f"{op['phase']:<8} {op['origin']:<11} {where}{used}"
             )
+    if any(op.get('async') for ops in r['programs'].values() for op in ops):
+        print('  * asynchronous: started, then awaited after other work (below)')
     print(f"\nPredicted step on {hw} (compute from cost_analysis FLOPs at peak; communication at "
           'the stated achievable bandwidth; band = [full overlap, none]):')  # fmt: skip
     for name, p in r['predicted'].items():
@@ -85,9 +88,69 @@ def print_attribution(r: dict) -> None:
         )
         if 'measured_us' in p:
             line += f"  | measured here {p['measured_us']:,.0f} us (emulated devices)"
+        if p.get('does_not_fit'):
+            line = f"{name:<10} not compiled: it does not fit ({p['does_not_fit']})"
         print(line)
     print(f"  constants: {r['hardware_note']}")
+    if r.get('target'):
+        print_target(r)
     print_surprises(r)
+
+
+def compiled_for(r: dict) -> str:
+    return f"compiled for {r['target']} ({r['device_kind']}) from shapes alone"
+
+
+def _mib(b) -> str:
+    return f'{b / 2**20:,.1f}'
+
+
+def overlap_summary(op: dict) -> str:
+    """'3 ops: 2 matmul, 1 copy' for what runs between an async collective's start and done."""
+    what = collections.Counter(o.rpartition(' (')[2].rstrip(')') for o in op.get('overlaps', []))
+    parts = ', '.join(f'{n} {k}' for k, n in what.most_common())
+    return f"{len(op['overlaps'])} ops" + (f': {parts}' if parts else '')
+
+
+def print_target(r: dict) -> None:
+    """What a --target report adds: async collectives and what they overlap, memory per device
+    against the chip's HBM, and the target compiler's own cost figures."""
+    print(f'\nAsynchronous collectives on {r["target"]} (started, then awaited after the ops '
+          'between):')  # fmt: skip
+    any_async = False
+    for name, ops in r['programs'].items():
+        for op in ops:
+            if op.get('async'):
+                any_async = True
+                where = f"{op['file']}:{op['line']}" if op['file'] else '?'
+                print(f"{name:<10} {op['kind']:<18} {','.join(sorted(set(op['dtypes']))):<9} "
+                      f"{op['bytes']:>12,} x{op['trip_count']:<3} {where}: overlaps "
+                      f'{overlap_summary(op)}')  # fmt: skip
+    if not any_async:
+        print('  none: every collective is synchronous')
+    print(
+        f"\nMemory per device on {r['target']} (MiB, memory_analysis(); peak is the compiler's "
+        'peak_memory_in_bytes), against the HBM its compiler allows:'
+    )
+    print(f"{'program':<10} {'arguments':>10} {'outputs':>10} {'aliased':>10} {'temp':>10} "
+          f"{'peak':>10} {'HBM':>10}  verdict")  # fmt: skip
+    for name, m in r['memory'].items():
+        if m.get('reason'):  # refused by the compiler: its own figures
+            print(f"{name:<10} {'-':>10} {'-':>10} {'-':>10} {'-':>10} {'-':>10} "
+                  f"{_mib(m['hbm']):>10}  DOES NOT FIT: {m['reason']}")  # fmt: skip
+            continue
+        verdict = 'fits' if m.get('fits') else 'DOES NOT FIT'
+        print(f"{name:<10} {_mib(m['arguments']):>10} {_mib(m['outputs']):>10} "
+              f"{_mib(m['aliased']):>10} {_mib(m['temp']):>10} {_mib(m['peak']):>10} "
+              f"{_mib(m.get('hbm', 0)):>10}  {verdict}")  # fmt: skip
+    print("\nThe target compiler's own figures (cost_analysis(), per device; loop bodies "
+          'counted once):')  # fmt: skip
+    for name, p in r['predicted'].items():
+        c = p.get('target_cost', {})
+        us = f"{c['optimal_us']:,.1f} us" if c.get('optimal_us') is not None else 'n/a'
+        note = f"  ({c['optimal_note']})" if c.get('optimal_note') else ''
+        print(f"{name:<10} flops {c.get('flops', 0):>14,.0f}  bytes accessed "
+              f"{c.get('bytes_accessed', 0):>14,.0f}  optimal time {us}{note}")  # fmt: skip
 
 
 def print_surprises(r: dict) -> None:
@@ -102,7 +165,8 @@ def program_text(r: dict) -> str:
     """The text report of `inspector.inspect()` (one program, no expectation)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        print(f"Collectives of one program on {r['devices']} devices ({' x '.join(r['axes'])})")
+        print(f"Collectives of one program on {r['devices']} devices ({' x '.join(r['axes'])})"
+              + (f", {compiled_for(r)}" if r.get('target') else ''))  # fmt: skip
         for name, ops in r['programs'].items():
             got = collections.Counter()
             for op in ops:

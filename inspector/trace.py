@@ -16,7 +16,8 @@ def trace_events(r: dict) -> list[dict]:
             {'ph': 'M', 'pid': pid, 'tid': 2, 'name': 'thread_name', 'args': {'name': 'comms'}},
             {
                 'ph': 'X', 'pid': pid, 'tid': 1, 'ts': 0, 'dur': p['compute_us'],
-                'name': 'compute', 'args': {'flops': p['flops'], 'hardware': p['hardware']},
+                'name': 'compute', 'args': {'flops': p['flops'], 'hardware': p['hardware'],
+                                            'target': r.get('target', '')},
             },
         ]  # fmt: skip
         t = 0.0
@@ -25,8 +26,8 @@ def trace_events(r: dict) -> list[dict]:
                 {
                     'ph': 'X', 'pid': pid, 'tid': 2, 'ts': round(t, 3),
                     'dur': op['predicted_us'], 'name': f"{op['kind']} {op['file']}:{op['line']}",
-                    'args': {k: op[k] for k in ('bytes', 'axes', 'trip_count', 'phase', 'origin',
-                                                'function', 'op_name')},
+                    'args': {k: op.get(k) for k in ('bytes', 'dtypes', 'axes', 'trip_count',
+                             'phase', 'origin', 'function', 'op_name', 'async', 'overlaps')},
                 }
             )  # fmt: skip
             t += op['predicted_us']

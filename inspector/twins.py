@@ -23,6 +23,7 @@ from shard_parity.runtime import tasks
 from shard_parity.step import create_state, make_optimizer, one_device_train_step
 
 from . import cost, hosts as by_host, surprises
+from . import target as targets
 from .attribute import shorten
 from .expect import expectation
 from .program import VERSION, analyse, bytes_by_line, compile_all, measure_us
@@ -62,17 +63,24 @@ def step_options(module, microbatches=None, layout=None) -> dict:
     return options
 
 
-def lowered_steps(model, config, mesh, strategy, model_config, microbatches=None, layout=None):
+def lowered_steps(model, config, mesh, strategy, model_config, microbatches=None, layout=None,
+                  one_device=None):  # fmt: skip
     """The abstract params, and a generator of (name, (lowered train step, its mesh, its
     abstract args, its strategy file)): lowered one at a time, as the compiler asks for them.
-    `microbatches`, `layout`: --microbatches and --cp_layout (default: each file's own)."""
+    `microbatches`, `layout`: --microbatches and --cp_layout (default: each file's own).
+    `one_device`: the device the one-device program is compiled for (a --target's first;
+    default: this process's default device)."""
     make_model, loss_fn, batch = model_and_batch(model, config.batch_size, model_config)
     tx = make_optimizer(config)
     graphdef, state = nnx.eval_shape(lambda: create_state(make_model(nnx.Rngs(0)), tx))
 
     def steps():
         step = one_device_train_step(graphdef, loss_fn, tx)
-        yield 'one_device', (step.lower(state, batch), None, (state, batch), None)
+        args = (state, batch)
+        if one_device is not None:  # unplaced shapes compile for the default backend
+            s = jax.sharding.SingleDeviceSharding(one_device)
+            args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args)
+        yield 'one_device', (step.lower(*args), None, args, None)
         for twin in (auto, explicit, typed):
             if strategy not in twin.STRATEGIES:  # a twin without this strategy is skipped
                 continue
@@ -90,9 +98,10 @@ def lowered_steps(model, config, mesh, strategy, model_config, microbatches=None
     return state.params, steps()
 
 
-def read_steps(steps, weights, strategy, hardware, measure) -> dict:
+def read_steps(steps, weights, strategy, hardware, measure, target=None) -> dict:
     """{name: analyse()'s result, with surprises, sources and strategy lines} for the lowered
-    train steps `steps` yields; each is lowered while the one before it compiles."""
+    train steps `steps` yields; each is lowered while the one before it compiles. `target`:
+    inspector.target.Target they were compiled for (adds memory against its HBM)."""
     meta = {}
 
     def lowered():
@@ -104,7 +113,7 @@ def read_steps(steps, weights, strategy, hardware, measure) -> dict:
     out = {}
     for name, (twin_mesh, args, source) in meta.items():
         compiled, logs = compiled_steps[name]
-        result = out[name] = analyse(compiled, twin_mesh, hardware, logs)
+        result = out[name] = analyse(compiled, twin_mesh, hardware, logs, target)
         expect = (FSDP,) if twin_mesh and plans.of(twin_mesh, strategy).uses(FSDP) else ()  # gathers
         result['surprises'] = (
             surprises.program_surprises(result, weights, expect) if twin_mesh else []
@@ -122,22 +131,30 @@ def read_steps(steps, weights, strategy, hardware, measure) -> dict:
 
 def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', model_config=None,
             hardware: str = 'h100x8', measure: bool = False, microbatches: int | None = None,
-            layout: str | None = None, hosts: int = 1) -> dict:  # fmt: skip
+            layout: str | None = None, hosts: int = 1, target: str | None = None) -> dict:  # fmt: skip
     """Compiles the train steps and returns their collectives, attribution, predicted cost,
     surprises and the expectation. `model_config`: the transformer's shape (default:
     TransformerConfig()); unused by the MLP. `measure`: also time each step on this machine.
     `microbatches`, `layout`: --microbatches and --cp_layout (default: the files' own).
     `hosts`: the mesh laid over that many hosts (inspector/hosts.py), outer axes across hosts,
-    each collective priced by the link its devices span."""
+    each collective priced by the link its devices span.
+    `target`: an inspector.target name (`mesh` is then over its devices, mesh_from_flags(on=)):
+    every program compiled for it, priced on its own hardware, with its memory per device."""
     model_config = model_config or cfg.TransformerConfig()
     microbatches = microbatches or explicit.pp.MICROBATCHES
     over_hosts = by_host.lay(mesh.shape.items(), hosts)  # a bad --hosts: one line, uncompiled
-    params, steps = lowered_steps(model, config, mesh, strategy, model_config, microbatches, layout)
+    chosen = targets.get(target) if target else None
+    hardware = chosen.hardware if chosen else hardware
+    one = mesh.devices.flat[0] if chosen else None
+    params, steps = lowered_steps(
+        model, config, mesh, strategy, model_config, microbatches, layout, one_device=one
+    )
     weights = [
         (jax.tree_util.keystr(p), int(np.prod(x.shape)))
         for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
     ]
-    read = read_steps(steps, weights, strategy, hardware, measure)
+    with targets.uncached(chosen is not None):
+        read = read_steps(steps, weights, strategy, hardware, measure and not chosen, chosen)
     if hosts > 1:
         for result in read.values():
             by_host.price(result, over_hosts, hardware)
@@ -175,7 +192,18 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
             else None
         ),
         'difference_lines': lines,
-    } | ({'hosts': by_host.report(programs, over_hosts, hardware)} if hosts > 1 else {})
+    } | ({'hosts': by_host.report(programs, over_hosts, hardware)} if hosts > 1 else {}) | (
+        target_fields(chosen, read) if chosen else {}
+    )
+
+
+def target_fields(chosen, read: dict) -> dict:
+    """What a --target report adds: the target, its devices, and each program's memory."""
+    return {
+        'target': chosen.name,
+        'device_kind': chosen.device_kind,
+        'memory': {name: r['memory'] for name, r in read.items()},
+    }
 
 
 def mark_differences(programs: dict, lines: list[dict]) -> None:

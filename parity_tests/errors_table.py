@@ -519,6 +519,39 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
+        'inspector: unknown --target',
+        'flag --target=tpu-v9-8: value should be one of',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: --target with --hardware (a target is priced on its own hardware)',
+        "--hardware=h100x8 with --target=tpu-v5e-8: a target's program is priced on its own "
+        'hardware (tpu-v5e-8); drop --hardware',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: --target=tpu-* without libtpu',
+        'compiles with the TPU compiler, libtpu, which is not installed here: '
+        'pip install -e ".[tpu]"',
+        'test_target.test_without_libtpu_target_says_what_to_install',
+    ),
+    (
+        "inspector: --target=h200x8 before a GPU's target config is captured",
+        '--target=h200x8: no target config has been captured yet for this GPU',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: a mesh larger than the target',
+        '--num_devices=8, but the target has 4 TPU devices: use 1..4',
+        'test_target.test_cli_writes_json_and_html_naming_the_target_and_keeps_libtpu_quiet',
+    ),
+    (
+        "inspector: a program the target's HBM cannot hold (--program; a twin's step is "
+        'reported `DOES NOT FIT` beside the others)',
+        'the program does not fit tpu-v5e-1: needs',
+        'test_target.test_a_program_the_chips_hbm_cannot_hold_is_named_not_fitting',
+    ),
+    (
         '--pp_virtual without --pp_schedule=interleaved',
         '--pp_virtual=2 needs --pp_schedule=interleaved (it is --pp_schedule=1f1b)',
         'test_bad_inputs.test_cli_row',

@@ -146,6 +146,15 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
         'benchmarks.run',
         ['--sections=strategies', '--mesh=4x2'],
     ),
+    'inspector: unknown --target': ('inspector', ['--target=tpu-v9-8']),
+    'inspector: --target with --hardware (a target is priced on its own hardware)': (
+        'inspector',
+        ['--target=tpu-v5e-8', '--hardware=h100x8'],
+    ),
+    "inspector: --target=h200x8 before a GPU's target config is captured": (
+        'inspector',
+        ['--target=h200x8'],
+    ),
     'inspector: --hosts not dividing the devices': (
         'inspector',
         ['--mesh=data:4,model:2', '--hosts=3', '--cpu_devices=8'],

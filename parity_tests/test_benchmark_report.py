@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from benchmarks import report
+from benchmarks import plots, report
 from parity_tests.helpers import REPO
 
 MACHINE = {'platform': 'cpu', 'device_kind': 'cpu', 'devices': 8, 'cpu_count': 2, 'jax': 'x'}
@@ -60,7 +60,7 @@ def test_results_from_before_the_control_render_without_it():
 def test_the_per_process_plot_takes_a_single_model(tmp_path):
     pytest.importorskip('matplotlib')
     x = row('mlp', 1.0, 1.0) | {'processes_ms': [{'auto_ms': 1.0, 'explicit_ms': 1.1}] * 3}
-    report.plots({'twins': [x]}, tmp_path)
+    plots.plots({'twins': [x]}, tmp_path)
     assert (tmp_path / 'twins.png').stat().st_size > 0
 
 

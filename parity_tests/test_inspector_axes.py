@@ -127,18 +127,16 @@ def records(text, config=DENSE):
     return e['collectives']
 
 
-def explicit_program(text, config=DENSE, strategy=None):
+def explicit_program(text, config=DENSE, strategy=None, model='transformer'):
     """(the expectation's records, the explicit twin's analysed step {'ops', 'predicted'}) on
     the mesh `text`: only that twin is compiled."""
     plan, mesh = plan_mesh(text)
     strategy = strategy or plan.strategy
-    train = dataclasses.replace(cfg.TRAIN_DEFAULTS['transformer'], batch_size=BATCH)
-    params, steps = twins.lowered_steps(
-        'transformer', train, mesh, strategy, config, MICROBATCHES, None
-    )
+    train = dataclasses.replace(cfg.TRAIN_DEFAULTS[model], batch_size=BATCH)
+    params, steps = twins.lowered_steps(model, train, mesh, strategy, config, MICROBATCHES, None)
     read = twins.read_steps(((n, s) for n, s in steps if n == 'explicit'), [], strategy,
                             'h100x8', False)  # fmt: skip
-    e = expectation(strategy, 'transformer', params, mesh, BATCH, config, MICROBATCHES)
+    e = expectation(strategy, model, params, mesh, BATCH, config, MICROBATCHES)
     return e['collectives'], read['explicit']
 
 
@@ -175,6 +173,15 @@ def test_the_compiled_explicit_step_moves_what_the_axes_say(text):
     assert want == got
     kinds = {k for k, _, _ in got}
     assert 'all-reduce' in kinds and len(kinds) > 1  # a composition, not one collective
+
+
+@pytest.mark.parametrize('text', ['data:2,fsdp:4', 'data:4,model:2'])
+def test_the_mlp_on_a_named_mesh_moves_what_the_axes_say(text):
+    """The MLP has no stacked layers: fsdp's pieces are its arrays gathered once (a named mesh
+    with 'fsdp' once failed here, reading the transformer's layers off the MLP's config)."""
+    expected, program = explicit_program(text, cfg.MLPConfig(), model='mlp')
+    want, got = totals(expected), program_totals(program['ops'])
+    assert want == got and len(got) > 1
 
 
 @SLOW

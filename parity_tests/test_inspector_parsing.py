@@ -1,10 +1,16 @@
 """Claim: the inspector reads what XLA prints, in every spelling the supported JAX versions use
 (replica groups as lists, iota and mesh; source lines inline and as a stack-frame table), prices
 collectives by the ring formulas with a latency floor, and catches the partitioner's warnings
-that XLA writes below Python; its generic part imports nothing of this project. No program is
-compiled here: the inputs are XLA's own text."""
+that XLA writes below Python; it reads a TPU's program as the chip runs it (async collective
+chains once each, all-reduce-scatter fusions as reduce-scatters, loop trips from the condition);
+its generic part imports nothing of this project. No program is compiled here: the inputs are
+XLA's own text (parity_tests/hlo/: programs the TPU compiler printed, captured with libtpu
+0.0.42.1 and jax 0.10.2 for tpu-v5e-8 by `python -m inspector --target=tpu-v5e-8`, and a toy
+FSDP step the GPU compiler printed for 8 H200s, deviceless, from a hand-written target config)."""
 
 import ast
+import collections
+import gzip
 import os
 import pathlib
 
@@ -15,11 +21,11 @@ from jax.sharding import AxisType
 from shard_parity import inspector
 from shard_parity.inspector import cost, surprises
 from shard_parity.inspector.attribute import mesh_axes
-from shard_parity.inspector.hlo import Module, device_groups
+from shard_parity.inspector.hlo import Module, device_groups, logical
 from shard_parity.inspector.program import captured_stderr
 
 # inspector/__init__.py: what inspects any jitted program, apart from what knows the twins
-GENERIC = {'program', 'hlo', 'attribute', 'cost', 'surprises', 'render', 'html', 'trace'}
+GENERIC = {'program', 'hlo', 'attribute', 'cost', 'surprises', 'render', 'html', 'trace', 'target'}
 PROJECT = {'shard_parity', 'auto', 'explicit', 'typed', 'tools', 'parity_tests', 'datasets'}
 
 
@@ -149,3 +155,75 @@ def test_compile_warnings_are_captured_and_attached_to_their_op():
         'involuntary-remat'
     ]
     assert surprises.program_surprises({'ops': [dict(op, flags=[])], 'warnings': []}, []) == []
+
+
+def tpu_text(name: str) -> str:
+    return gzip.open(pathlib.Path(__file__).parent / 'hlo' / f'{name}.txt.gz', 'rt').read()
+
+
+def test_a_tpu_programs_async_chains_and_fused_reduce_scatters_count_once():
+    # auto/fsdp.py's MLP step as the v5e compiler built it
+    text = tpu_text('tpu_v5e8_mlp_fsdp_auto')
+    m = Module(text)
+    found = logical(m)
+    # the text prints each async gather in its start, continuation (the matmul that consumes
+    # it) and done fusions: 10 all-gather lines where the step runs 5 gathers
+    assert len([i for i in m.instructions.values() if i.opcode == 'all-gather']) == 10
+    kinds = collections.Counter((f.collective.kind, f.collective.dtypes[0], f.asynchronous)
+                                for f in found)  # fmt: skip
+    assert kinds == {
+        ('all-gather', 'bf16', True): 2,  # the 512x512 weight forward, 128x512 rows backward
+        ('all-gather', 'bf16', False): 3,
+        ('reduce-scatter', 'f32', False): 1,  # the gradients: an all-reduce-scatter fusion
+        ('all-reduce', 'f32', False): 2,
+        ('all-to-all', 'f32', False): 2,
+        ('collective-permute', 'f32', True): 1,
+    }
+    ops = {(f.collective.kind, f.asynchronous): f for f in found}
+    fused = ops['reduce-scatter', False]
+    # each device's slices of the two weights' gradients (784 rows tiled to 832: 104 a device),
+    # not the whole padded sum the fusion's all-reduce prints
+    assert fused.fused_as == 'all-reduce-scatter'
+    assert fused.collective.shapes == ((104, 512), (64, 512))
+    assert fused.collective.bytes == (104 + 64) * 512 * 4
+    # collective-permute-start's type is (operand, result, two u32 contexts): the bytes are
+    # the done's, one f32[42,512]
+    assert ops['collective-permute', True].collective.bytes == 42 * 512 * 4
+    gather = next(f for f in found if f.collective.shapes == ((512, 512),))
+    assert gather.asynchronous and gather.collective.dtypes == ('bf16',)
+    assert 'matmul' in [what for _, what in gather.between]  # overlapped by the consuming matmul
+    where = inspector.attribute.attribute(text, None, m)
+    (line,) = {o['line'] for f, o in zip(found, where) if f.collective.kind == 'reduce-scatter'}
+    assert line == 81  # the fusion's own metadata: ops.py's product (its backward)
+
+
+def test_a_tpu_loop_is_counted_by_its_condition():
+    # explicit/fsdp.py's 101M transformer: the 8 layers under a scan, without known_trip_count
+    text = tpu_text('tpu_v5e8_transformer101m_fsdp_explicit')
+    assert 'known_trip_count' not in text and text.count(' while(') == 2
+    m = Module(text)
+    assert {n for n, how in m.trips.values()} == {8} and not m.unknown_trip
+    ops = zip(logical(m), inspector.attribute.attribute(text, None, m))
+    per_layer = [f.collective for f, o in ops if o['trip_count'] == 8]
+    assert {c.kind for c in per_layer} == {'all-gather', 'reduce-scatter', 'all-reduce'}
+    # the weights are gathered in bf16 (XLA moved the f32 -> bf16 convert before the
+    # hand-written f32 all_gather), the gradients reduce-scattered in f32
+    big = [c for c in per_layer if c.bytes >= 2**21]
+    assert {(c.kind, c.dtypes[0]) for c in big} == {('all-gather', 'bf16'),
+                                                   ('reduce-scatter', 'f32')}  # fmt: skip
+    # the TPU prints matmuls as convolutions: the loop-body FLOPs are found in them
+    body = next(c for c in m.computations if m.multiplier[c] == 8 and m.dot_flops(c) > 0)
+    assert m.dot_flops(body) > 1e9
+
+
+def test_a_gpus_start_done_pairs_count_their_result_once():
+    # a GPU prints async collectives as -start/-done ops; the start's type is (operand, result)
+    text = tpu_text('gpu_h200x8_fsdp_toy')
+    assert '(f32[128,1024]{1,0}, f32[1024,1024]{1,0}) all-gather-start(' in text
+    found = logical(Module(text))
+    assert [(f.collective.kind, f.asynchronous) for f in found] == [
+        ('all-gather', True), ('reduce-scatter', True)
+    ]
+    gather, scatter = (f.collective for f in found)
+    assert gather.shapes == ((1024, 1024),) and gather.bytes == 1024 * 1024 * 4  # not + operand
+    assert scatter.shapes == ((128, 1024),) and scatter.bytes == 128 * 1024 * 4

@@ -13,7 +13,7 @@ from shard_parity.plan import DATA, EXPERT, FSDP, MODEL, SEQ, STAGE  # noqa: F40
 NO_FMA = '--xla_cpu_max_isa=AVX'  # AVX has no fused multiply-add instructions
 
 
-def configure_jax(cpu_devices: int | None, *, cpu_fma: bool = False) -> None:
+def configure_jax(cpu_devices: int | None, *, cpu_fma: bool = False, libtpu_lines=False) -> None:
     """Settings that only take effect before JAX's backend starts.
 
     cpu_devices: emulate this many CPU devices and run on the CPU; None keeps the default
@@ -22,7 +22,14 @@ def configure_jax(cpu_devices: int | None, *, cpu_fma: bool = False) -> None:
       depends on how each program was fused, so the auto and explicit programs would round the
       optimizer update differently in the last bit, and those bits grow over hundreds of steps
       into visibly different runs. Without FMA the two twins are bitwise identical on the CPU.
+    libtpu_lines: with libtpu installed (the [tpu] extra) on a machine without a TPU, JAX's
+      backend start and every --target compile load it, and it prints five lines of warnings
+      about the TPU it cannot find; they are kept off the screen unless this is set (--verbose).
     """
+    if not libtpu_lines:
+        from shard_parity.inspector.target import quiet_libtpu
+
+        quiet_libtpu()
     try:
         if cpu_devices is not None:
             jax.config.update('jax_platforms', 'cpu')
@@ -42,6 +49,7 @@ def make_mesh(
     shape: tuple[int, ...] | None = None,
     axes: tuple[str, ...] = (DATA, MODEL),
     axis_type: AxisType = AxisType.Auto,
+    devices=None,
 ):
     """A mesh over the first devices: `shape` (from --mesh), or by default all `num_devices`
     (all of them) on the first axis and 1 on the others. `axes` names them, in order
@@ -50,24 +58,28 @@ def make_mesh(
     `axis_type`: the twin's AXIS_TYPE (its __init__.py). Auto for auto/ (the compiler decides
     how sharded values flow) and explicit/ (shard_map makes the axes Manual inside); Explicit
     for typed/ (every array's sharding is part of its type).
+    `devices`: the devices to take them from (default: this process's, jax.devices()); the
+    inspector's --target passes the compile-only devices of hardware that is not here.
     """
-    devices = jax.devices()
+    owner = 'this process has' if devices is None else 'the target has'
+    devices = jax.devices() if devices is None else list(devices)
     if shape is None:
         shape = (len(devices) if num_devices is None else num_devices,) + (1,) * (len(axes) - 1)
     n = math.prod(shape)
     if not 1 <= n <= len(devices) or min(shape) < 1:
         asked = f'--mesh={"x".join(map(str, shape))}' if max(shape[1:], default=1) > 1 else f'--num_devices={n}'
         raise UsageError(
-            f'{asked}, but this process has {len(devices)} '
+            f'{asked}, but {owner} {len(devices)} '
             f'{devices[0].platform.upper()} devices: use 1..{len(devices)} in all'
             + (', or emulate more with --cpu_devices' if devices[0].platform == 'cpu' else '')
         )
     return jax.make_mesh(shape, axes, axis_types=(axis_type,) * len(axes), devices=devices[:n])
 
 
-def mesh_for(plan, axis_type: AxisType = AxisType.Auto):
-    """The mesh of a plan (shard_parity/plan.py), over the first plan.devices devices."""
-    return make_mesh(shape=plan.shape, axes=plan.names, axis_type=axis_type)
+def mesh_for(plan, axis_type: AxisType = AxisType.Auto, devices=None):
+    """The mesh of a plan (shard_parity/plan.py), over the first plan.devices devices (of
+    `devices`, default this process's)."""
+    return make_mesh(shape=plan.shape, axes=plan.names, axis_type=axis_type, devices=devices)
 
 
 def with_axis_type(mesh, axis_type: AxisType):

@@ -60,7 +60,7 @@ def main(argv):
 
         from shard_parity.mesh import configure_jax
 
-        configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
+        configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value, libtpu_lines=F.VERBOSE.value)
         jax.config.update('jax_enable_x64', X64.value)  # before any array is made
         if len(argv) not in (1, 3):
             raise UsageError(f'expected two run directories or none, got {argv[1:]}')

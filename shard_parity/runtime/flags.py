@@ -183,7 +183,11 @@ SAVE_INITIAL = flags.DEFINE_bool(
 )
 KEEP = flags.DEFINE_integer('keep', 3, 'How many checkpoints to keep.', lower_bound=1)
 DEBUG_NANS = flags.DEFINE_bool('debug_nans', False, "Turn on JAX's NaN checks (slow).")
-VERBOSE = flags.DEFINE_bool('verbose', False, 'Show the traceback of an expected error too.')
+VERBOSE = flags.DEFINE_bool(
+    'verbose', False,
+    'Show the traceback of an expected error too, and libtpu\'s start-up warnings where it is '
+    'installed on a machine without a TPU.',
+)  # fmt: skip
 # Several processes (one per host, or several on one machine: python -m tools.launch).
 COORDINATOR = flags.DEFINE_string(
     'coordinator_address', None, 'host:port of process 0, for jax.distributed.initialize.'

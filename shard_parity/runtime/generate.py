@@ -138,7 +138,7 @@ def main(twin):
             plain_warnings()
         show = Printer()
         try:
-            configure_jax(F.CPU_DEVICES.value)
+            configure_jax(F.CPU_DEVICES.value, libtpu_lines=F.VERBOSE.value)
             workdir = F.WORKDIR.value or f'runs/{twin.NAME}_transformer'
             saved, graphdef, state = checkpoint.restore(workdir, make_mesh(1))  # read-only
             if saved['model'] != 'transformer':

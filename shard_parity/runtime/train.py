@@ -106,7 +106,9 @@ def main(twin):
             quiet_failed_save()
             plain_warnings()
         try:
-            configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value)
+            configure_jax(
+                F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value, libtpu_lines=F.VERBOSE.value
+            )
             start_processes(
                 F.COORDINATOR.value,
                 F.NUM_PROCESSES.value,

@@ -47,9 +47,10 @@ def check_strategy(
         )
 
 
-def mesh_from_flags(axis_type, devices: int, ring=False, schedules=False):
+def mesh_from_flags(axis_type, devices: int, ring=False, on=None, schedules=False):
     """(plan, mesh) of --mesh and --strategy over `devices` devices, checked before anything
     compiles: the train CLI's, the inspector's and the bisector's. `ring`: as check_strategy's.
+    `on`: the devices to build it from (the inspector's --target), default this process's.
     `schedules`: whether the caller runs --pp_schedule's files (the train CLI); the inspector
     and the bisector run each twin's STRATEGIES, GPipe's pp.py, and refuse another schedule."""
     if not schedules and F.PP_SCHEDULE.value != 'gpipe':
@@ -59,7 +60,7 @@ def mesh_from_flags(axis_type, devices: int, ring=False, schedules=False):
             '--twins=explicit,explicit.pp_1f1b'
         )
     plan = F.plan(devices)
-    mesh = mesh_for(plan, axis_type)
+    mesh = mesh_for(plan, axis_type, devices=on)
     check_strategy(
         plan.strategy, F.model_config(), mesh, F.batch_size(), F.MICROBATCHES.value,
         F.CP_LAYOUT.value, ring, F.PP_SCHEDULE.value, F.PP_VIRTUAL.value,
