@@ -1,7 +1,19 @@
 """Pipeline parallelism's bubble against M at fixed S, beside GPipe's (S - 1) / (M + S - 1), two
-ways (docs/pipeline.md): from explicit/pp.py's compiled FLOPs, and from its step time.
+ways (docs/pipeline.md): from explicit/pp.py's compiled FLOPs, and from its step time; and each
+schedule's (--pp_schedule: gpipe, 1f1b, interleaved) from its compiled FLOPs, beside
+(S - 1) / (VM + S - 1).
 
     python -m benchmarks.pipeline [--plot=benchmarks/results/pipeline.png] [--rounds=7]
+        [--trace=/tmp/schedules.json]
+
+Schedules: explicit/pp.py and explicit/pp_1f1b.py's gradients (no update) at 32 layers minus
+16 on data:1,stage:S, against the same schedule on one stage (data:1,stage:1, the same M
+microbatches: no bubble), divided by S. 1F1B runs each backward again from the stage's saved
+input (`jax.vjp`), so its FLOPs hold a second forward; the one-stage run holds it too, and the
+ratio is the bubble alone. At least two layers per chunk: XLA removes a layer loop of one trip,
+and the cost analysis then counts that layer's elementwise FLOPs otherwise than at two.
+--trace writes the three schedules' ticks as Chrome trace-event JSON (Perfetto): one row per
+stage, a forward or backward unit per tick.
 
 Here the bubble ticks compute on zeros rather than idle, so both measure the bubble as the share
 of the blocks' work that no emitted output needs. Both isolate the blocks as the difference
@@ -21,6 +33,7 @@ the update.
   from the FLOPs').
 """
 
+import json
 import os
 
 import jax
@@ -37,6 +50,10 @@ ONE_CORE = flags.DEFINE_boolean(
     'no two devices compute at once and the time counts all their work.'
 )
 ROUNDS = flags.DEFINE_integer('rounds', 7, 'Timed rounds of each step, interleaved.', lower_bound=1)
+TRACE = flags.DEFINE_string(
+    'trace', None, "Write each schedule's ticks per stage as Chrome trace JSON (Perfetto) here."
+)
+SCHEDULE_M, SCHEDULE_LAYERS, VIRTUAL = (4, 8, 16), (16, 32), 2
 
 
 def programs(step_for, tx):
@@ -123,14 +140,90 @@ def measure(stages=STAGES, microbatches=MICROBATCHES, rounds=7, parallel=None) -
     return rows
 
 
-def plot(rows, path) -> None:
+def gradient_flops(schedule, stages, microbatches, layers, virtual, shape) -> float:
+    """Per-device FLOPs of explicit's compiled gradients (pp.py for gpipe, else pp_1f1b.py) on
+    data:1,stage:S, loop bodies counted per trip. `shape`: width, T and the global batch."""
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from shard_parity import explicit
+    from shard_parity import plan as plans
+    from shard_parity.inspector.hlo import Module
+    from shard_parity.inspector.program import flops
+    from shard_parity.memory import abstract_state
+    from shard_parity.mesh import mesh_for
+    from shard_parity.model.transformer import Transformer
+    from shard_parity.runtime import config as cfg
+    from shard_parity.runtime.tasks import lm_loss
+    from shard_parity.step import make_optimizer
+
+    width, seq, batch = shape
+    mesh = mesh_for(plans.parse(f'data:1,stage:{stages}', None, stages))
+    config = cfg.TransformerConfig(seq_len=seq, num_layers=layers, embed_dim=width)
+    tx = make_optimizer(cfg.TRAIN_DEFAULTS['transformer'])
+    graphdef, state = abstract_state(lambda r: Transformer(config, rngs=r), tx, mesh, 'pp')
+    tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=NamedSharding(mesh, P()))
+    if schedule == 'gpipe':
+        fn = explicit.pp.loss_and_grads(graphdef, lm_loss, mesh, microbatches)
+    else:
+        fn = explicit.pp_1f1b.loss_and_grads(graphdef, lm_loss, mesh, microbatches, virtual)
+    compiled = fn.lower(state.params, {'x': tokens, 'y': tokens}).compile()
+    return flops(compiled, Module(compiled.as_text()))
+
+
+def schedule_bubbles(stages=STAGES, microbatches=SCHEDULE_M, layers=SCHEDULE_LAYERS,
+                     virtual=VIRTUAL, shape=(128, 64, BATCH)) -> list[dict]:  # fmt: skip
+    """Each schedule's bubble from its compiled FLOPs: the blocks' (`layers`[1] minus [0]) on
+    S stages against S x theirs on one stage, beside (S - 1)/(VM + S - 1)."""
+    rows = []
+    for schedule, v in (('gpipe', 1), ('1f1b', 1), ('interleaved', virtual)):
+        for m in microbatches:
+            blocks = {
+                s: gradient_flops(schedule, s, m, layers[1], v, shape)
+                - gradient_flops(schedule, s, m, layers[0], v, shape)
+                for s in (1, stages)
+            }  # fmt: skip
+            rows.append({
+                'schedule': schedule, 'S': stages, 'M': m, 'V': v,
+                'formula': (stages - 1) / (v * m + stages - 1),
+                'bubble': 1 - blocks[1] / (stages * blocks[stages]),
+            })  # fmt: skip
+    return rows
+
+
+def trace(stages, microbatches, virtual) -> dict:
+    """The three schedules' ticks as Chrome trace events: a process per schedule, a thread per
+    stage, one event per forward or backward unit ('F3' microbatch 3, 'B3:1' its backward through
+    the stage's chunk 1). A tick is drawn 1 ms wide, a forward and a backward in one tick side by
+    side, each half of it."""
+    from shard_parity.pipeline import ticks
+
+    events = []
+    for pid, (schedule, v) in enumerate((('gpipe', 1), ('1f1b', 1), ('interleaved', virtual))):
+        table = ticks(schedule, stages, microbatches, v)
+        name = f'{schedule} S={stages} M={microbatches} V={v}'
+        events.append({'ph': 'M', 'pid': pid, 'name': 'process_name', 'args': {'name': name}})
+        for s in range(stages):
+            events.append({'ph': 'M', 'pid': pid, 'tid': s, 'name': 'thread_name',
+                           'args': {'name': f'stage {s}'}})  # fmt: skip
+        for half, (kind, part) in enumerate((('F', table.forward), ('B', table.backward))):
+            for t, s in zip(*np.nonzero(part['on'])):
+                chunk = f":{part['chunk'][t, s]}" if v > 1 else ''
+                events.append({'ph': 'X', 'pid': pid, 'tid': int(s), 'ts': 1000 * t + 500 * half,
+                               'dur': 500, 'name': f"{kind}{part['mb'][t, s]}{chunk}",
+                               'cat': 'forward' if kind == 'F' else 'backward'})  # fmt: skip
+    return {'traceEvents': events, 'displayTimeUnit': 'ms'}
+
+
+def plot(rows, path, schedules=()) -> None:
     import matplotlib
 
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
     m = [r['M'] for r in rows]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+    fig, (ax, right) = plt.subplots(1, 2, figsize=(10, 3.2))
     ax.plot(m, [r['formula'] for r in rows], 'k--', label='(S-1)/(M+S-1)')
     ax.plot(m, [r['bubble'] for r in rows], 'o-', label='measured: compiled FLOPs')
     low, high = np.array([r['time_range'] for r in rows]).T
@@ -141,6 +234,21 @@ def plot(rows, path) -> None:
     ax.set_title(f'GPipe bubble, S = {rows[0]["S"]} stages (explicit/pp.py)', fontsize=10)
     ax.set_xticks(m, [str(x) for x in m])
     ax.legend(fontsize=8)
+    marks = {'gpipe': dict(marker='o', ms=9, mfc='none'), '1f1b': dict(marker='x'),
+             'interleaved': dict(marker='s')}  # GPipe's and 1F1B's coincide: both visible
+    for i, (name, mark) in enumerate(marks.items()):
+        mine = [r for r in schedules if r['schedule'] == name]
+        if mine:
+            x = [r['M'] for r in mine]
+            right.plot(x, [r['formula'] for r in mine], f'C{i}--', lw=1)
+            right.plot(x, [r['bubble'] for r in mine], f'C{i}', ls='none', **mark,
+                       label=f"{name} (V = {mine[0]['V']})")  # fmt: skip
+    right.set(xscale='log', xlabel='microbatches M', ylabel='bubble fraction')
+    right.set_title("each schedule's bubble: FLOPs (marks), formula (dashes)", fontsize=10)
+    ms = sorted({r['M'] for r in schedules})
+    right.set_xticks(ms, [str(x) for x in ms])
+    right.minorticks_off()
+    right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -165,8 +273,17 @@ def main(argv) -> None:
         print(f"S={r['S']} M={r['M']:2d}: formula {r['formula']:.3f}, FLOPs {r['bubble']:.3f}, "
               f"time {r['time_bubble']:.3f} [{lo:.3f}, {hi:.3f}] "
               f"({r['ms']:.1f} ms pipelined, {r['ms_one_stage']:.1f} ms on one stage)")  # fmt: skip
+    schedules = schedule_bubbles()
+    print(f'schedules, S={STAGES}: blocks only ({SCHEDULE_LAYERS[1]} layers minus '
+          f'{SCHEDULE_LAYERS[0]}), compiled FLOPs against one stage')  # fmt: skip
+    for r in schedules:
+        print(f"{r['schedule']:>11} V={r['V']} M={r['M']:2d}: formula {r['formula']:.3f}, "
+              f"FLOPs {r['bubble']:.3f}")  # fmt: skip
     if PLOT.value:
-        plot(rows, PLOT.value)
+        plot(rows, PLOT.value, schedules)
+    if TRACE.value:
+        with open(TRACE.value, 'w') as f:
+            json.dump(trace(STAGES, STAGES, VIRTUAL), f)
 
 
 if __name__ == '__main__':

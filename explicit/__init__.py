@@ -10,9 +10,10 @@ is, shard_map runs the bound model (`fn = bind(...)`, as in auto/ and typed/).
 
 from jax.sharding import AxisType
 
-from . import composed, cp, dp, ep, fsdp, fsdp_tp, pp, tp
+from . import composed, cp, dp, ep, fsdp, fsdp_tp, pp, pp_1f1b, tp
 
 NAME = 'explicit'
 AXIS_TYPE = AxisType.Auto  # shard_map makes the axes Manual inside its functions
 RING = True  # under 'seq' this twin runs its own attention (the ring, shard_parity/model/ring.py): --attention unused
 STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep, 'composed': composed}
+SCHEDULES = {'1f1b': pp_1f1b, 'interleaved': pp_1f1b}  # --pp_schedule's files; gpipe is pp.py

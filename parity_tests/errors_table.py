@@ -551,4 +551,34 @@ ROWS = [
         'the program does not fit tpu-v5e-1: needs',
         'test_target.test_a_program_the_chips_hbm_cannot_hold_is_named_not_fitting',
     ),
+    (
+        '--pp_virtual without --pp_schedule=interleaved',
+        '--pp_virtual=2 needs --pp_schedule=interleaved (it is --pp_schedule=1f1b)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'layers not divisible by the stage axis x --pp_virtual',
+        '--num_layers=4 is not divisible by the stage axis x --pp_virtual (2 x 4 = 8)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'fewer microbatches than stages under 1f1b',
+        '--microbatches=2 is fewer than the stage axis (4): 1F1B reaches its steady state',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'interleaved microbatches not a multiple of the stage axis',
+        '--microbatches=3 is not a multiple of the stage axis (2)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector or bisect: --pp_schedule other than gpipe',
+        "--pp_schedule=1f1b: this tool runs the twins' pp.py (gpipe)",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--pp_schedule other than gpipe outside --strategy=pp',
+        '--pp_schedule=1f1b runs under --strategy=pp only (this mesh runs dp)',
+        'test_bad_inputs.test_cli_row',
+    ),
 ]

@@ -25,6 +25,7 @@ from shard_parity.runtime import checkpoint, tasks
 from shard_parity.runtime.train import run
 
 TINY = ['--model=transformer', '--batch_size=16', '--cpu_devices=8']
+PP = ['--strategy=pp', '--num_layers=4']
 CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     'unknown flag': ('auto.train', ['--nosuchflag']),
     'zero or negative size': ('explicit.train', ['--batch_size=-8']),
@@ -161,6 +162,31 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     'inspector: a mesh whose inner axes do not fit in a host (--hosts)': (
         'inspector',
         ['--mesh=data:3,model:2', '--hosts=2', '--batch_size=12', '--cpu_devices=6'],
+    ),
+    '--pp_virtual without --pp_schedule=interleaved': (
+        'explicit.train',
+        [*TINY, *PP, '--mesh=4x2', '--pp_schedule=1f1b', '--pp_virtual=2'],
+    ),
+    'layers not divisible by the stage axis x --pp_virtual': (
+        'explicit.train',
+        [*TINY, *PP, '--mesh=4x2', '--pp_schedule=interleaved', '--pp_virtual=4'],
+    ),
+    'fewer microbatches than stages under 1f1b': (
+        'explicit.train',
+        [*TINY, *PP, '--mesh=2x4', '--pp_schedule=1f1b', '--microbatches=2'],
+    ),
+    'interleaved microbatches not a multiple of the stage axis': (
+        'explicit.train',
+        [*TINY, *PP, '--mesh=4x2', '--pp_schedule=interleaved', '--microbatches=3']
+        + ['--batch_size=24'],
+    ),
+    'inspector or bisect: --pp_schedule other than gpipe': (
+        'inspector',
+        [*TINY, *PP, '--mesh=4x2', '--pp_schedule=1f1b'],
+    ),
+    '--pp_schedule other than gpipe outside --strategy=pp': (
+        'explicit.train',
+        [*TINY, '--strategy=dp', '--pp_schedule=1f1b'],
     ),
 }
 # The exit status of a bad input: 1 (absl's own for a flag it refuses, and ours), but the

@@ -8,14 +8,20 @@ on each 'data' device's rows (explicit/): both give microbatch m the same rows, 
 microbatch stays split over 'data' with no data moved.
 """
 
+import functools
+from typing import Any, Callable, NamedTuple
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shard_parity import UsageError
 from shard_parity.mesh import STAGE
-from shard_parity.model.ops import typed
-from shard_parity.placement import activations
+from shard_parity.model.ops import typed, varying
+from shard_parity.placement import STACKED, activations
 
 
 def split(x, microbatches: int):
@@ -64,3 +70,343 @@ def microbatch_means(stats, microbatches: int, stage):
         return jnp.where(valid[..., None], x, 0).sum(0) / microbatches
 
     return {name: mean(x) for name, x in stats.items()}
+
+
+# --- 1F1B and interleaved 1F1B: the schedule as a table, and one stage's work at one tick ---
+
+class Ticks(NamedTuple):
+    """A 1F1B schedule as data (`one_f_one_b`): what each of the S stages does at each tick.
+    `forward` and `backward` map 'on', 'mb', 'chunk', 'slot' to int32 [ticks, S]: whether the
+    stage runs a unit (one microbatch through one of its chunks) that tick, which microbatch,
+    which of its V chunks, and where it keeps (forward) or finds (backward) that unit's input."""
+
+    forward: dict
+    backward: dict
+    phases: tuple  # ticks of (the warm-up: forwards only, the steady state: both, the cool-down)
+    slots: int  # K: the stage inputs a stage keeps at most, the `saved` buffer's length
+
+
+def one_f_one_b(stages: int, microbatches: int, virtual: int = 1) -> Ticks:
+    """1F1B in lockstep: at every tick each stage runs at most one forward unit and one backward
+    unit, then hands its output to the next stage and its input's gradient to the previous one,
+    which use them the next tick. With V chunks per stage (`virtual`, interleaved), chunk v of
+    stage s is virtual stage vS + s (layers of chunk c: c L/(SV) .. (c+1) L/(SV) - 1), and a
+    microbatch goes round the stages V times (the last stage's output back to stage 0).
+
+    Stage s runs forward unit u = t - s at tick t: units in groups of S microbatches, each group
+    through chunk 0, then chunk 1, ...: u = g SV + v S + w is microbatch g S + w in chunk v.
+    Its backward unit is u = t - D - (S - 1 - s), D = VS - 1, the same order with the chunks
+    reversed. Each unit's input then arrives exactly one tick before it runs, and the last
+    chunk's backward runs at the tick of its forward (after the loss). In the first D ticks no
+    backward can run and in the last D no forward: three phases, so that the bubble costs no
+    compute that the formula does not count. Ticks: VM + S - 1 with a forward, as many with a
+    backward, (S - 1)/(VM + S - 1) of each stage's units idle. A stage keeps each unit's input
+    from its forward to its backward, at most 2VS - 1 (2(S - 1 - s) + 1 for V = 1): S-bound,
+    whatever M (GPipe keeps all M + S - 1 ticks' activations)."""
+    S, M, V = stages, microbatches, virtual
+    depth, slots = V * S - 1, 2 * V * S - 1
+    t, s = np.arange(V * M + V * S + S - 2)[:, None], np.arange(S)[None]
+
+    def units(u, reverse):
+        g, w = np.divmod(u, S * V)
+        v = V - 1 - w // S if reverse else w // S
+        on = (u >= 0) & (u < V * M)
+        slot = (g * S * V + v * S + w % S) % slots  # the forward unit's index, round the buffer
+        mb, chunk = np.where(on, g * S + w % S, 0), np.where(on, v, 0)
+        fields = dict(on=on, mb=mb, chunk=chunk, slot=slot)
+        return {k: a.astype(np.int32) for k, a in fields.items()}
+
+    forward, backward = units(t - s, False), units(t - depth - (S - 1 - s), True)
+    phases = (depth, V * M + S - 1 - depth, depth)
+    assert not backward['on'][:depth].any() and not forward['on'][len(t) - depth :].any()
+    return Ticks(forward, backward, phases, slots)
+
+
+def gpipe_ticks(stages: int, microbatches: int) -> Ticks:
+    """GPipe as the same table, for the pictures (`cells`): M + S - 1 forward ticks, then the
+    backward's, which are `grad`'s: the same ticks in reverse."""
+    S, M = stages, microbatches
+    t, s = np.arange(2 * (M + S - 1))[:, None], np.arange(S)[None]
+    f, b = t - s, 2 * (M + S - 1) - 1 - t - s
+
+    def units(m):
+        on = (m >= 0) & (m < M)
+        return {'on': on, 'mb': np.where(on, m, 0), 'chunk': 0 * m, 'slot': 0 * m}
+
+    return Ticks(units(f), units(b), (M + S - 1, 0, M + S - 1), M + S - 1)
+
+
+def ticks(schedule: str, stages: int, microbatches: int, virtual: int = 1) -> Ticks:
+    if schedule == 'gpipe':
+        return gpipe_ticks(stages, microbatches)
+    return one_f_one_b(stages, microbatches, virtual)
+
+
+def cells(table: Ticks, virtual: int = 1) -> list[list[str]]:
+    """Each tick's work per stage, drawn: 'F3' the forward of microbatch 3, 'B1' a backward,
+    'F3:1' microbatch 3 in the stage's chunk 1 (interleaved), '·' the bubble."""
+
+    def unit(kind, part, t, s):
+        if not part['on'][t, s]:
+            return ''
+        chunk = f":{part['chunk'][t, s]}" if virtual > 1 else ''
+        return f"{kind}{part['mb'][t, s]}{chunk}"
+
+    f, b = table.forward, table.backward
+    return [
+        [' '.join(x for x in (unit('F', f, t, s), unit('B', b, t, s)) if x) or '·'
+         for s in range(f['on'].shape[1])]
+        for t in range(len(f['on']))
+    ]  # fmt: skip
+
+
+def sends(stages: int, virtual: int) -> list[tuple[int, int]]:
+    """The (source, target) stages of a 1F1B hand-over: stage i to i + 1, and interleaved, the
+    last stage to stage 0 (its output is the input of stage 0's next chunk). The gradients
+    go the other way."""
+    return [(i, (i + 1) % stages) for i in range(stages - (virtual == 1))]
+
+
+def interleave_pairs(stages: int, virtual: int) -> dict:
+    """Where interleaving moves each chunk: the blocks are placed L/S consecutive layers per
+    stage (placement.py), chunks sV .. sV + V - 1 on stage s, and interleaved stage s runs
+    chunks s, s + S, ...: {(j, v): [(source, target), ...]}, stage `source`'s chunk j becoming
+    stage `target`'s chunk v (one ppermute each, in explicit/; their transposes bring the
+    gradients back)."""
+    S, V = stages, virtual
+    pairs = {}
+    for j in range(V):
+        for v in range(V):
+            moves = [(a, a * V + j - v * S) for a in range(S) if 0 <= a * V + j - v * S < S]
+            if moves:
+                pairs[j, v] = moves
+    return pairs
+
+
+def check_schedule(schedule, virtual, stages, layers, microbatches, strategy='pp') -> None:
+    """--pp_schedule and --pp_virtual against the strategy, the stage axis S, the layers and
+    the microbatches M: one line each (docs/errors.md), before anything compiles."""
+    if virtual is not None and schedule != 'interleaved':
+        raise UsageError(
+            f'--pp_virtual={virtual} needs --pp_schedule=interleaved (it is --pp_schedule='
+            f'{schedule}): only the interleaved schedule gives each stage several chunks'
+        )
+    if schedule == 'gpipe':
+        return
+    if strategy != 'pp':
+        raise UsageError(
+            f'--pp_schedule={schedule} runs under --strategy=pp only (this mesh runs '
+            f'{strategy}): the composed step pipelines with gpipe; use --mesh=data:D,stage:S, '
+            'or --pp_schedule=gpipe'
+        )
+    v = virtual_stages(schedule, virtual)
+    if schedule == 'interleaved' and v < 2:
+        raise UsageError(
+            f'--pp_virtual={v} must be 2 or more: each stage runs V chunks (V = 1 is '
+            '--pp_schedule=1f1b)'
+        )
+    if layers % (stages * v):
+        raise UsageError(
+            f'--num_layers={layers} is not divisible by the stage axis x --pp_virtual '
+            f'({stages} x {v} = {stages * v}): each stage runs {v} chunks of num_layers/'
+            f'{stages * v} layers; use a multiple of {stages * v}'
+        )
+    if schedule == '1f1b' and microbatches < stages:
+        raise UsageError(
+            f'--microbatches={microbatches} is fewer than the stage axis ({stages}): 1F1B '
+            'reaches its steady state, one forward and one backward per tick, only with a '
+            f'microbatch per stage in flight; use --microbatches={stages} or more, or '
+            '--pp_schedule=gpipe'
+        )
+    if schedule == 'interleaved' and microbatches % stages:
+        raise UsageError(
+            f'--microbatches={microbatches} is not a multiple of the stage axis ({stages}): '
+            'the interleaved schedule sends the microbatches round the stages in groups of '
+            f'{stages}; use {stages}, {2 * stages}, ...'
+        )
+
+
+def virtual_stages(schedule: str, virtual=None) -> int:
+    """V, the chunks each stage runs: --pp_virtual (2 when not given) under interleaved, else 1."""
+    return (2 if virtual is None else virtual) if schedule == 'interleaved' else 1
+
+
+class Pieces(NamedTuple):
+    """The model cut where a pipeline cuts it. `rest`: the params outside the stacked blocks."""
+
+    embed: Callable  # (rest, tokens i32[b, T]) -> x f32[b, T, C]: the first stage's
+    run: Callable  # (blocks [k, ...], x) -> y: k layers, the stages' work
+    head_loss: Callable  # (rest, y, batch) -> (loss, metrics): the last stage's
+
+
+def pieces(graphdef, loss_fn, params) -> Pieces:
+    """`loss_fn`'s model in three pieces: the embedding, a stack of blocks, and the final norm,
+    the head and the loss, which `loss_fn` itself runs on activations the pipeline hands in
+    (the model's `pipeline` hook returning them), so every task's loss runs unchanged."""
+    blocks = params[STACKED]
+
+    def model(rest):
+        return nnx.merge(graphdef, nnx.State({STACKED: blocks, **rest}))
+
+    def head_loss(rest, y, batch, stats=None):
+        hook = lambda x, run, weights: (y, stats or {})  # noqa: E731
+        return loss_fn(functools.partial(model(rest), pipeline=hook), batch)
+
+    run = lambda weights, x: model(rest_of(params)).run_stack(weights, x)[0]  # noqa: E731
+    return Pieces(lambda rest, tokens: model(rest).embedding(tokens), run, head_loss)
+
+
+def rest_of(params) -> dict:
+    """The params outside the stacked blocks: the embeddings and the final norm."""
+    return {k: v for k, v in params.items() if k != STACKED}
+
+
+def joined(params, blocks, rest):
+    """`params`' tree, its blocks' leaves from `blocks` and the others' from `rest`."""
+    leaves = jax.tree.leaves(nnx.State({STACKED: blocks, **rest}))
+    return jax.tree.unflatten(jax.tree.structure(params), leaves)
+
+
+def when(pred, fn, *args):
+    """`fn(*args)` where `pred` holds and zeros of its type elsewhere: `lax.cond`, so that under
+    shard_map only the devices where `pred` holds run `fn` (under vmap both branches run, and a
+    select keeps one). Both branches' values vary over every Manual axis, as cond needs. In
+    Explicit mode (typed/) a select, as `branch` says why."""
+    if explicit(args):
+        return jax.tree.map(lambda o: jnp.where(pred, o, 0), fn(*args))
+    zeros = lambda *a: jax.tree.map(  # noqa: E731
+        lambda o: jnp.zeros(o.shape, o.dtype), jax.eval_shape(fn, *a)
+    )
+    yes, no = lambda *a: everywhere(fn(*a)), lambda *a: everywhere(zeros(*a))  # noqa: E731
+    return jax.lax.cond(pred, yes, no, *args)
+
+
+def branch(pred, yes, no, *args):
+    """`lax.cond(pred, yes, no, *args)`. In Explicit mode (typed/), where the stages run under
+    `vmap(spmd_axis_name='stage')`, a cond there becomes a select whose predicate, split over
+    'stage' only, jax (0.10 and 0.12) refuses beside values split over 'data' too ("select
+    `which` must be scalar or have the same sharding as cases"): there `jnp.where` of both
+    branches, which is what vmap makes of a cond anyway."""
+    if explicit(args):
+        return jax.tree.map(lambda a, b: jnp.where(pred, a, b), yes(*args), no(*args))
+    return jax.lax.cond(pred, yes, no, *args)
+
+
+def explicit(tree) -> bool:
+    """Whether any array of `tree` has its sharding in its type (typed/'s Explicit mode)."""
+    return any(typed(a) is not None for a in jax.tree.leaves(tree))
+
+
+def everywhere(tree):
+    """Inside shard_map: `tree` cast to varying over every Manual axis; elsewhere `tree`."""
+    axes = set(jax.sharding.get_abstract_mesh().manual_axes)
+    return jax.tree.map(lambda a: jax.lax.pcast(a, tuple(sorted(axes - varying(a))), to='varying'),
+                        tree)  # fmt: skip
+
+
+class Stage(NamedTuple):
+    """One stage's state between the ticks of a 1F1B step."""
+
+    h: jax.Array  # f32[b, T, C]: the activation the previous stage handed over
+    g: jax.Array  # f32[b, T, C]: the gradient the next stage handed back
+    saved: jax.Array  # f32[K, b, T, C]: the inputs of the units run forward, not yet backward
+    grads: Any  # the chunks' gradients, [V, k, ...]
+    rest: Any  # the embedding's (stage 0) and the head's (the last stage) gradients
+    metrics: dict  # the loss's metrics, summed over the microbatches this stage ended
+
+
+def start(p: Pieces, rest, chunks, batches, slots: int) -> Stage:
+    """A stage's state before the first tick: zeros."""
+    x = jnp.zeros_like(p.embed(rest, batches['x'][0]))
+    _, metrics = jax.eval_shape(p.head_loss, rest, x, jax.tree.map(lambda a: a[0], batches))
+    zeros = jax.tree.map(jnp.zeros_like, (x, x, chunks, rest))
+    saved = jnp.broadcast_to(x, (slots, *x.shape))
+    metrics = {k: jnp.zeros(m.shape, m.dtype) for k, m in metrics.items()}
+    return everywhere(Stage(zeros[0], zeros[1], saved, zeros[2], zeros[3], metrics))
+
+
+def tick(p: Pieces, rest, batches, stages: int, virtual: int, fwd=True, bwd=True, loss=True):
+    """One stage's work at one tick, `(stage, chunks, state, row) -> (state, y, dx)`, the
+    output to hand on and the gradient to hand back (the twin moves them): the forward unit
+    (stage 0's first chunk embeds its microbatch; the last stage's last chunk runs the head and
+    the loss, whose gradient, scaled by 1/M, its backward then takes), then the backward unit
+    (`jax.vjp` of its chunk, run again on the saved input: only the stage inputs are kept).
+    Off-schedule units run on what is there with a zero gradient: they add nothing."""
+    M = batches['x'].shape[0]
+
+    def run(s, chunks, state, row):
+        f, b = row
+        first, last = (s == 0), (s == stages - 1)
+        y = g_last = dx = None
+        if fwd:
+            tokens = take(batches['x'], f['mb'])
+            embed = lambda h: everywhere(p.embed(rest, tokens))  # noqa: E731
+            x = branch(first & (f['chunk'] == 0), embed, lambda h: h, state.h)
+            y = p.run(pick(chunks, f['chunk']), x)
+            state = state._replace(saved=state.saved.at[f['slot']].set(x))
+            if loss:
+                ends = f['on'].astype(bool) & last & (f['chunk'] == virtual - 1)
+                batch = jax.tree.map(lambda a: take(a, f['mb']), batches)
+                d_rest, g_last, metrics = when(ends, head_grads, rest, y, batch)
+                state = state._replace(
+                    rest=add(state.rest, d_rest), metrics=add(state.metrics, metrics)
+                )
+        if bwd:
+            g = state.g  # the next stage's, or the loss's where this unit ends the model:
+            if g_last is not None:
+                g = jnp.where(last & (b['chunk'] == virtual - 1), g_last, g)
+            g = jnp.where(b['on'].astype(bool), g, 0)
+            x = state.saved[b['slot']]
+            _, back = jax.vjp(p.run, pick(chunks, b['chunk']), x)
+            dw, dx = back(g)
+            begins = b['on'].astype(bool) & first & (b['chunk'] == 0)
+            d_rest = when(begins, embed_grads, rest, take(batches['x'], b['mb']), dx)
+            state = state._replace(
+                grads=jax.tree.map(lambda a, d: a.at[b['chunk']].add(d), state.grads, dw),
+                rest=add(state.rest, d_rest),
+            )
+        return state, y, dx
+
+    def head_grads(rest, y, batch):
+        loss, back, metrics = jax.vjp(lambda r, y: p.head_loss(r, y, batch), rest, y, has_aux=True)
+        d_rest, dy = back(jnp.ones_like(loss) / M)  # the step's loss: the microbatches' mean
+        return d_rest, dy, metrics
+
+    def embed_grads(rest, tokens, dx):
+        return jax.vjp(lambda r: p.embed(r, tokens), rest)[1](dx)[0]
+
+    return run
+
+
+def take(a, i):
+    """a[i], microbatch i of a [M, ...] batch. In Explicit mode (typed/), under the stages'
+    `vmap`, an index varying over 'stage' makes a gather whose layout jax cannot infer (jax
+    0.10 and 0.12 ask for an out_sharding, and then ignore it on this path): there the row is
+    picked by a masked sum over M, elementwise work on small integer arrays."""
+    if typed(a) is None:
+        return a[i]
+    mask = (jnp.arange(a.shape[0]) == i).reshape(-1, *[1] * (a.ndim - 1))
+    return jnp.where(mask, a, 0).sum(0)
+
+
+def pick(tree, i):
+    return jax.tree.map(lambda a: a[i], tree)
+
+
+def add(a, b):
+    return jax.tree.map(jnp.add, a, b)
+
+
+def phases(table: Ticks, state, step):
+    """The three phases of a 1F1B schedule, each a `lax.scan` over its ticks:
+    `step(state, row, fwd, bwd, loss)` runs every stage's tick and the hand-overs. Rows:
+    the table's, {'on', 'mb', 'chunk', 'slot'} of [S] each, for the forward and the backward."""
+    rows = jax.tree.map(jnp.asarray, (table.forward, table.backward))
+    start_tick = 0
+    for n, fwd, bwd in zip(table.phases, (True, True, False), (False, True, True)):
+        part = jax.tree.map(lambda a: a[start_tick : start_tick + n], rows)
+        start_tick += n
+        if n:
+            body = lambda c, r: (step(c, r, fwd, bwd, fwd and bwd), None)  # noqa: E731
+            state = jax.lax.scan(body, state, part)[0]
+    return state

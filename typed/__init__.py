@@ -8,9 +8,10 @@ Mind the names: this folder, typed/, is JAX's Explicit mode; our explicit/ is JA
 
 from jax.sharding import AxisType
 
-from . import composed, cp, dp, ep, fsdp, fsdp_tp, pp, tp
+from . import composed, cp, dp, ep, fsdp, fsdp_tp, pp, pp_1f1b, tp
 
 NAME = 'typed'
 AXIS_TYPE = AxisType.Explicit  # the mesh's axes: shardings are types, checked while tracing
 RING = True  # under 'seq' this twin runs its own attention (the ring, in shard_map): --attention unused
 STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep, 'composed': composed}
+SCHEDULES = {'1f1b': pp_1f1b, 'interleaved': pp_1f1b}  # --pp_schedule's files; gpipe is pp.py

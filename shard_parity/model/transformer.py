@@ -219,11 +219,7 @@ class Transformer(nnx.Module):
         `pipeline`: `(x, run_stack, weights) -> x` in place of the layer loop: pipeline
         parallelism's schedule (<twin>/pp.py), which runs `run_stack` on each stage's share of
         the stacked `weights`, microbatch by microbatch."""
-        if positions is None:
-            positions = index + jnp.arange(tokens.shape[1])  # [T]
-        if typed(tokens) is not None:  # Explicit mode: look positions up per row, as tokens
-            positions = jax.reshard(jnp.broadcast_to(positions, tokens.shape), typed(tokens))
-        x = lookup(self.embed, tokens) + lookup(self.pos, positions)  # [B, T, C]
+        x = self.embedding(tokens, index, positions)  # [B, T, C]
         new_caches = []
         hooks = dict(sum_partials=sum_partials, attention=attention, experts=experts)
         if pipeline is not None:  # pipeline parallelism: the strategy runs the blocks
@@ -246,6 +242,15 @@ class Transformer(nnx.Module):
         logits = product(x, table, transposed=True)  # the head, tied to the embedding
         logits = logits.astype(wide(logits.dtype))  # float64 only under the bisector's --x64
         return logits, (None if caches is None else new_caches)
+
+    def embedding(self, tokens, index=0, positions=None):
+        """tokens i32[B, T] -> x f32[B, T, C]: the byte and position embeddings, what the blocks
+        take in (a pipeline's first stage runs this alone: shard_parity/pipeline.py)."""
+        if positions is None:
+            positions = index + jnp.arange(tokens.shape[1])  # [T]
+        if typed(tokens) is not None:  # Explicit mode: look positions up per row, as tokens
+            positions = jax.reshard(jnp.broadcast_to(positions, tokens.shape), typed(tokens))
+        return lookup(self.embed, tokens) + lookup(self.pos, positions)
 
     def layers(self) -> list[Block]:
         """The L blocks, each a slice of the stacked params (the bisector names them blocks.i).

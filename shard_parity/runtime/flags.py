@@ -222,6 +222,21 @@ MICROBATCHES = flags.DEFINE_integer(
     'a GPipe step runs M + S - 1 ticks on S stages, S - 1 of them a bubble (docs/pipeline.md).',
     lower_bound=1,
 )
+PP_SCHEDULE = flags.DEFINE_enum(
+    'pp_schedule',
+    'gpipe',
+    ['gpipe', '1f1b', 'interleaved'],
+    "With --strategy=pp, the pipeline's schedule: gpipe, every microbatch forward then every "
+    'backward; 1f1b, one forward and one backward per tick after a warm-up, so a stage keeps '
+    'at most 2S - 1 microbatches\' inputs; interleaved, 1f1b with --pp_virtual chunks per '
+    'stage, a smaller bubble (docs/pipeline.md).',
+)
+PP_VIRTUAL = flags.DEFINE_integer(
+    'pp_virtual',
+    None,
+    'With --pp_schedule=interleaved, the V chunks of num_layers / (S x V) layers each stage '
+    'runs (default 2): the bubble falls from (S-1)/(M+S-1) to (S-1)/(VM+S-1).',
+)
 SHOW_SHARDING = flags.DEFINE_bool(
     'show_sharding', False, 'Print where one batch and one weight live on the devices.'
 )
@@ -258,7 +273,8 @@ KV_CACHE = flags.DEFINE_bool('kv_cache', False, 'Decode with a KV cache (one pos
 
 # What each CLI's --help lists; --helpfull lists everything.
 TRAIN_CLI = [
-    MODEL, STRATEGY, MESH, CP_LAYOUT, MICROBATCHES, *TRAIN.values(), *TRANSFORMER_SHAPE,
+    MODEL, STRATEGY, MESH, CP_LAYOUT, MICROBATCHES, PP_SCHEDULE, PP_VIRTUAL, *TRAIN.values(),
+    *TRANSFORMER_SHAPE,
     CPU_DEVICES, CPU_FMA,
     NUM_DEVICES, DATA_DIR, DOWNLOAD, WORKDIR, CHECKPOINT_EVERY, SAVE_INITIAL, KEEP, DEBUG_NANS,
     VERBOSE, COORDINATOR, NUM_PROCESSES, PROCESS_ID, DISTRIBUTED_AUTO, HEARTBEAT_TIMEOUT,

@@ -141,7 +141,8 @@ class Stopwatch:
         return self.seconds + (time.perf_counter() - self.t0)
 
 
-OPTIONS = {'cp_layout': 'layout', 'microbatches': 'microbatches'}  # config.json's key: the argument
+# config.json's key: the argument (--pp_virtual: V, the chunks per stage of pp_1f1b.py)
+OPTIONS = {'cp_layout': 'layout', 'microbatches': 'microbatches', 'pp_virtual': 'virtual'}
 
 
 class Loop:
@@ -149,6 +150,8 @@ class Loop:
 
     def __init__(self, twin, strategy, task, config, mesh, graphdef, tx, log, mngr, saved):
         parallel = twin.STRATEGIES[strategy]  # the strategy file, e.g. explicit/fsdp.py
+        if 'pp_schedule' in saved:  # 1f1b or interleaved: the twin's SCHEDULES' file
+            parallel = twin.SCHEDULES[saved['pp_schedule']]
         self.name, self.task, self.config, self.mesh = twin.NAME, task, config, mesh
         self.strategy = strategy
         self.log, self.mngr, self.saved = log, mngr, saved

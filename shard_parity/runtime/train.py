@@ -120,7 +120,7 @@ def main(twin):
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{twin.NAME}_{F.MODEL.value}')
             # the mesh and what its axes need first: a short --steps's warm-up check after
             devices = default_devices(F.batch_size())
-            plan, mesh = mesh_from_flags(twin.AXIS_TYPE, devices, twin.RING)
+            plan, mesh = mesh_from_flags(twin.AXIS_TYPE, devices, twin.RING, schedules=True)
             F.warn_ignored_flags()
             config = F.train_config(checkpoint.latest_train_config(workdir))
             final = run(
@@ -137,6 +137,8 @@ def main(twin):
                 F.CP_LAYOUT.value,
                 F.MICROBATCHES.value,
                 checked=True,
+                schedule=F.PP_SCHEDULE.value,
+                virtual=F.PP_VIRTUAL.value,
             )
         except FloatingPointError as e:  # raised by JAX's checks under --debug_nans
             if F.VERBOSE.value:

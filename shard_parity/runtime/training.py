@@ -15,6 +15,7 @@ from flax import nnx
 from shard_parity import UsageError
 from shard_parity import plan as plans
 from shard_parity.mesh import SEQ, mesh_for
+from shard_parity.pipeline import check_schedule, virtual_stages
 from shard_parity.placement import place_state, state_shardings
 from shard_parity.runtime import checkpoint, report, tasks
 from shard_parity.runtime import config as cfg
@@ -24,13 +25,19 @@ from shard_parity.step import create_state, make_optimizer
 
 
 def check_strategy(
-    strategy: str, model_config, mesh, batch_size: int, microbatches=4, layout='zigzag', ring=False
+    strategy: str, model_config, mesh, batch_size: int, microbatches=4, layout='zigzag', ring=False,
+    schedule='gpipe', virtual=None,
 ) -> None:
     """What each of the mesh's axes needs (shard_parity/plan.py: heads, layers, experts, the
-    sequence, the rows and microbatches divisible), before anything compiles. `ring`: the
-    twin runs its own ring attention under 'seq' (its RING), and ignores --attention."""
+    sequence, the rows and microbatches divisible), and the pipeline's schedule
+    (shard_parity/pipeline.py), before anything compiles. `ring`: the twin runs its own ring
+    attention under 'seq' (its RING), and ignores --attention."""
     plan = plans.of(mesh, strategy)
     plans.check(plan, model_config, batch_size, microbatches, layout)
+    if plan.uses(plans.STAGE) or schedule != 'gpipe' or virtual is not None:
+        layers = getattr(model_config, 'num_layers', 0)
+        stages = plan.size(plans.STAGE) if plan.uses(plans.STAGE) else 1
+        check_schedule(schedule, virtual, stages, layers, microbatches, plan.strategy)
     fused = getattr(model_config, 'attention', None) == 'fused'
     if plan.uses(SEQ) and fused and ring:
         logging.warning(
@@ -40,15 +47,23 @@ def check_strategy(
         )
 
 
-def mesh_from_flags(axis_type, devices: int, ring=False, on=None):
+def mesh_from_flags(axis_type, devices: int, ring=False, on=None, schedules=False):
     """(plan, mesh) of --mesh and --strategy over `devices` devices, checked before anything
     compiles: the train CLI's, the inspector's and the bisector's. `ring`: as check_strategy's.
-    `on`: the devices to build it from (the inspector's --target), default this process's."""
+    `on`: the devices to build it from (the inspector's --target), default this process's.
+    `schedules`: whether the caller runs --pp_schedule's files (the train CLI); the inspector
+    and the bisector run each twin's STRATEGIES, GPipe's pp.py, and refuse another schedule."""
+    if not schedules and F.PP_SCHEDULE.value != 'gpipe':
+        raise UsageError(
+            f'--pp_schedule={F.PP_SCHEDULE.value}: this tool runs the twins\' pp.py (gpipe); '
+            'the train CLIs run the other schedules, and the bisector takes their module: '
+            '--twins=explicit,explicit.pp_1f1b'
+        )
     plan = F.plan(devices)
     mesh = mesh_for(plan, axis_type, devices=on)
     check_strategy(
         plan.strategy, F.model_config(), mesh, F.batch_size(), F.MICROBATCHES.value,
-        F.CP_LAYOUT.value, ring,
+        F.CP_LAYOUT.value, ring, F.PP_SCHEDULE.value, F.PP_VIRTUAL.value,
     )  # fmt: skip
     return plan, mesh
 
@@ -87,6 +102,8 @@ def run(
     cp_layout='zigzag',
     microbatches=4,
     checked=False,
+    schedule='gpipe',
+    virtual=None,
 ) -> dict | None:
     """Trains `task` with `twin.STRATEGIES[strategy]` (e.g. auto's dp.py); returns the last line,
     or None when `workdir` already holds step --steps (then nothing is written). Saves a
@@ -96,8 +113,9 @@ def run(
     plan = plans.of(mesh, strategy)
     if not checked:  # the CLI checked before reading the warm-up (mesh_from_flags)
         check_strategy(
-            strategy, task.model_config, mesh, config.batch_size, microbatches, cp_layout, twin.RING
-        )
+            strategy, task.model_config, mesh, config.batch_size, microbatches, cp_layout,
+            twin.RING, schedule, virtual,
+        )  # fmt: skip
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = place_state(state, mesh, strategy)
@@ -111,7 +129,10 @@ def run(
         'mesh': dict(mesh.shape),
         **({'cp_layout': cp_layout} if plan.uses(SEQ) else {}),
         **({'microbatches': microbatches} if plan.uses(plans.STAGE) else {}),
-    }
+        # gpipe's runs record no schedule, as before there was a choice
+        **({'pp_schedule': schedule, 'pp_virtual': virtual_stages(schedule, virtual)}
+           if schedule != 'gpipe' else {}),
+    }  # fmt: skip
     report.ensure_writable(workdir)
     main = jax.process_index() == 0  # with several processes, process 0 writes and prints
     with report.hold_workdir(workdir, main), checkpoint.manager(workdir, keep) as mngr:

@@ -17,6 +17,8 @@ original's only in its BUG lines.
     ep_swapped_axes   explicit/ep.py, the all_to_alls over 'data' where 'expert' belongs (a 2x2
                       mesh, so that the shapes fit)
     pp_wrong_way      explicit/pp.py, the stages' ppermute from i + 1 to i, not i to i + 1
+    pp_1f1b_wrong_slot  explicit/pp_1f1b.py, each backward on the next slot's saved input
+                      (another microbatch's): the loss right, the gradients wrong
     composed_no_data  explicit/composed.py, the gradients not averaged over 'data' (HSDP's
                       replicas each keep their own)
     composed_too_many explicit/composed.py, the gradients averaged over 'model' and 'stage'

@@ -1,0 +1,98 @@
+"""1F1B and interleaved 1F1B as the compiler writes them (`--strategy=pp --pp_schedule=1f1b|
+interleaved`): every stage's state a buffer sharded over 'stage', every send a shift of it.
+
+The same table as explicit/pp_1f1b.py (shard_parity/pipeline.py, `one_f_one_b`) and the same
+tick (`tick`: one forward unit, then one backward unit by `jax.vjp` from the saved input), run
+for all S stages at once: `vmap` over the stage dimension, `spmd_axis_name='stage'`, so each
+device runs its own stage's slot. The state between ticks is a `Stage` of buffers [S, ...] @
+P('stage', ...): the handed-over activation and gradient f32[S, B/M, T, C] @ P('stage',
+'data'), and the saved inputs f32[S, K, B/M, T, C]. `pass_on` shifts the activations one slot
+down and `pass_back` the gradients one slot up; XLA writes each shift as a collective-permute.
+The embedding, the head and the loss are a `lax.cond` on the stage in the tick; under `vmap`
+a cond becomes a select, so every slot computes them and keeps its own: the compiler, not
+this file, decides where the masked work runs. Interleaved (`--pp_virtual=V`): the layers
+are viewed as [S, V, L/(SV), ...], chunk v of stage s being virtual stage vS + s, which XLA
+moves to the stage that runs it. Compare explicit/pp_1f1b.py.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from shard_parity.mesh import STAGE
+from shard_parity.pipeline import one_f_one_b, phases, pieces, rest_of
+from shard_parity.pipeline import joined, split, start, tick
+from shard_parity.placement import STACKED, activations, named, state_shardings
+from shard_parity.step import make_train_step
+
+from . import pp
+
+STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
+MICROBATCHES = pp.MICROBATCHES  # --microbatches: M
+
+
+def pass_on(y, mesh, virtual):  # f32[S, B/M, T, C]: slot i's output to slot i + 1
+    # XLA: a collective-permute. The last slot's goes round to slot 0: the input of interleaved's
+    # next chunk; under 1f1b stage 0 embeds a new microbatch and never reads it.
+    return jax.lax.with_sharding_constraint(
+        jnp.roll(y, 1, axis=0), named(mesh, P(STAGE, *activations(mesh)))
+    )
+
+
+def pass_back(dx, mesh, virtual):  # the gradient of slot i's input, to slot i - 1
+    # XLA: a collective-permute. Slot 0's goes round to the last: interleaved's previous chunk;
+    # under 1f1b the last stage takes its loss's gradient and never reads it.
+    return jax.lax.with_sharding_constraint(
+        jnp.roll(dx, -1, axis=0), named(mesh, P(STAGE, *activations(mesh)))
+    )
+
+
+def interleave(blocks, mesh, virtual):  # [L, ...] @ P('stage') -> the chunks [S, V, k, ...]
+    chunks = jax.tree.map(  # chunk v of stage s: virtual stage vS + s's k layers
+        lambda w: w.reshape(virtual, mesh.shape[STAGE], -1, *w.shape[1:]).swapaxes(0, 1), blocks
+    )
+    if virtual == 1:  # each stage runs its own layers, where they are placed
+        return chunks
+    return jax.lax.with_sharding_constraint(chunks, named(mesh, P(STAGE)))  # XLA moves them
+
+
+def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1):
+    stages = mesh.shape[STAGE]
+    table = one_f_one_b(stages, microbatches, virtual)
+
+    def fn(params, batch):  # blocks [L, ...] @ P('stage'), the rest @ P(); x[B, T] @ P('data')
+        rest = rest_of(params)
+        chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
+        model, s = pieces(graphdef, loss_fn, params), jnp.arange(stages)  # every slot's stage
+        batches = jax.tree.map(lambda a: split(a, microbatches), batch)  # [M, B/M, ...]
+
+        def step(state, row, fwd, bwd, loss):  # every stage's tick, then the hand-overs
+            run = tick(model, rest, batches, stages, virtual, fwd, bwd, loss)
+            state, y, dx = jax.vmap(run, spmd_axis_name=STAGE)(s, chunks, state, row)
+            if fwd:
+                state = state._replace(h=pass_on(y, mesh, virtual))  # a collective-permute
+            if bwd:
+                state = state._replace(g=pass_back(dx, mesh, virtual))  # a collective-permute
+            return state
+
+        begin = jax.vmap(lambda c: start(model, rest, c, batches, table.slots))(chunks)  # zeros
+        state = phases(table, begin, step)
+        # each slot's embedding and head gradients (stage 0's, the last's): XLA sums over 'stage'
+        rest, metrics = jax.tree.map(lambda a: a.sum(0), (state.rest, state.metrics))
+        grads = joined(params, back(state.grads)[0], rest)
+        metrics = jax.tree.map(lambda m: m / microbatches, metrics)
+        # grads @ the params' layout; the rest (and the metrics) XLA all-reduces over 'data'
+        return metrics, jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, 'pp'))
+
+    return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
+
+
+def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, virtual=1):
+    # the gradients, then the shared update: each stage updates its own layers
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches, virtual)
+    return make_train_step(grads_fn, tx, mesh, STRATEGY)
+
+
+def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, virtual=1):
+    # A forward alone has no backward to interleave: every schedule evaluates as GPipe does
+    return pp.eval_step(graphdef, eval_fn, mesh, microbatches)

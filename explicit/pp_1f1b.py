@@ -1,0 +1,105 @@
+"""1F1B and interleaved 1F1B by hand (`--strategy=pp --pp_schedule=1f1b|interleaved`): every
+send a ppermute, every backward a `jax.vjp` of one microbatch through one chunk of layers.
+
+GPipe (pp.py) runs every microbatch forward, then lets `grad` run the ticks in reverse, so each
+stage keeps the activations of all M + S - 1 ticks. 1F1B starts each microbatch's backward as
+soon as the last stage has its loss: after a warm-up of S - 1 ticks, every tick runs one
+forward and one backward on each stage (the table: shard_parity/pipeline.py, `one_f_one_b`),
+so a stage keeps the inputs of at most 2S - 1 microbatches, however many there are, and runs
+each backward again from its input (`jax.vjp`). The loss and the head run on the last stage
+alone, the embedding on stage 0 alone (`lax.cond`): what the other stages get back is the
+loss's metrics, a scalar each, and the gradients of the embeddings and the head, summed over
+'stage' once after the ticks. Interleaved (`--pp_virtual=V`): each stage runs V chunks of
+L/(SV) layers, chunk v of stage s being virtual stage vS + s, and a microbatch goes round the
+stages V times; the bubble shrinks from (S - 1)/(M + S - 1) to (S - 1)/(VM + S - 1). The
+blocks are placed L/S consecutive layers per stage, as for every schedule and checkpoint, so
+the interleaved step moves each chunk to the stage that runs it (`interleave`, V ppermutes of
+the stage's weights) and `jax.vjp`'s transpose brings the gradients back. Compare
+auto/pp_1f1b.py; typed/ runs GPipe only.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from shard_parity.mesh import DATA, STAGE
+from shard_parity.pipeline import interleave_pairs, one_f_one_b, phases, pieces, rest_of, sends
+from shard_parity.pipeline import joined, split, start, tick
+from shard_parity.placement import BATCH, REPLICATED, STACKED, state_specs
+from shard_parity.step import make_train_step
+
+from . import pp
+
+STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
+MICROBATCHES = pp.MICROBATCHES  # --microbatches: M
+
+
+def pass_on(y, mesh, virtual):  # f32[B/dM, T, C]: stage i's output to i + 1 (interleaved: S-1 to 0)
+    return jax.lax.ppermute(y, STAGE, sends(mesh.shape[STAGE], virtual))
+
+
+def pass_back(dx, mesh, virtual):  # the gradient of stage i's input, back to stage i - 1
+    return jax.lax.ppermute(dx, STAGE, [(j, i) for i, j in sends(mesh.shape[STAGE], virtual)])
+
+
+def interleave(blocks, mesh, virtual):  # my L/S layers [Vk, ...] -> the chunks I run [V, k, ...]
+    chunks = jax.tree.map(lambda w: w.reshape(virtual, -1, *w.shape[1:]), blocks)
+    if virtual == 1:  # each stage runs its own layers (a ppermute to itself would copy them)
+        return chunks
+    pairs = interleave_pairs(mesh.shape[STAGE], virtual)
+    return jax.tree.map(  # my chunk v: a collective-permute per chunk j a stage sends me as v
+        lambda w: jnp.stack([
+            sum(jax.lax.ppermute(w[j], STAGE, to) for (j, u), to in pairs.items() if u == v)
+            for v in range(virtual)
+        ]),
+        chunks,
+    )  # fmt: skip
+
+
+def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1):
+    stages = mesh.shape[STAGE]
+    table = one_f_one_b(stages, microbatches, virtual)
+
+    def fn(params, batch):  # params: my stage's layers, the rest whole; batch: x[B/d, T]
+        # Varying over 'data' (dp's terms), and the rest over 'stage' too: stage 0's embedding
+        # and the last stage's head each give their own term, added once after the ticks.
+        params = jax.lax.pcast(params, DATA, to='varying')
+        rest = jax.lax.pcast(rest_of(params), STAGE, to='varying')
+        chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
+        model, s = pieces(graphdef, loss_fn, params), jax.lax.axis_index(STAGE)
+        batches = jax.tree.map(lambda a: split(a, microbatches), batch)  # [M, B/dM, ...]
+
+        def step(state, row, fwd, bwd, loss):  # every stage's tick, then the hand-overs
+            run = tick(model, rest, batches, stages, virtual, fwd, bwd, loss)
+            state, y, dx = run(s, chunks, state, jax.tree.map(lambda a: a[s], row))
+            if fwd:
+                state = state._replace(h=pass_on(y, mesh, virtual))  # collective-permute
+            if bwd:
+                state = state._replace(g=pass_back(dx, mesh, virtual))  # collective-permute
+            return state
+
+        begin = start(model, rest, chunks, batches, table.slots)  # zeros
+        state = phases(table, begin, step)
+        # the embedding's gradient from stage 0, the head's from the last: an all-reduce
+        rest, metrics = jax.lax.psum((state.rest, state.metrics), STAGE)
+        grads = joined(params, back(state.grads)[0], rest)
+        metrics = jax.tree.map(lambda m: m / microbatches, metrics)
+        return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce over 'data'
+
+    def on_devices(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
+        specs = state_specs(params, STRATEGY, mesh)
+        return jax.shard_map(fn, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs))(
+            params, batch
+        )
+
+    return jax.jit(on_devices)
+
+
+def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, virtual=1):
+    # the gradients, then the shared update: each stage updates its own layers
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches, virtual)
+    return make_train_step(grads_fn, tx, mesh, STRATEGY)
+
+
+def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, virtual=1):
+    # A forward alone has no backward to interleave: every schedule evaluates as GPipe does
+    return pp.eval_step(graphdef, eval_fn, mesh, microbatches)

@@ -1,0 +1,109 @@
+"""1F1B and interleaved 1F1B in JAX's Explicit mode (`--strategy=pp --pp_schedule=1f1b|
+interleaved`): every stage's state typed over 'stage', every send a Manual ppermute.
+
+The same table as explicit/pp_1f1b.py (shard_parity/pipeline.py, `one_f_one_b`) and the same
+tick (`tick`: one forward unit, then one backward unit by `jax.vjp` from the saved input), run
+for all S stages at once: `vmap` over the stage dimension, `spmd_axis_name='stage'`, so each
+device runs its own stage's slot. The state between ticks is a `Stage` of buffers typed
+`[S@stage, ...]`: the handed-over activation and gradient `f32[S@stage, B/M@data, T, C]` and
+the saved inputs `f32[S@stage, K, B/M@data, T, C]`. Explicit mode has no type for "pass my
+slot to the next device", so `pass_on` and `pass_back` drop to Manual mode, `jax.shard_map`
+around one ppermute each, as explicit/pp_1f1b.py's. The embedding, the head and the loss are a
+`lax.cond` on the stage in the tick; under `vmap` a cond becomes a select, so every slot
+computes them and keeps its own (here spelled `jnp.where`, and the microbatch picked by a
+masked sum: jax refuses a batched cond and a stage-varying gather on Explicit axes,
+docs/pipeline.md; `pipeline.branch` and `take`). The blocks stay replicated over 'data', as in
+typed/pp.py (vmap refuses a reduced operand), so their gradients are reduced at every tick.
+Interleaved (`--pp_virtual=V`): the layers are viewed as
+`[S@stage, V, L/(SV), ...]`, chunk v of stage s being virtual stage vS + s, a reshape whose
+out_sharding moves each chunk to the stage that runs it. Compare auto/pp_1f1b.py.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from shard_parity.mesh import STAGE
+from shard_parity.pipeline import one_f_one_b, phases, pieces, rest_of, sends
+from shard_parity.pipeline import joined, split, start, tick
+from shard_parity.placement import STACKED, activations, named, state_shardings
+from shard_parity.step import make_train_step
+
+from . import pp
+
+STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
+MICROBATCHES = pp.MICROBATCHES  # --microbatches: M
+
+
+def pass_on(y, mesh, virtual):  # f32[S@stage, B/M@data, T, C]: slot i's output to slot i + 1
+    spec = P(STAGE, *activations(mesh))  # Manual mode: my slot; interleaved: the last's to 0
+    shift = lambda y: jax.lax.ppermute(y, STAGE, sends(mesh.shape[STAGE], virtual))  # noqa: E731
+    return jax.shard_map(shift, mesh=mesh, in_specs=spec, out_specs=spec)(y)
+
+
+def pass_back(dx, mesh, virtual):  # the gradient of slot i's input, to slot i - 1
+    spec = P(STAGE, *activations(mesh))  # Manual mode: my slot; interleaved: slot 0's to the last
+    shift = lambda dx: jax.lax.ppermute(  # noqa: E731
+        dx, STAGE, [(j, i) for i, j in sends(mesh.shape[STAGE], virtual)]
+    )
+    return jax.shard_map(shift, mesh=mesh, in_specs=spec, out_specs=spec)(dx)
+
+
+def interleave(blocks, mesh, virtual):  # f32[L@stage, ...] -> the chunks f32[S@stage, V, k, ...]
+    # chunk v of stage s: virtual stage vS + s's k layers, which the reshape moves to stage s
+    n = mesh.shape[STAGE]  # [V, S@stage, k, ...], each keeping its other axes' splits
+    split = lambda w: pp.behind(w, mesh, None, STAGE, None)  # noqa: E731
+    chunks = jax.tree.map(
+        lambda w: w.reshape(virtual, n, -1, *w.shape[1:], out_sharding=split(w)), blocks
+    )
+    return jax.tree.map(lambda w: w.swapaxes(0, 1), chunks)
+
+
+def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1):
+    stages = mesh.shape[STAGE]
+    table = one_f_one_b(stages, microbatches, virtual)
+
+    def fn(params, batch):  # params: blocks f32[L@stage, ...], the rest whole; x i32[B@data, T]
+        rest = rest_of(params)
+        chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
+        s = jnp.arange(stages, out_sharding=named(mesh, P(STAGE)))  # every slot's stage
+        model = pieces(graphdef, loss_fn, params)
+        batches = jax.tree.map(lambda a: split(a, microbatches), batch)  # [M, B/M@data, ...]
+
+        def step(state, row, fwd, bwd, loss):  # every stage's tick, then the hand-overs
+            run = tick(model, rest, batches, stages, virtual, fwd, bwd, loss)
+            row = jax.reshard(row, named(mesh, P(STAGE)))  # each stage its own: no data moved
+            state, y, dx = jax.vmap(run, spmd_axis_name=STAGE)(s, chunks, state, row)
+            if fwd:
+                state = state._replace(h=pass_on(y, mesh, virtual))  # a collective-permute
+            if bwd:
+                state = state._replace(g=pass_back(dx, mesh, virtual))  # a collective-permute
+            return state
+
+        begin = jax.vmap(  # zeros; the metrics [S] split over 'stage' too, as vmap wants:
+            lambda c: start(model, rest, c, batches, table.slots), spmd_axis_name=STAGE
+        )(chunks)
+        begin = begin._replace(metrics=jax.reshard(begin.metrics, named(mesh, P(STAGE))))
+        state = phases(table, begin, step)
+        # each slot's embedding and head gradients (stage 0's, the last's): summed over 'stage'
+        rest, metrics = jax.tree.map(lambda a: a.sum(0), (state.rest, state.metrics))
+        grads = joined(params, back(state.grads)[0], rest)
+        metrics = jax.tree.map(lambda m: m / microbatches, metrics)
+        return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))  # all-reduce
+
+    def in_mesh(params, batch):  # the mesh as context: without it jax 0.12's zeros_like (the
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # stages' zeros before the
+            return fn(params, batch)  # first tick) drops its operand's sharding, 0.10's keeps it
+
+    return jax.jit(in_mesh)  # the inputs' placement (place_state, place_batch) is their type
+
+
+def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, virtual=1):
+    # the gradients, then the shared update: each stage updates its own layers
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches, virtual)
+    return make_train_step(grads_fn, tx, mesh, STRATEGY, place=jax.reshard)  # moves: reshard
+
+
+def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, virtual=1):
+    # A forward alone has no backward to interleave: every schedule evaluates as GPipe does
+    return pp.eval_step(graphdef, eval_fn, mesh, microbatches)
