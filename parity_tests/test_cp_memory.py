@@ -112,3 +112,12 @@ def test_the_cp_train_step_meets_issue_22s_memory_targets(twin, dp_fused):
     half, whole = (step_temp(twin, 'cp', (1, 8), t, 1) for t in (8_192, 16_384))
     assert whole <= SLOPE * half, (half, whole)
     assert whole <= BOUND * dp_fused / 8, (whole, dp_fused)
+
+
+def test_typed_cp_splits_one_sequence_as_explicit_does():
+    """typed/cp.py at batch 1 on 1x8 ('data' of size 1), the context benchmark's case, at a short
+    T: it compiles (on jax 0.12 the label gather's transpose had no sharding rule where a split
+    dimension has size 1: shard_parity/model/ops.py's cross_entropy) and keeps what explicit's
+    keeps (measured: 2.3 MiB each at T = 512; auto's partitioned naive attention, 3.7)."""
+    typed_temp, explicit_temp = (step_temp(twin, 'cp', (1, 8), 512, 1) for twin in (typed, explicit))
+    assert typed_temp <= 1.25 * explicit_temp, (typed_temp, explicit_temp)

@@ -25,6 +25,7 @@ PARITY = [
     'parity_tests/test_fsdp.py',
     'parity_tests/test_cp.py',
     'parity_tests/test_pp.py',
+    'parity_tests/test_pp_schedules.py',
     'parity_tests/test_ep.py',
     'parity_tests/test_composed.py',
     'parity_tests/test_typed.py',

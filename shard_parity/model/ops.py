@@ -150,16 +150,16 @@ def lookup(embed: nnx.Embed, ids):
 
 def cross_entropy(logits, labels):
     """optax.softmax_cross_entropy_with_integer_labels(logits, labels) over the last axis. In
-    Explicit mode the same arithmetic with each label's logit picked by a gather that states
-    its output's sharding (the labels'): optax's `.take(0, axis)` has a transpose (a scatter)
-    with no sharding rule in jax 0.12 (jax#33787), and so has `take_along_axis`'s where a
-    split dimension has size 1 (typed cp at batch 1 on 'data':1)."""
-    sharding = typed(labels)
-    if typed(logits) is None or sharding is None:
+    Explicit mode the same arithmetic with each label's logit picked by a one-hot product
+    (exact: every other term is a zero), which shards as its operands do: optax's
+    `.take(0, axis)` has a transpose (a scatter) with no sharding rule in jax 0.12 (jax#33787),
+    `take_along_axis`'s has none where a split dimension has size 1 (typed cp at batch 1 on
+    'data':1), and a gather that states its output's sharding made XLA all-gather the indices
+    (and permute them) in every typed step."""
+    if typed(logits) is None:
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    label_logits = logits.at[(*jnp.indices(labels.shape, sparse=True), labels)].get(
-        out_sharding=sharding
-    )
+    one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
+    label_logits = jnp.sum(logits * one_hot, axis=-1)
     return jax.nn.logsumexp(logits, axis=-1) - label_logits
 
 
