@@ -15,6 +15,7 @@ import time
 import jax
 from absl import app, flags
 
+from shard_parity import refuse
 from shard_parity.inspector.target import TARGETS, TargetError
 from shard_parity.mesh import configure_jax
 from shard_parity.runtime.report import atomic_write
@@ -276,25 +277,25 @@ def check_meshes(meshes, n: int) -> None:
                 )
             plans.named(text, n)
         except UsageError as e:
-            sys.exit(f'error: {e}')
+            refuse(str(e))
 
 
 def main(argv):
     if len(argv) > 1:
-        sys.exit(f'error: unexpected arguments {argv[1:]}')
+        refuse(f'unexpected arguments {argv[1:]}')
     unknown = set(SECTION.value) - set(SECTIONS)
     if unknown:
-        sys.exit(f'error: --sections has {sorted(unknown)}; choose from {SECTIONS}')
+        refuse(f'--sections has {sorted(unknown)}; choose from {SECTIONS}')
     configure_jax(CPU_DEVICES.value if PLATFORM.value == 'cpu' else None, cpu_fma=CPU_FMA.value)
     compiled_only = {'memory', 'memory_101m', 'context'}
     if TARGET.value and set(SECTION.value) - compiled_only:
-        sys.exit(
-            f'error: --target={TARGET.value} compiles sections {sorted(compiled_only)} only; '
+        refuse(
+            f'--target={TARGET.value} compiles sections {sorted(compiled_only)} only; '
             f'--sections has {sorted(set(SECTION.value) - compiled_only)}'
         )
     check_meshes(MESHES.value, min(8, jax.device_count()))
     if PLATFORM.value == 'gpu' and jax.devices()[0].platform != 'gpu':
-        sys.exit('error: --platform=gpu, but JAX finds no GPU (pip install -e ".[gpu]")')
+        refuse('--platform=gpu, but JAX finds no GPU (pip install -e ".[gpu]")')
     gpu = PLATFORM.value == 'gpu'
     config = transformer_config(gpu)
     results = {
@@ -308,7 +309,7 @@ def main(argv):
     try:
         results |= run_sections(SECTION.value, ROUNDS.value, gpu, config)
     except TargetError as e:  # libtpu missing, a GPU config not captured: one line
-        sys.exit(f'error: {e}')
+        refuse(str(e))
     if TARGET.value:
         results['machine']['target'] = TARGET.value
     out = pathlib.Path(OUT.value)
@@ -327,7 +328,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    from shard_parity.runtime import declare_key_flags
+    from shard_parity.runtime import declare_key_flags, parse_flags
 
     declare_key_flags([])  # its own flags are key already; --help exits 0
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -22,9 +22,9 @@ import jax
 from absl import app, flags
 from jax.sharding import AxisType
 
-from shard_parity import UsageError
+from shard_parity import UsageError, refuse
 from shard_parity.mesh import configure_jax
-from shard_parity.runtime import declare_key_flags
+from shard_parity.runtime import declare_key_flags, parse_flags
 from shard_parity.runtime import flags as F
 from shard_parity.runtime.train import mesh_from_flags
 
@@ -119,13 +119,13 @@ def report_of_flags():
 
 def main(argv):
     if len(argv) > 1:
-        sys.exit(f'error: unexpected arguments {argv[1:]}')
+        refuse(f'unexpected arguments {argv[1:]}')
     try:
         report, own = report_of_flags()
     except (UsageError, targets.TargetError) as e:
         if F.VERBOSE.value:
             raise
-        sys.exit(f'error: {e}')
+        refuse(str(e))  # a bad input, or a target this machine cannot compile for
     if JSON.value:
         print(json.dumps(report, indent=1))
     elif own:
@@ -162,4 +162,4 @@ def run():
         + [FAIL_ON_SURPRISE, PROGRAM, JSON]
         + [F.VERBOSE]
     )
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -172,7 +172,7 @@ def test_finished_and_ahead_runs_touch_nothing(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.strip() == f'nothing to do: {tmp_path} already holds step 20'
     behind = run_cli('auto', *flags, '--steps=10')
-    assert behind.returncode == 1 and 'Traceback' not in behind.stderr
+    assert behind.returncode == 2 and 'Traceback' not in behind.stderr  # a bad --steps
     assert '--steps=10 is below the newest checkpoint' in behind.stderr
     after = files(tmp_path)
     del before[str(tmp_path / '.lock')], after[str(tmp_path / '.lock')]  # names its holder
@@ -196,7 +196,7 @@ def test_six_generates_beside_a_trainer_change_nothing(tmp_path):
         assert trainer.poll() is None, trainer.stderr.read()[-2000:]
         time.sleep(0.1)
     second = run_cli('auto', *FLAGS, *steps, f'--workdir={busy}')
-    assert second.returncode == 1 and 'is in use by another trainer (pid' in second.stderr
+    assert second.returncode == 2 and 'is in use by another trainer (pid' in second.stderr
     for _ in range(6):
         gen = run_cli('explicit', f'--workdir={busy}', '--max_new_bytes=8', program='generate')
         assert gen.returncode == 0 and 'Traceback' not in gen.stderr, gen.stderr[-2000:]

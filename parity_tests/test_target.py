@@ -130,7 +130,7 @@ def run_inspector(*flags, hide_libtpu=False):
 @pytest.mark.slow
 def test_without_libtpu_target_says_what_to_install():
     result = run_inspector('--target=tpu-v5e-8', hide_libtpu=True)
-    assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+    assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
     (line,) = [ln for ln in result.stderr.splitlines() if 'libtpu' in ln]
     assert 'pip install -e ".[tpu]"' in line and '--target=tpu-v5e-8' in line
 
@@ -147,7 +147,7 @@ def test_cli_writes_json_and_html_naming_the_target_and_keeps_libtpu_quiet(tmp_p
     # libtpu's start-up warnings about the TPU it cannot find stay off the screen
     assert 'TPU_ACCELERATOR_TYPE' not in result.stderr and 'InitGoogle' not in result.stderr
     too_big = run_inspector('--target=tpu-v5p-8', '--mesh=8x1')
-    assert too_big.returncode == 1 and 'Traceback' not in too_big.stderr
+    assert too_big.returncode == 2 and 'Traceback' not in too_big.stderr
     assert '--num_devices=8, but the target has 4 TPU devices: use 1..4' in too_big.stderr
 
 

@@ -15,6 +15,7 @@ none of the modules above imports them.
 """
 
 import os
+import sys
 
 # A checkout keeps auto/, explicit/, typed/, inspector/, tools/ and datasets/ beside this folder
 # (an install puts them inside it: setup.cfg's package_dir); the checkout's root joins __path__,
@@ -25,4 +26,20 @@ if os.path.isfile(os.path.join(_root, 'setup.cfg')):
 
 
 class UsageError(Exception):
-    """An expected bad input: the CLI prints its one-line message and exits non-zero."""
+    """An expected bad input: the CLI prints its one-line message and exits 2, a command line's
+    usage error; a subclass for a fault met while running (a failed save, a diverged loss) sets
+    `exit_code` to 1. `exit_status(e)` is the status a CLI exits with for any expected error."""
+
+    exit_code = 2
+
+
+def exit_status(error: BaseException) -> int:
+    """2 for a bad input (a UsageError), 1 for a fault (a failed save or read, a diverged loss,
+    the data): docs/errors.md."""
+    return getattr(error, 'exit_code', 1)
+
+
+def refuse(message: str, status: int = 2):
+    """Prints `error: <message>` as one line on stderr and exits `status` (2: bad input)."""
+    print(f'error: {message}', file=sys.stderr)
+    sys.exit(status)

@@ -26,7 +26,7 @@ import traceback
 from absl import app, flags, logging
 
 from shard_parity import UsageError
-from shard_parity.runtime import declare_key_flags, plain_warnings
+from shard_parity.runtime import declare_key_flags, parse_flags, plain_warnings
 from shard_parity.runtime import flags as F
 
 TWINS = flags.DEFINE_list(
@@ -188,4 +188,4 @@ if __name__ == '__main__':
         + [F.CPU_DEVICES, F.CPU_FMA, F.DATA_DIR, F.DOWNLOAD, F.VERBOSE]
     )
     flags.FLAGS['steps'].help = f'How many steps to compare. Default: {DEFAULT_STEPS}.'
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

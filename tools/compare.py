@@ -17,7 +17,8 @@ figures both runs logged are compared, and a note says how many metrics lines of
 partner. A train figure is the mean since the run's previous train line; where the two runs'
 previous train lines differ (different --log_every), the two means cover different steps, so
 their row is marked * and left out of the verdict. Unparsable (torn or garbled) lines are skipped
-with a warning; the workdirs are only read. Every error is one line, `error: ...`.
+with a warning; the workdirs are only read. Every error is one line, `error: ...`: exit 2 for a
+bad input (a workdir that is not a run, a flag), 1 where the runs disagree.
 """
 
 import json
@@ -28,6 +29,7 @@ import sys
 
 from absl import app, flags
 
+from shard_parity import refuse
 from shard_parity.runtime import declare_key_flags
 
 from . import settings
@@ -73,11 +75,11 @@ def usable(record) -> bool:
 def read(workdir: str) -> list[dict]:
     path = pathlib.Path(workdir) / 'metrics.jsonl'
     if not path.exists():
-        sys.exit(f'error: {path} does not exist: train first with --workdir={workdir}')
+        refuse(f'{path} does not exist: train first with --workdir={workdir}')
     try:
         text = path.read_bytes().decode('utf-8', errors='replace')
     except OSError as e:
-        sys.exit(f'error: cannot read {path}: {e.strerror}')
+        refuse(f'cannot read {path}: {e.strerror}')
     lines, skipped = [], 0
     for line in text.splitlines():
         if not line.strip():
@@ -180,12 +182,10 @@ def throughput_table(names, finals) -> list[str]:
 
 def main(argv):
     if len(argv) != 3:
-        sys.exit(f'error: expected two workdirs, got {len(argv) - 1}; {USAGE}')
+        refuse(f'expected two workdirs, got {len(argv) - 1}; {USAGE}')
     names = argv[1], argv[2]
     if same_directory(*names):
-        sys.exit(
-            f'error: {names[0]} and {names[1]} are the same directory: compare two different runs'
-        )
+        refuse(f'{names[0]} and {names[1]} are the same directory: compare two different runs')
     settings.check_settings(names, ALLOW.value)
     a, b = read(names[0]), read(names[1])
     (va, since_a), (vb, since_b) = figures(a), figures(b)
@@ -253,7 +253,7 @@ def parse_flags(argv):
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
-        sys.exit(f'error: {e}')
+        refuse(str(e))
 
 
 if __name__ == '__main__':

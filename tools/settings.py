@@ -12,6 +12,8 @@ import json
 import pathlib
 import sys
 
+from shard_parity import refuse
+
 LOGGING_ONLY = ('log_every', 'eval_every', 'log_grad_norm')  # change what is logged, not the run
 
 
@@ -26,7 +28,7 @@ def settings(workdir: str) -> dict | None:
             raise ValueError('no model_config and train settings')
         return saved
     except (ValueError, OSError) as e:
-        sys.exit(f'error: {path} is not a readable config.json ({str(e)[:100]})')
+        refuse(f'{path} is not a readable config.json ({str(e)[:100]})')
 
 
 def other_settings(a: dict, b: dict) -> list[str]:

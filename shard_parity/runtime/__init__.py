@@ -23,6 +23,19 @@ def declare_key_flags(holders) -> None:
         flag.parse = functools.partial(_exit_zero, flag.parse)
 
 
+def parse_flags(argv):
+    """absl's flag parsing (app.run's flags_parser), but a flag it refuses exits 2, as every
+    other bad input does (docs/errors.md); absl's own parser exits 1."""
+    from absl.flags import Error
+
+    try:
+        return FLAGS(argv)
+    except Error as e:
+        print(f'FATAL Flags parsing error: {e}', file=sys.stderr)
+        print('Pass --helpshort or --helpfull to see help on flags.', file=sys.stderr)
+        sys.exit(2)
+
+
 def _exit_zero(parse, arg):
     try:
         parse(arg)

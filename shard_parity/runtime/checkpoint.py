@@ -38,6 +38,8 @@ RESUMABLE = ('steps', 'log_every', 'eval_every')  # train settings a resumed run
 class SaveError(UsageError):
     """A checkpoint could not be written: the run stops, the earlier checkpoints stay."""
 
+    exit_code = 1  # a fault, not a bad input
+
 
 class Manager(ocp.CheckpointManager):
     """Orbax's manager, with every save error (a full disk, a permission, a missing folder),

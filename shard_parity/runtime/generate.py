@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from shard_parity import UsageError
+from shard_parity import UsageError, exit_status, refuse
 
 
 def sample(logits, key, temperature: float, top_k: int | None):
@@ -131,7 +131,7 @@ def main(twin):
     def _main(argv):
         stop_on_signals()  # Ctrl-C stops after the current byte: what was printed stays
         if len(argv) > 1:
-            sys.exit(f'error: unexpected arguments {argv[1:]}: every setting is a --flag')
+            refuse(f'unexpected arguments {argv[1:]}: every setting is a --flag')
         if not flags.FLAGS['verbosity'].present:  # Orbax logs a lot at INFO
             logging.set_verbosity(logging.WARNING)
         if not F.VERBOSE.value:
@@ -161,7 +161,7 @@ def main(twin):
         except UsageError as e:
             if F.VERBOSE.value:
                 traceback.print_exc()
-            sys.exit(f'error: {e}')
+            refuse(str(e), exit_status(e))
         except KeyboardInterrupt:
             show.end()
             sys.exit(130)

@@ -34,6 +34,8 @@ from shard_parity.runtime import checkpoint, tasks
 class Diverged(UsageError):
     """The loss became NaN or inf: training stops before anything non-finite is saved."""
 
+    exit_code = 1  # a fault, not a bad input
+
 
 class Interrupted(Exception):
     """Ctrl-C or SIGTERM stopped the run at a step boundary, after saving that step."""

@@ -36,12 +36,13 @@ def atomic_write(path: pathlib.Path, write) -> None:
 
 
 def ensure_writable(workdir: pathlib.Path) -> None:
-    """Fails early, with the path in the message, rather than after the first hour of training."""
+    """Fails early, with the path in the message, rather than after the first hour of training:
+    a --workdir that cannot be written is a bad input (exit 2)."""
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=workdir).close()
     except OSError as e:
-        raise OSError(f'--workdir={workdir} is not writable ({e.strerror})') from e
+        raise UsageError(f'--workdir={workdir} is not writable ({e.strerror})') from e
 
 
 @contextlib.contextmanager

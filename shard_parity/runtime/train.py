@@ -18,7 +18,7 @@ import traceback
 import jax
 from absl import flags, logging
 
-from shard_parity import UsageError
+from shard_parity import UsageError, exit_status, refuse
 from shard_parity.datasets.root import DataError
 from shard_parity.mesh import configure_jax
 from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings, tasks
@@ -99,7 +99,7 @@ def main(twin):
 
     def _main(argv):
         if len(argv) > 1:
-            sys.exit(f'error: unexpected arguments {argv[1:]}: every setting is a --flag')
+            refuse(f'unexpected arguments {argv[1:]}: every setting is a --flag')
         if not flags.FLAGS['verbosity'].present:  # Orbax and XLA log a lot at INFO
             logging.set_verbosity(logging.WARNING)
         if not F.VERBOSE.value:  # a failed save is reported once, by us, in one line
@@ -147,7 +147,7 @@ def main(twin):
         except (UsageError, DataError, OSError) as e:
             if F.VERBOSE.value:
                 traceback.print_exc()
-            sys.exit(f'error: {e}')
+            refuse(str(e), exit_status(e))  # 2: a bad input; 1: a fault
         except Interrupted as e:
             print(e, file=sys.stderr)
             sys.exit(e.exit_code)
