@@ -59,20 +59,20 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES):
     call = {'pipeline': pipeline(microbatches, mesh)}
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
 
-    def fn(params, batch):  # params: my stage's layers, the rest whole; batch: x[B/d, T]
+    def local(params, batch):  # params: my stage's layers, the rest whole; batch: x[B/d, T]
         # As in dp: varying over 'data', each device's loss a different term. Over 'stage' the
         # blocks vary (each stage's own layers); the rest is the same on every stage device.
         params = jax.lax.pcast(params, DATA, to='varying')
         (_, metrics), grads = grad_fn(params, batch)  # grads: my stage's layers, the rest whole
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce over 'data'
 
-    def on_devices(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
+    def fn(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
         specs = state_specs(params, STRATEGY, mesh)
-        return jax.shard_map(fn, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs))(
-            params, batch
-        )
+        return jax.shard_map(
+            local, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs)
+        )(params, batch)
 
-    return jax.jit(on_devices)
+    return jax.jit(fn)
 
 
 def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES):

@@ -15,7 +15,7 @@ stages V times; the bubble shrinks from (S - 1)/(M + S - 1) to (S - 1)/(VM + S -
 blocks are placed L/S consecutive layers per stage, as for every schedule and checkpoint, so
 the interleaved step moves each chunk to the stage that runs it (`interleave`, V ppermutes of
 the stage's weights) and `jax.vjp`'s transpose brings the gradients back. Compare
-auto/pp_1f1b.py; typed/ runs GPipe only.
+auto/pp_1f1b.py and typed/pp_1f1b.py (the same table and tick in Explicit mode).
 """
 
 import jax
@@ -59,7 +59,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
     stages = mesh.shape[STAGE]
     table = one_f_one_b(stages, microbatches, virtual)
 
-    def fn(params, batch):  # params: my stage's layers, the rest whole; batch: x[B/d, T]
+    def local(params, batch):  # params: my stage's layers, the rest whole; batch: x[B/d, T]
         # Varying over 'data' (dp's terms), and the rest over 'stage' too: stage 0's embedding
         # and the last stage's head each give their own term, added once after the ticks.
         params = jax.lax.pcast(params, DATA, to='varying')
@@ -85,13 +85,13 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
         metrics = jax.tree.map(lambda m: m / microbatches, metrics)
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce over 'data'
 
-    def on_devices(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
+    def fn(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
         specs = state_specs(params, STRATEGY, mesh)
-        return jax.shard_map(fn, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs))(
-            params, batch
-        )
+        return jax.shard_map(
+            local, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs)
+        )(params, batch)
 
-    return jax.jit(on_devices)
+    return jax.jit(fn)
 
 
 def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, virtual=1):

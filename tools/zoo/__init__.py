@@ -1,6 +1,9 @@
 """The bug zoo: the classic mistakes of hand-written collectives, each a strategy module for
-`python -m tools.bisect --twins=explicit,tools.zoo.<name>` to find; test_bisect.py asserts what
-the bisector says of each.
+`python -m tools.bisect --twins=explicit,tools.zoo.<name>` to find. test_bisect.py asserts what
+the bisector says of the dp, fsdp, tp and ep entries and of composed_no_data; the pipeline
+entries are tested beside their schedules: pp_wrong_way in test_pp.py, pp_1f1b_wrong_slot in
+test_pp_schedules.py (the gradients compared with one device's, and the bisector's verdict);
+test_composed.py catches each composed entry against the one-device run.
 
 An entry is its original plus the bug: `planted(globals(), original)` runs the original module's
 source in the entry's own namespace, and the entry then defines again only the function it

@@ -21,7 +21,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
     slot = (table.backward['slot'] + 1) % table.slots  # BUG: the next slot, not the unit's own
     table = table._replace(backward=dict(table.backward, slot=slot))  # BUG: (its own slot's)
 
-    def fn(params, batch):  # params: my stage's layers, the rest whole; batch: x[B/d, T]
+    def local(params, batch):  # params: my stage's layers, the rest whole; batch: x[B/d, T]
         # Varying over 'data' (dp's terms), and the rest over 'stage' too: stage 0's embedding
         # and the last stage's head each give their own term, added once after the ticks.
         params = jax.lax.pcast(params, DATA, to='varying')
@@ -47,10 +47,10 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
         metrics = jax.tree.map(lambda m: m / microbatches, metrics)
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce over 'data'
 
-    def on_devices(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
+    def fn(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
         specs = state_specs(params, STRATEGY, mesh)
-        return jax.shard_map(fn, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs))(
-            params, batch
-        )
+        return jax.shard_map(
+            local, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs)
+        )(params, batch)
 
-    return jax.jit(on_devices)
+    return jax.jit(fn)
