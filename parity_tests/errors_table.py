@@ -581,4 +581,14 @@ ROWS = [
         '--pp_schedule=1f1b runs under --strategy=pp only (this mesh runs dp)',
         'test_bad_inputs.test_cli_row',
     ),
+    (
+        '--pp_virtual=1 under --pp_schedule=interleaved',
+        '--pp_virtual=1 must be 2 or more: each stage runs V chunks (V = 1 is --pp_schedule=1f1b)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--pp_schedule other than gpipe on a composed named mesh',
+        '--pp_schedule=1f1b runs under --strategy=pp only (this mesh runs composed)',
+        'test_bad_inputs.test_cli_row',
+    ),
 ]
