@@ -252,8 +252,11 @@ def _layer_norm_bwd(epsilon, saved, g):
     dx = inv_std * (
         gs - gs.mean(-1, keepdims=True) - normed * (gs * normed).mean(-1, keepdims=True)
     )
-    dscale = (g32 * normed).reshape(-1, normed.shape[-1]).sum(0).astype(scale.dtype)
-    return dx.astype(g.dtype), dscale
+    if typed(g) is None:
+        dscale = (g32 * normed).reshape(-1, normed.shape[-1]).sum(0)
+    else:  # Explicit mode has no reshape of [B, T@seq, C] to rows (a pipeline's microbatch)
+        dscale = (g32 * normed).sum(tuple(range(normed.ndim - 1)))
+    return dx.astype(g.dtype), dscale.astype(scale.dtype)
 
 
 layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
