@@ -189,7 +189,7 @@ def test_a_planted_mistake_moves_other_bytes(monkeypatch):
     """The comparison above can fail: the zoo's composed_too_many also averages the gradients
     over 'model', whose devices hold different shards of them: one all-reduce over
     data and model instead of over data alone."""
-    from tools.zoo import composed_too_many
+    from shard_parity.tools.zoo import composed_too_many
 
     monkeypatch.setitem(explicit.STRATEGIES, 'composed', composed_too_many)
     expected, program = explicit_program('data:2,fsdp:2,model:2')

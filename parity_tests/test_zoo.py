@@ -64,6 +64,17 @@ def functions(source: str) -> dict[str, str]:
     return out
 
 
+def after_planted(source: str) -> set[str]:
+    """The names of what the module's top level defines after its `planted(...)` call; a
+    statement other than a function definition there is named by its line."""
+    body = ast.parse(source).body
+    call = next(i for i, node in enumerate(body) if 'planted(' in ast.unparse(node)
+                and isinstance(node, ast.Expr))  # fmt: skip
+    return {
+        n.name if isinstance(n, ast.FunctionDef) else f'line {n.lineno}' for n in body[call + 1 :]
+    }
+
+
 def entries():
     return [name for _, name, _ in pkgutil.iter_modules(zoo.__path__)]
 
@@ -119,10 +130,19 @@ def test_every_entry_is_its_original_plus_its_bug_lines():
             assert drift(theirs[function], ours[function]) == [], f'{name}.{function}'
         if not redefined:
             changes_none.add(name)
+            continue
+        # the bug is planted: some statement is marked, and nothing after planted() but the
+        # functions it redefines (a constant changed there would escape the comparison)
+        assert any(bug for f in redefined for _, bug in statements(ours[f])), name
+        assert after_planted(open(entry.__file__).read()) == set(redefined), name
         assert entry.__doc__ and 'bug zoo' in entry.__doc__, name  # its own, not the original's
     # dropout.py is no bug but a variant of explicit/dp.py, the reference for dropout_key.py:
     # it adds functions (and replaces the imported bind) and defines none of dp.py's again.
     assert changes_none == {'dropout'}
+    # the check can fail: a constant set after planted() is named by its line
+    assert after_planted('planted(globals(), dp)\nDATA = "model"\ndef f():\n    pass\n') == {
+        'line 2', 'f'
+    }
 
 
 def test_scatter_no_div_plants_the_missing_division_in_todays_fsdp():
