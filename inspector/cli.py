@@ -26,7 +26,6 @@ from shard_parity import UsageError, refuse
 from shard_parity.mesh import configure_jax
 from shard_parity.runtime import declare_key_flags, parse_flags
 from shard_parity.runtime import flags as F
-from shard_parity.runtime.train import mesh_from_flags
 
 from . import cost
 from . import target as targets
@@ -104,15 +103,18 @@ def report_of_flags():
 
             hosts.price_report(data, hosts.lay(_mesh_of(args).shape.items(), HOSTS.value))
         return data, True
+    from shard_parity.runtime.training import mesh_from_flags
+
     from .twins import inspect
 
     # the train CLI's checks, same messages
     count = F.NUM_DEVICES.value or (len(devices) if target else jax.device_count())
-    plan, mesh = mesh_from_flags(AxisType.Auto, count, on=devices)
+    plan, mesh = mesh_from_flags(AxisType.Auto, count, on=devices, schedules=True)
     config = F.train_config()
     report = inspect(
         F.MODEL.value, config, mesh, plan.strategy, F.model_config(), HARDWARE.value, measure,
         F.MICROBATCHES.value, F.CP_LAYOUT.value, HOSTS.value, target=target,
+        schedule=F.PP_SCHEDULE.value, virtual=F.PP_VIRTUAL.value,
     )  # fmt: skip
     return report, False
 
@@ -158,7 +160,8 @@ def main(argv):
 def run():
     declare_key_flags(
         [F.MODEL, F.STRATEGY, F.MESH, F.TRAIN['batch_size'], *F.TRANSFORMER_SHAPE, F.CPU_DEVICES]
-        + [F.CPU_FMA, F.NUM_DEVICES, F.MICROBATCHES, HOSTS, HARDWARE, TARGET, HTML, TRACE]
+        + [F.CPU_FMA, F.NUM_DEVICES, F.MICROBATCHES, F.PP_SCHEDULE, F.PP_VIRTUAL, HOSTS]
+        + [HARDWARE, TARGET, HTML, TRACE]
         + [FAIL_ON_SURPRISE, PROGRAM, JSON]
         + [F.VERBOSE]
     )

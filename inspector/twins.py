@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding
 
 from shard_parity import auto, explicit, typed
 from shard_parity.mesh import FSDP, with_axis_type
+from shard_parity.pipeline import virtual_stages
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
 from shard_parity import plan as plans
@@ -64,12 +65,13 @@ def step_options(module, microbatches=None, layout=None) -> dict:
 
 
 def lowered_steps(model, config, mesh, strategy, model_config, microbatches=None, layout=None,
-                  one_device=None):  # fmt: skip
+                  one_device=None, schedule='gpipe', virtual=None):  # fmt: skip
     """The abstract params, and a generator of (name, (lowered train step, its mesh, its
     abstract args, its strategy file)): lowered one at a time, as the compiler asks for them.
     `microbatches`, `layout`: --microbatches and --cp_layout (default: each file's own).
     `one_device`: the device the one-device program is compiled for (a --target's first;
-    default: this process's default device)."""
+    default: this process's default device). `schedule`, `virtual`: --pp_schedule and
+    --pp_virtual: pp's 1f1b and interleaved run each twin's SCHEDULES file (pp_1f1b.py)."""
     make_model, loss_fn, batch = model_and_batch(model, config.batch_size, model_config)
     tx = make_optimizer(config)
     graphdef, state = nnx.eval_shape(lambda: create_state(make_model(nnx.Rngs(0)), tx))
@@ -91,6 +93,9 @@ def lowered_steps(model, config, mesh, strategy, model_config, microbatches=None
             )
             module = twin.STRATEGIES[strategy]
             options = step_options(module, microbatches, layout)
+            if schedule != 'gpipe':  # the train CLI's choice too (runtime/loop.py)
+                module = twin.SCHEDULES[schedule]
+                options['virtual'] = virtual_stages(schedule, virtual)
             step = module.train_step(graphdef, loss_fn, tx, twin_mesh, **options)
             args = (abstract, with_sharding(batch, twin_mesh, rows(twin_mesh, strategy)))
             yield twin.NAME, (step.lower(*args), twin_mesh, args, shorten(module.__file__))
@@ -131,7 +136,8 @@ def read_steps(steps, weights, strategy, hardware, measure, target=None) -> dict
 
 def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', model_config=None,
             hardware: str = 'h100x8', measure: bool = False, microbatches: int | None = None,
-            layout: str | None = None, hosts: int = 1, target: str | None = None) -> dict:  # fmt: skip
+            layout: str | None = None, hosts: int = 1, target: str | None = None,
+            schedule: str = 'gpipe', virtual: int | None = None) -> dict:  # fmt: skip
     """Compiles the train steps and returns their collectives, attribution, predicted cost,
     surprises and the expectation. `model_config`: the transformer's shape (default:
     TransformerConfig()); unused by the MLP. `measure`: also time each step on this machine.
@@ -139,7 +145,8 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
     `hosts`: the mesh laid over that many hosts (inspector/hosts.py), outer axes across hosts,
     each collective priced by the link its devices span.
     `target`: an inspector.target name (`mesh` is then over its devices, mesh_from_flags(on=)):
-    every program compiled for it, priced on its own hardware, with its memory per device."""
+    every program compiled for it, priced on its own hardware, with its memory per device.
+    `schedule`, `virtual`: pp's --pp_schedule and --pp_virtual (the expectation is GPipe's)."""
     model_config = model_config or cfg.TransformerConfig()
     microbatches = microbatches or explicit.pp.MICROBATCHES
     over_hosts = by_host.lay(mesh.shape.items(), hosts)  # a bad --hosts: one line, uncompiled
@@ -147,8 +154,9 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
     hardware = chosen.hardware if chosen else hardware
     one = mesh.devices.flat[0] if chosen else None
     params, steps = lowered_steps(
-        model, config, mesh, strategy, model_config, microbatches, layout, one_device=one
-    )
+        model, config, mesh, strategy, model_config, microbatches, layout, one_device=one,
+        schedule=schedule, virtual=virtual,
+    )  # fmt: skip
     weights = [
         (jax.tree_util.keystr(p), int(np.prod(x.shape)))
         for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
@@ -171,6 +179,8 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
         'version': VERSION,
         'model': model,
         'strategy': strategy,
+        **({'pp_schedule': schedule, 'pp_virtual': virtual_stages(schedule, virtual)}
+           if schedule != 'gpipe' else {}),
         'devices': mesh.size,
         'mesh': 'x'.join(map(str, mesh.devices.shape)),
         'axes': list(mesh.axis_names),

@@ -572,7 +572,7 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
-        'inspector or bisect: --pp_schedule other than gpipe',
+        'bisect: --pp_schedule other than gpipe',
         "--pp_schedule=1f1b: this tool runs the twins' pp.py (gpipe)",
         'test_bad_inputs.test_cli_row',
     ),

@@ -303,9 +303,11 @@ def read_metrics(workdir):
     return [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
 
 
-def inspect_collectives(model='mlp', strategy='dp', mesh=(8, 1), batch_size=None, **shape):
+def inspect_collectives(model='mlp', strategy='dp', mesh=(8, 1), batch_size=None,
+                        schedule='gpipe', **shape):  # fmt: skip
     """What `python -m inspector --json` prints, computed in this process: the
-    collectives of each compiled train step. `shape`: TransformerConfig fields."""
+    collectives of each compiled train step. `shape`: TransformerConfig fields; `schedule`:
+    pp's --pp_schedule."""
     from shard_parity.inspector.twins import inspect
     from shard_parity.mesh import make_mesh
     from shard_parity.placement import mesh_axes
@@ -315,6 +317,7 @@ def inspect_collectives(model='mlp', strategy='dp', mesh=(8, 1), batch_size=None
         config = dataclasses.replace(config, batch_size=batch_size)
     model_config = cfg.TransformerConfig(**shape)
     report = inspect(
-        model, config, make_mesh(shape=mesh, axes=mesh_axes(strategy)), strategy, model_config
-    )
+        model, config, make_mesh(shape=mesh, axes=mesh_axes(strategy)), strategy, model_config,
+        schedule=schedule,
+    )  # fmt: skip
     return json.loads(json.dumps(report))  # as the CLI's JSON: tuples become lists

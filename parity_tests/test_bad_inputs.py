@@ -180,8 +180,8 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
         [*TINY, *PP, '--mesh=4x2', '--pp_schedule=interleaved', '--microbatches=3']
         + ['--batch_size=24'],
     ),
-    'inspector or bisect: --pp_schedule other than gpipe': (
-        'inspector',
+    'bisect: --pp_schedule other than gpipe': (
+        'tools.bisect',
         [*TINY, *PP, '--mesh=4x2', '--pp_schedule=1f1b'],
     ),
     '--pp_schedule other than gpipe outside --strategy=pp': (
@@ -266,3 +266,16 @@ def test_disk_full_while_saving_keeps_the_earlier_checkpoints(mesh8, tmp_path, m
     assert int(state.step) == 5
     assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(state.params))
     assert sorted(p.name for p in (tmp_path / 'checkpoints').iterdir()) == ['5']
+
+
+@pytest.mark.slow
+def test_the_mesh_is_checked_before_the_warm_up():
+    """A short --steps with a bad pp setting names the pp setting, not the warm-up (issue 31:
+    the warm-up check ran first and hid it). The check can fail: the warm-up alone is refused."""
+    short = ['--steps=50', '--warmup_steps=100']
+    both = run_cli('explicit', *TINY, '--strategy=pp', '--mesh=2x4', '--num_layers=6', *short)
+    assert both.returncode == BAD_INPUT, both.stderr[-1500:]
+    assert "--num_layers=6 is not divisible by the mesh's stage axis (4)" in both.stderr
+    assert 'warmup_steps' not in both.stderr
+    warm_up = run_cli('explicit', *TINY, '--strategy=pp', '--mesh=2x4', '--num_layers=4', *short)
+    assert warm_up.returncode == BAD_INPUT and '--warmup_steps=100 must be below' in warm_up.stderr

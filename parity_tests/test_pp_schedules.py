@@ -29,6 +29,7 @@ from parity_tests.helpers import (
     assert_params_close,
     assert_trees_close,
     fresh_state,
+    inspect_collectives,
     logits,
     make_case,
     one_device_runs,
@@ -351,6 +352,40 @@ def test_the_trace_draws_every_unit_once_per_stage():
             mine = sorted(e['name'] for e in events if (e['pid'], e['tid']) == (pid, s))
             chunks = [f':{c}' for c in range(v)] if v > 1 else ['']
             assert mine == sorted(f'{k}{m}{c}' for k in 'BF' for m in range(4) for c in chunks)
+
+
+@pytest.mark.slow  # compiles four programs
+@pytest.mark.pinned
+def test_inspector_pins_1f1bs_collectives_the_loss_on_the_last_stage():
+    """`python -m inspector --strategy=pp --mesh=2x4 --pp_schedule=1f1b` (docs/pipeline.md's
+    table, at its setting: M = 4, 8 layers, T 16, C 32): explicit hands a microbatch's
+    activations f32[2, 16, 32] on with a collective-permute, 14 of them over the ticks, as
+    GPipe's; over 'stage' after the ticks one all-reduce of the embeddings', norm's and head's
+    gradients and the metrics, where GPipe all-reduces the last stage's outputs (each way); over
+    'data' the same gradient all-reduce as GPipe's. The check can fail: GPipe's differ."""
+    shape = {'seq_len': 16, 'num_layers': 8, 'num_heads': 4, 'num_kv_heads': 2, 'embed_dim': 32}
+    over = {}
+    for schedule in ('gpipe', '1f1b'):
+        r = inspect_collectives('transformer', 'pp', (2, 4), 16, schedule, **shape)
+        ops = r['programs']['explicit']
+        permutes = [op for op in ops if op['kind'] == 'collective-permute']
+        assert {tuple(map(tuple, op['shapes'])) for op in permutes} == {((2, 16, 32),)}
+        assert sum(op['trip_count'] for op in permutes) == 14, permutes
+        reduces = [op for op in ops if op['kind'] == 'all-reduce']
+        over[schedule] = {
+            axis: sorted(op['bytes'] for op in reduces if op['group_size'] == size)
+            for axis, size in (('stage', 4), ('data', 2))
+        }
+        assert all(op['trip_count'] == 1 for op in reduces), schedule
+        if schedule == '1f1b':
+            assert r['pp_schedule'] == '1f1b' and r['sources']['explicit']['file'].endswith(
+                'pp_1f1b.py'
+            )
+    # GPipe: the outputs f32[4, 2, 16, 32] each way, the metrics (28 B) riding with one of them
+    assert over['gpipe']['stage'] == [16_384, 16_412]
+    assert over['1f1b']['stage'] == [34_976]  # the rest's gradients and the metrics, once
+    # the blocks' gradients and the rest's with the mean loss: 125,568 + 4 B
+    assert over['1f1b']['data'] == over['gpipe']['data'] == [34_948, 90_624]
 
 
 # --- Checkpoints and the CLI ---

@@ -51,13 +51,13 @@ def mesh_from_flags(axis_type, devices: int, ring=False, on=None, schedules=Fals
     """(plan, mesh) of --mesh and --strategy over `devices` devices, checked before anything
     compiles: the train CLI's, the inspector's and the bisector's. `ring`: as check_strategy's.
     `on`: the devices to build it from (the inspector's --target), default this process's.
-    `schedules`: whether the caller runs --pp_schedule's files (the train CLI); the inspector
-    and the bisector run each twin's STRATEGIES, GPipe's pp.py, and refuse another schedule."""
+    `schedules`: whether the caller runs --pp_schedule's files (the train CLI, the inspector);
+    the bisector runs each twin's STRATEGIES, GPipe's pp.py, and refuses another schedule."""
     if not schedules and F.PP_SCHEDULE.value != 'gpipe':
         raise UsageError(
             f'--pp_schedule={F.PP_SCHEDULE.value}: this tool runs the twins\' pp.py (gpipe); '
-            'the train CLIs run the other schedules, and the bisector takes their module: '
-            '--twins=explicit,explicit.pp_1f1b'
+            'the train CLIs and the inspector run the other schedules, and the bisector takes '
+            'their module: --twins=explicit,explicit.pp_1f1b'
         )
     plan = F.plan(devices)
     mesh = mesh_for(plan, axis_type, devices=on)
