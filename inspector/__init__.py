@@ -10,7 +10,8 @@ Generic, for any jitted program (these import nothing of the twins, the models o
 CLI; test_inspector_parsing.py checks): program.py (`inspect`, `Report`), hlo.py (the compiled
 program's collectives), attribute.py (line, phase, axes, origin, trips), cost.py (predicted
 times), target.py (the devices of hardware that is not here: `inspect(..., target=...)`),
-surprises.py, and the reports: render.py, html.py, trace.py.
+hosts.py (a mesh laid over hosts, each collective priced by the link it spans), surprises.py,
+and the reports: render.py, html.py, trace.py.
 What knows this project: twins.py (each twin's compiled step for one strategy, side by side),
 expect.py (the collectives each strategy should hold), and cli.py's twin mode (the train CLI's
 flags and checks; its --program=MODULE:FUNCTION mode is the generic one).

@@ -25,7 +25,8 @@ from shard_parity.inspector.hlo import Module, device_groups, logical
 from shard_parity.inspector.program import captured_stderr
 
 # inspector/__init__.py: what inspects any jitted program, apart from what knows the twins
-GENERIC = {'program', 'hlo', 'attribute', 'cost', 'surprises', 'render', 'html', 'trace', 'target'}
+GENERIC = {'program', 'hlo', 'attribute', 'cost', 'surprises', 'render', 'html', 'trace', 'target',
+           'hosts'}  # fmt: skip
 PROJECT = {'shard_parity', 'auto', 'explicit', 'typed', 'tools', 'parity_tests', 'datasets'}
 
 
@@ -39,7 +40,8 @@ def project_imports(source: str) -> set[str]:
             names = [node.module] if node.module else [a.name for a in node.names]
             found |= {f'.{n}' for n in names if n.split('.')[0] not in GENERIC}
         elif isinstance(node, ast.ImportFrom) and node.module.split('.')[0] in PROJECT:
-            found.add(node.module)
+            if (node.module, [a.name for a in node.names]) != ('shard_parity', ['UsageError']):
+                found.add(node.module)  # the package's one exception imports nothing of it
     return found
 
 

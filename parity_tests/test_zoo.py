@@ -48,7 +48,8 @@ def drift(original: str, entry: str) -> list[str]:
         if op == 'equal':
             continue
         marked = [s for s, bug in b[j1:j2] if bug]
-        if not marked or len(marked) < j2 - j1:  # every statement put in is marked
+        # every statement put in is marked, and each one taken out leaves a mark of its own
+        if not marked or len(marked) < j2 - j1 or i2 - i1 > j2 - j1:
             out += [f'- {s}' for s, _ in a[i1:i2]] + [f'+ {s}' for s, _ in b[j1:j2]]
     return out
 
@@ -112,6 +113,10 @@ def scatter(grad, spec, n):
                                     '+ 0: def scatter ( grad , spec , n ) :']  # fmt: skip
     deleted = ORIGINAL.replace('        return jax.lax.pmean(grad, DATA)  # all-reduce\n', '')
     assert drift(ORIGINAL, deleted) == ['- 2: return jax . lax . pmean ( grad , DATA )']
+    # one BUG line in place of two statements: the second is an unmarked deletion
+    two = ORIGINAL.replace('    if DATA not in spec:\n        return jax.lax.pmean(grad, DATA)  # all-reduce\n',
+                           '    pass  # BUG: no branch\n')  # fmt: skip
+    assert drift(ORIGINAL, two) != []
     reformatted = ORIGINAL.replace('scatter_dimension=spec.index(DATA),', '\n scatter_dimension='
                                    'spec.index(DATA),')  # fmt: skip
     assert drift(ORIGINAL, reformatted) == []  # line breaks inside a statement do not count

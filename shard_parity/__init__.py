@@ -7,6 +7,8 @@ its subpackages (shard_parity.auto, .explicit, .typed, .inspector, .tools, .data
     mesh.py       the mesh of a plan, emulated CPU devices
     placement.py  where each array lives, one rule per axis, and the placing itself
     step.py       TrainState, AdamW, apply_gradients, the one-device step
+    pipeline.py   pp's checks, its schedules' tick tables and the model cut into stages
+    memory.py     the state bytes each device should hold, from the axes that split them
     model/        the MLP, the transformer, attention and the custom-backward ops
     runtime/      configs, flags, tasks, the loop, checkpoints, reports, processes, the CLIs
 
