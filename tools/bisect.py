@@ -25,7 +25,7 @@ import traceback
 
 from absl import app, flags, logging
 
-from shard_parity import UsageError
+from shard_parity import UsageError, refuse
 from shard_parity.runtime import declare_key_flags, parse_flags, plain_warnings
 from shard_parity.runtime import flags as F
 
@@ -68,15 +68,13 @@ def main(argv):
     except UsageError as e:
         if F.VERBOSE.value:
             traceback.print_exc()
-        print(f'error: {e}', file=sys.stderr)
-        sys.exit(2)
+        refuse(str(e))  # 2: a bad input
     except Exception as e:  # sides.SideFailed: one side cannot run, which is no divergence
         if type(e).__name__ != 'SideFailed':
             raise
         if F.VERBOSE.value:
             traceback.print_exc()
-        print(f'error: {e}', file=sys.stderr)
-        sys.exit(3)
+        refuse(str(e), 3)
     print(json.dumps(as_dict(report)) if JSON.value else render(report))
     sys.exit(1 if report.diverged else 0)
 
