@@ -16,10 +16,9 @@ from shard_parity.placement import BATCH, REPLICATED, SEQUENCE
 from shard_parity.step import bind, make_train_step
 
 STRATEGY = 'cp'  # --strategy=cp: each sequence split over 'seq', the rows over 'data'
-LAYOUT = 'zigzag'  # --cp_layout: ignored here, where XLA splits the positions in order
 
 
-def loss_and_grads(graphdef, loss_fn, mesh, layout=LAYOUT):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):  # plan.layout (--cp_layout) unused: XLA
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
     def fn(params, batch):  # params @ P(); batch: x[B, T] @ P('data', 'seq')
@@ -33,12 +32,12 @@ def loss_and_grads(graphdef, loss_fn, mesh, layout=LAYOUT):
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
 
 
-def train_step(graphdef, loss_fn, tx, mesh, layout=LAYOUT):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: the same on every device (replicated)
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, layout), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh, layout=LAYOUT):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # per-sequence outputs come out split over 'data' only

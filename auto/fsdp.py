@@ -45,26 +45,26 @@ def gather_layer(specs, mesh):
     return {} if specs is None else {'layer_weights': layer_weights}
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params @ P('fsdp') (1/n of each); batch: x[B, ...] @ P('fsdp')
-        specs = state_specs(params, STRATEGY, mesh)
+        specs = state_specs(params, plan, mesh)
         call = gather_layer(layer_specs(specs), mesh)  # the per-layer gather, if stacked layers
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         (_, metrics), grads = grad_fn(params, batch)  # XLA all-gathers the rest where used
         # grads sharded like the params: XLA reduces each gradient over 'fsdp' to its shard.
-        grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, STRATEGY))
+        grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, plan))
         return jax.lax.with_sharding_constraint(metrics, named(mesh, REPLICATED)), grads
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates its own shards
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # XLA all-gathers the weights; per-example outputs stay split

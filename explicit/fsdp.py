@@ -51,10 +51,10 @@ def gather_layer(specs, mesh):
     return {} if specs is None else {'layer_weights': layer_weights}
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params: 1/n of each array; batch: x[B/n, ...], this device's rows
-        specs = state_specs(params, STRATEGY, mesh)  # from the global shapes, outside
+        specs = state_specs(params, plan, mesh)  # from the global shapes, outside
         call = gather_layer(layer_specs(specs), mesh)  # the per-layer gather, if stacked layers
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
 
@@ -71,16 +71,16 @@ def loss_and_grads(graphdef, loss_fn, mesh):
     return jax.jit(fn)
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates its own shards
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # all the all-gathers up front; per-example outputs stay split
-        specs = state_specs(params, STRATEGY, mesh)
+        specs = state_specs(params, plan, mesh)
         local = lambda shards, batch: fn(jax.tree.map(gather, shards, specs), batch)
         return jax.shard_map(local, mesh=mesh, in_specs=(specs, FSDP_BATCH), out_specs=FSDP_BATCH)(
             params, batch

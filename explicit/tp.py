@@ -24,11 +24,11 @@ def sum_partials(y):  # y: f32[B/d, T, C], this device's share of a row-parallel
     return jax.lax.psum(y, MODEL)  # the all-reduce of activations (Megatron's "g")
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, sum_partials=sum_partials), has_aux=True)
 
     def fn(params, batch):  # params: this device's slice of each layer; batch: x[B/d, ...]
-        specs = state_specs(params, STRATEGY, mesh)
+        specs = state_specs(params, plan, mesh)
 
         def local(params, batch):
             # As in dp: varying over 'data', so that the pmean below is a mean, not n x a sum.
@@ -43,16 +43,16 @@ def loss_and_grads(graphdef, loss_fn, mesh):
     return jax.jit(fn)
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates its own slices
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn, sum_partials=sum_partials)
 
     def evaluate(params, batch):  # the activations' psums; per-example outputs stay split
-        specs = state_specs(params, STRATEGY, mesh)
+        specs = state_specs(params, plan, mesh)
         return jax.shard_map(fn, mesh=mesh, in_specs=(specs, BATCH), out_specs=BATCH)(params, batch)
 
     return jax.jit(evaluate)

@@ -103,18 +103,17 @@ def report_of_flags():
 
             hosts.price_report(data, hosts.lay(_mesh_of(args).shape.items(), HOSTS.value))
         return data, True
-    from shard_parity.runtime.training import mesh_from_flags
+    from shard_parity.mesh import mesh_for
+    from shard_parity.runtime import from_flags
 
     from .twins import inspect
 
-    # the train CLI's checks, same messages
-    count = F.NUM_DEVICES.value or (len(devices) if target else jax.device_count())
-    plan, mesh = mesh_from_flags(AxisType.Auto, count, on=devices, schedules=True)
-    config = F.train_config()
+    # the train CLI's plan, with its checks and messages
+    plan = from_flags.plan(len(devices) if target else jax.device_count())
+    mesh = mesh_for(plan, AxisType.Auto, devices=devices)
     report = inspect(
-        F.MODEL.value, config, mesh, plan.strategy, F.model_config(), HARDWARE.value, measure,
-        F.MICROBATCHES.value, F.CP_LAYOUT.value, HOSTS.value, target=target,
-        schedule=F.PP_SCHEDULE.value, virtual=F.PP_VIRTUAL.value,
+        F.MODEL.value, from_flags.train_config(), mesh, plan, from_flags.model_config(),
+        HARDWARE.value, measure, HOSTS.value, target=target,
     )  # fmt: skip
     return report, False
 

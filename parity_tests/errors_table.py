@@ -572,13 +572,8 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
-        'bisect: --pp_schedule other than gpipe',
-        "--pp_schedule=1f1b: this tool runs the twins' pp.py (gpipe)",
-        'test_bad_inputs.test_cli_row',
-    ),
-    (
-        '--pp_schedule other than gpipe outside --strategy=pp',
-        '--pp_schedule=1f1b runs under --strategy=pp only (this mesh runs dp)',
+        '--pp_schedule other than gpipe on a mesh without a stage axis',
+        '--pp_schedule=1f1b orders the microbatches of a pipeline, and --strategy=dp has no stage axis',
         'test_bad_inputs.test_cli_row',
     ),
     (
@@ -588,7 +583,22 @@ ROWS = [
     ),
     (
         '--pp_schedule other than gpipe on a composed named mesh',
-        '--pp_schedule=1f1b runs under --strategy=pp only (this mesh runs composed)',
+        '--pp_schedule=1f1b on --mesh=data:2,stage:2,model:2: the composed step pipelines with gpipe only',
         'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--mesh not name:size pairs separated by commas',
+        "--mesh=data:2;model:4: 'data:2;model:4' is not name:size; expected name:size pairs separated by commas",
+        'test_named_meshes.test_a_mesh_is_refused_naming_what_the_user_gave',
+    ),
+    (
+        '--strategy=composed without a --mesh',
+        '(their sizes multiplying to the 8 devices), and no --mesh was given',
+        'test_named_meshes.test_a_mesh_is_refused_naming_what_the_user_gave',
+    ),
+    (
+        'an expert axis on a dense model',
+        'the expert axis of --mesh=expert:8 splits the experts of a mixture-of-experts transformer',
+        'test_named_meshes.test_a_mesh_is_refused_naming_what_the_user_gave',
     ),
 ]

@@ -89,9 +89,9 @@ def from_flags():
     import jax
     from jax.sharding import AxisType
 
-    from shard_parity.runtime import config as cfg
-    from shard_parity.runtime import tasks
-    from shard_parity.runtime.train import mesh_from_flags
+    from shard_parity import config as cfg
+    from shard_parity.mesh import mesh_for
+    from shard_parity.runtime import from_flags, tasks
     from shard_parity.step import create_state, make_optimizer
 
     from . import divergence as D
@@ -101,15 +101,15 @@ def from_flags():
     # --steps is how many steps to compare; the schedule stays the model's (not decayed over N)
     changes = {n: f.value for n, f in F.TRAIN.items() if f.value is not None and n != 'steps'}
     config = dataclasses.replace(cfg.TRAIN_DEFAULTS[model], **changes)
-    # the train CLI's own checks
-    plan, mesh = mesh_from_flags(AxisType.Auto, F.NUM_DEVICES.value or jax.device_count())
+    plan = from_flags.plan(jax.device_count())  # the train CLI's plan, and its checks
+    mesh = mesh_for(plan, AxisType.Auto)  # each side takes its twin's axis types (sides.py)
     if len(TWINS.value) != 2:
         raise UsageError(f'--twins={",".join(TWINS.value)}: give two, such as auto,explicit')
-    a, b = (load_side(name, plan.strategy, mesh) for name in TWINS.value)
+    a, b = (load_side(name, plan, mesh) for name in TWINS.value)
     if model == 'mlp':
         task = tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value)
     else:
-        shape = F.transformer_config()
+        shape = from_flags.transformer_config()
         if X64.value:
             shape = dataclasses.replace(shape, dtype='float64')
         task = tasks.shakespeare_task(config, shape, F.DATA_DIR.value, F.DOWNLOAD.value)
@@ -182,7 +182,8 @@ def render(r) -> str:
 
 if __name__ == '__main__':
     declare_key_flags(  # the train CLI's flags it reads: listed by --help, which exits 0
-        [F.MODEL, F.STRATEGY, F.MESH, F.NUM_DEVICES, *F.TRAIN.values(), *F.TRANSFORMER_SHAPE]
+        [F.MODEL, F.STRATEGY, F.MESH, F.NUM_DEVICES, F.CP_LAYOUT, F.MICROBATCHES]
+        + [F.PP_SCHEDULE, F.PP_VIRTUAL, *F.TRAIN.values(), *F.TRANSFORMER_SHAPE]
         + [F.CPU_DEVICES, F.CPU_FMA, F.DATA_DIR, F.DOWNLOAD, F.VERBOSE]
     )
     flags.FLAGS['steps'].help = f'How many steps to compare. Default: {DEFAULT_STEPS}.'

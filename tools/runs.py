@@ -15,7 +15,7 @@ from shard_parity import UsageError
 from shard_parity import plan as plans
 from shard_parity.mesh import mesh_for
 from shard_parity.runtime import checkpoint, tasks
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.step import make_optimizer
 
 from . import divergence as D
@@ -134,8 +134,8 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
 
 
 def side(saved: dict, run: str) -> Side:
-    plan = plans.from_saved(saved['strategy'], saved['mesh'])  # runs before named meshes too
-    found = load_side(saved['twin'], plan.strategy, mesh_for(plan))
+    plan = plans.from_config(saved)  # runs before named meshes too, with their options
+    found = load_side(saved['twin'], plan, mesh_for(plan))
     return found._replace(name=f"{run} ({saved['twin']} {plan.strategy} {plan.text()})")
 
 

@@ -12,7 +12,7 @@ import json
 import pathlib
 import sys
 
-from shard_parity import refuse
+from shard_parity import UsageError, refuse
 
 LOGGING_ONLY = ('log_every', 'eval_every', 'log_grad_norm')  # change what is logged, not the run
 
@@ -41,7 +41,7 @@ def other_settings(a: dict, b: dict) -> list[str]:
     for group in defaults:
         keys = sorted((set(a[group]) ^ set(b[group])) - set(LOGGING_ONLY))
         if keys:  # an older run: the defaults of today's TrainConfig (a heavier import)
-            from shard_parity.runtime import config as cfg
+            from shard_parity import config as cfg
 
             defaults['train'] = cfg.to_dict(cfg.TrainConfig())
             defaults['model_config'] = cfg.to_dict(cfg.TransformerConfig())  # num_experts...
@@ -60,7 +60,10 @@ def where(saved: dict) -> str | None:
         return None
     from shard_parity import plan as plans
 
-    plan = plans.from_saved(saved['strategy'], saved['mesh'])
+    try:
+        plan = plans.from_config(saved)
+    except UsageError:
+        return None
     return f"{saved.get('twin', '?')} {plan.strategy} on {plan.text()}"
 
 

@@ -56,28 +56,28 @@ def gather_layer(specs, mesh, axes=(FSDP,)):
     return {} if specs is None else {'layer_weights': layer_weights}
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params: f32[784@fsdp, 512] (1/n of each); batch: x f32[B@fsdp, 784]
-        specs = state_specs(params, STRATEGY, mesh)
+        specs = state_specs(params, plan, mesh)
         call = gather_layer(layer_specs(specs), mesh)  # the per-layer gather, if stacked layers
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         # the all-gather of every weight outside the stacked layers (all of the MLP's)
-        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, STRATEGY, gathered=True))
+        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, plan, gathered=True))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[784, 512]{U:fsdp}
         # unreduced -> split over 'fsdp': the reduce-scatter, each device keeps its shard's sum
-        return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))
+        return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates its own shards
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY, place=jax.reshard)  # moves: reshard
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan, place=jax.reshard)  # moves: reshard
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # gather the weights; per-example outputs stay split

@@ -1,12 +1,13 @@
 """Every CLI flag, defined once: the train and generate CLIs of every twin take these, and the
 two sets coexist in one process.
 
-The training flags are made from shard_parity/runtime/config.py's TrainConfig, one per field
+The training flags are made from shard_parity/config.py's TrainConfig, one per field
 (its help and bounds come from the field); left unset, they take the model's defaults
 (TRAIN_DEFAULTS: the MLP's MNIST recipe, or nanoGPT's shakespeare_char CPU recipe). Each CLI
 lists its own flags under --help (TRAIN_CLI, GENERATE_CLI: absl's key flags of the program run);
 --helpfull lists every flag of every module. What the parsed flags make (the plan, the
-configurations) is shard_parity/runtime/from_flags.py.
+configurations) is shard_parity/runtime/from_flags.py, the one module that reads these flags'
+values to build the plan (shard_parity/plan.py).
 """
 
 import dataclasses
@@ -17,7 +18,7 @@ from absl import flags
 
 from shard_parity import plan as plans
 from shard_parity.plan import STRATEGIES
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 
 MODEL = flags.DEFINE_enum('model', 'mlp', ['mlp', 'transformer'], 'Which model to train.')
 STRATEGY_HELP = {
@@ -47,10 +48,13 @@ STRATEGY = flags.DEFINE_enum('strategy', 'dp', list(STRATEGIES), _strategy_help(
 MESH = flags.DEFINE_string(
     'mesh',
     None,
-    'The mesh: named axes, e.g. data:2,fsdp:2,model:2, each once, in order (any of '
-    + '; '.join(f'{a}: {d}' for a, d in plans.DOES.items())
-    + '); the sizes multiply to the device count (or --num_devices); the file that covers the '
-    'axes runs, else <twin>/composed.py. Or the legacy AxB: --strategy\'s two axes, '
+    'The mesh: named axes as name:size pairs separated by commas, e.g. data:2,fsdp:2,model:2 '
+    '(any of ' + '; '.join(f'{a}: {d}' for a, d in plans.DOES.items()) + '). Each axis at most '
+    'once, in any order: the order lays the devices out, the first axis varying slowest, so '
+    'the last axis\'s groups are neighbouring devices (put the busiest axis last); names are '
+    'case-insensitive and spaces around them are ignored. The sizes multiply to the device '
+    'count (or --num_devices); the file that covers the axes runs, else <twin>/composed.py. '
+    'Or the legacy AxB: --strategy\'s two axes, '
     'DATAxMODEL for dp and tp, FSDPxMODEL for fsdp and fsdp_tp, DATAxSEQ for cp, DATAxSTAGE '
     'for pp, DATAxEXPERT for ep (--strategy=fsdp_tp --mesh=4x2 is --mesh=fsdp:4,model:2). '
     'Default: all devices (or --num_devices) on --strategy\'s first axis.',
@@ -284,24 +288,3 @@ GENERATE_CLI = [
     WORKDIR, PROMPT, MAX_NEW_BYTES, TEMPERATURE, TOP_K, KV_CACHE, TRAIN['seed'], CPU_DEVICES,
     VERBOSE,
 ]  # fmt: skip
-
-
-# What the flags make (the plan, the model's and the training's configurations) is
-# shard_parity/runtime/from_flags.py's; its functions stay readable here by their old names. Read
-# when asked for, as from_flags.py imports this module's flags.
-FROM_FLAGS = (
-    'plan',
-    'batch_size',
-    'model_config',
-    'train_config',
-    'warn_ignored_flags',
-    'transformer_config',
-)
-
-
-def __getattr__(name):
-    if name in FROM_FLAGS:
-        from shard_parity.runtime import from_flags
-
-        return getattr(from_flags, name)
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -19,7 +19,7 @@ from shard_parity.model.mlp import MLP
 from shard_parity.model.moe import AUX_WEIGHT
 from shard_parity.model.ops import cross_entropy
 from shard_parity.model.transformer import Transformer
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.runtime import report
 
 

@@ -12,7 +12,7 @@ from . import planted
 planted(globals(), dp)
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
     def local(params, batch):  # params: the full arrays; batch: x[B/n, ...], this device's rows

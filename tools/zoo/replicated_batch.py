@@ -13,7 +13,7 @@ from . import planted
 planted(globals(), dp)
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
     def local(params, batch):  # params: the full arrays; batch: x[B/n, ...], this device's rows
@@ -28,7 +28,7 @@ def loss_and_grads(graphdef, loss_fn, mesh):
     return jax.jit(fn)
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # per-example outputs of my rows, concatenated: no collective
