@@ -23,7 +23,7 @@ from parity_tests.helpers import (
     run_cli,
     strategy_mesh,
 )
-from shard_parity import UsageError, auto, explicit
+from shard_parity import UsageError, auto, exit_status, explicit
 from shard_parity import plan as plans
 from shard_parity.mesh import make_mesh, mesh_for
 from shard_parity.placement import mesh_axes, place_batch, place_state
@@ -195,12 +195,16 @@ def fake_run(root, embed_dim=16, loss=2.0):
 
 
 def test_run_directories_of_other_settings_or_without_checkpoints_are_refused(tmp_path):
+    """Runs of other settings are a refused input (exit 2); runs that differ with no checkpoint
+    to replay them from are an answer, they disagree (exit 1: docs/errors.md's codes)."""
     a = fake_run(tmp_path / 'a')
-    with pytest.raises(UsageError, match='other settings: --embed_dim: A 16, B 32'):
+    with pytest.raises(UsageError, match='other settings: --embed_dim: A 16, B 32') as refused:
         runs.bisect_runs(a, fake_run(tmp_path / 'b', embed_dim=32), 'f32', None, None)
+    assert exit_status(refused.value) == 2
     assert runs.bisect_runs(a, fake_run(tmp_path / 'c'), 'f32', None, None).step is None
-    with pytest.raises(UsageError, match='share no checkpoint before it'):
+    with pytest.raises(UsageError, match='share no checkpoint before it') as differ:
         runs.bisect_runs(a, fake_run(tmp_path / 'd', loss=2.1), 'f32', None, None)
+    assert exit_status(differ.value) == 1
 
 
 def test_run_directories_given_twice_or_garbled_are_one_line(tmp_path, capsys):

@@ -12,9 +12,10 @@ runs the file that covers its axes, else composed.py, as the train CLI), one_dev
 import path of a strategy module with loss_and_grads, train_step and eval_step (a copy of
 explicit/dp.py with one line changed, on PYTHONPATH). Both start from one initial state and take
 the same batches; tools/sides.py loads them, tools/divergence.py compares them. Exit 0: they
-agree for --steps steps; 1: they diverge (the report says where); 2: bad input (the train CLI's
-own checks, one line); 3: a side cannot run (`B (mypkg.my_dp) fails to trace at
-mypkg/my_dp.py:42: ...`).
+agree for --steps steps; 1: they diverge (the report says where; two runs that differ with no
+checkpoint to replay them from: one line), or the data is missing or unreadable (the train CLI's
+line); 2: bad input (the train CLI's own checks, one line); 3: a side cannot run (`B
+(mypkg.my_dp) fails to trace at mypkg/my_dp.py:42: ...`).
 docs/bisect.md walks through it.
 """
 
@@ -25,7 +26,8 @@ import traceback
 
 from absl import app, flags, logging
 
-from shard_parity import UsageError, refuse
+from shard_parity import UsageError, exit_status, refuse
+from shard_parity.datasets.root import DataError
 from shard_parity.runtime import declare_key_flags, parse_flags, plain_warnings
 from shard_parity.runtime import flags as F
 
@@ -65,10 +67,12 @@ def main(argv):
         if len(argv) not in (1, 3):
             raise UsageError(f'expected two run directories or none, got {argv[1:]}')
         report = from_runs(*argv[1:]) if len(argv) == 3 else from_flags()
-    except UsageError as e:
+    except (UsageError, DataError, OSError) as e:
         if F.VERBOSE.value:
             traceback.print_exc()
-        refuse(str(e))  # 2: a bad input
+        # 2: a bad input; 1: the data (the train CLI's line and status), or runs that differ
+        # where no checkpoint lets them be replayed (runs.Unreplayable)
+        refuse(str(e), exit_status(e))
     except Exception as e:  # sides.SideFailed: one side cannot run, which is no divergence
         if type(e).__name__ != 'SideFailed':
             raise

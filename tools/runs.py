@@ -25,6 +25,13 @@ from .sides import Side, load_side
 SAME = ('model', 'model_config', 'train')  # what two runs must share to be replayed together
 
 
+class Unreplayable(UsageError):
+    """The runs differ, but share no checkpoint to replay them from: the answer is that they
+    disagree (exit 1, with the step where their logs part), not a refused input."""
+
+    exit_code = 1
+
+
 def read_run(workdir: str) -> tuple[dict, dict]:
     """(config.json, {step: merged metrics of that step}) of a workdir. Torn or garbled metrics
     lines are skipped with one warning; a config.json that cannot be read is a UsageError."""
@@ -108,7 +115,7 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
     common = sorted(set(checkpoint.steps(run_a)) & set(checkpoint.steps(run_b)))
     before = [s for s in common if s <= agreed] or [s for s in common if s < step]
     if not before:
-        raise UsageError(
+        raise Unreplayable(
             f'the runs first differ at logged step {step}, but they share no checkpoint before it '
             f'(A: {checkpoint.steps(run_a) or "none"}, B: {checkpoint.steps(run_b) or "none"}): '
             'train with --save_initial (a step-0 checkpoint) and a smaller --checkpoint_every'

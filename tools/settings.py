@@ -10,7 +10,6 @@ a run saved before named meshes, fsdp's axis then called 'data', as today's woul
 
 import json
 import pathlib
-import sys
 
 from shard_parity import UsageError, refuse
 
@@ -81,9 +80,9 @@ def check_settings(names, allow: bool) -> None:
     diffs = other_settings(a, b)
     if not diffs:
         return
-    if not allow:
-        sys.exit(
-            f'error: {names[0]} (A) and {names[1]} (B) were trained with other settings: '
+    if not allow:  # a different experiment: refused input (2), not a disagreement (1)
+        refuse(
+            f'{names[0]} (A) and {names[1]} (B) were trained with other settings: '
             + '; '.join(diffs)
             + '. Pass --allow_other_settings to compare them anyway'
         )

@@ -107,7 +107,8 @@ def main(twin):
         except FloatingPointError as e:  # raised by JAX's checks under --debug_nans
             if F.VERBOSE.value:
                 traceback.print_exc()
-            sys.exit(f'error: --debug_nans stopped training at the first NaN: {str(e)[:300]}')
+            first = ' '.join(str(e)[:300].split())  # one line
+            refuse(f'--debug_nans stopped training at the first NaN: {first}', 1)
         except (UsageError, DataError, OSError) as e:
             if F.VERBOSE.value:
                 traceback.print_exc()
