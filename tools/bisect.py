@@ -105,7 +105,8 @@ def from_flags():
     # --steps is how many steps to compare; the schedule stays the model's (not decayed over N)
     changes = {n: f.value for n, f in F.TRAIN.items() if f.value is not None and n != 'steps'}
     config = dataclasses.replace(cfg.TRAIN_DEFAULTS[model], **changes)
-    plan = from_flags.plan(jax.device_count())  # the train CLI's plan, and its checks
+    # the train CLI's plan and checks (a default batch that does not split: fewer devices)
+    plan = from_flags.plan(jax.device_count(), fit_default_batch=True)
     mesh = mesh_for(plan, AxisType.Auto)  # each side takes its twin's axis types (sides.py)
     if len(TWINS.value) != 2:
         raise UsageError(f'--twins={",".join(TWINS.value)}: give two, such as auto,explicit')
