@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import EXPERT, FSDP, STAGE
 from shard_parity.placement import activations, REPLICATED, layer_specs, named, state_specs
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 from .ep import exchange
 from .fsdp import gather_layer
@@ -36,7 +36,7 @@ def hooks(plan, specs, mesh, batch):
     """The model call's keywords: the piece of each axis the plan uses."""
     call = {}
     if plan.uses(FSDP):  # each layer gathered where it runs, in the pipeline's stages too
-        call.update(gather_layer(layer_specs(specs), mesh))
+        call.update(gather_layer(layer_specs(specs), mesh, plan))
     if plan.uses(EXPERT):
         call['experts'] = lambda xe, w: exchange(xe, w, mesh, plan)
     if plan.uses(STAGE):
@@ -51,6 +51,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, P(*activations(plan))))
         (_, metrics), grads = grad_fn(params, batch)  # XLA inserts every axis's collectives
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # grads in the params' layout: XLA reduces each over the batch's axes to its shard
         grads = jax.lax.with_sharding_constraint(grads, named(mesh, specs))
         return jax.lax.with_sharding_constraint(metrics, NamedSharding(mesh, REPLICATED)), grads

@@ -10,7 +10,7 @@ import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.placement import BATCH, REPLICATED
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'dp'  # --strategy=dp: every array whole on every device
 
@@ -20,6 +20,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params @ P(); batch: x[B, ...] @ P('data')
         (_, metrics), grads = grad_fn(params, batch)
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # metrics and grads @ P(): each device's rows give only a partial sum, so the compiler
         # inserts an all-reduce over 'data' here (see parity_tests/test_collectives.py).
         return jax.lax.with_sharding_constraint((metrics, grads), NamedSharding(mesh, REPLICATED))

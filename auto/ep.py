@@ -26,7 +26,7 @@ from shard_parity.placement import (
     row_slots,
     state_specs,
 )
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
 def exchange(xe, experts, mesh, plan):  # xe: [E, B, cap, C] @ P(None, ('data', 'expert'))
@@ -46,6 +46,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
     def fn(params, batch):  # params @ P(), experts @ P(None, 'expert'); batch: x[B, T]
         batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, EXPERT_BATCH))
         (_, metrics), grads = grad_fn(params, batch)
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # metrics @ P(), grads as the params: each device saw only its rows, so XLA all-reduces
         # the replicated weights' gradients over both axes, the experts' over 'data'
         return jax.lax.with_sharding_constraint(

@@ -13,7 +13,7 @@ import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.placement import FSDP_BATCH, REPLICATED, layer_specs, state_shardings, state_specs
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 from .fsdp import gather_layer
 
@@ -24,9 +24,10 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params @ P('fsdp', 'model') etc.; batch: x[B, ...] @ P('fsdp')
         specs = state_specs(params, plan, mesh)
-        call = gather_layer(layer_specs(specs), mesh)  # over 'fsdp' per layer, if stacked layers
+        call = gather_layer(layer_specs(specs), mesh, plan)  # over 'fsdp' per layer, if stacked
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         (_, metrics), grads = grad_fn(params, batch)  # XLA all-gathers over 'fsdp', psums 'model'
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # grads sharded like the params: XLA reduces each gradient over 'fsdp' to its shard.
         grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, plan))
         return jax.lax.with_sharding_constraint(metrics, NamedSharding(mesh, REPLICATED)), grads

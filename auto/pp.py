@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from shard_parity.mesh import STAGE
 from shard_parity.pipeline import feed, in_first_slot, join, microbatch_means, split
 from shard_parity.placement import BATCH, REPLICATED, activations, state_shardings
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'pp'  # --strategy=pp: the stacked layers split into stages over 'stage'
 
@@ -62,6 +62,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # blocks [L, ...] @ P('stage'), the rest @ P(); x[B, T] @ P('data')
         (_, metrics), grads = grad_fn(params, batch)
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # grads @ the params' layout: the stage's layers' stay on their stage; the rest (and
         # the metrics) XLA all-reduces over 'data', each device having seen only its rows.
         grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, plan))

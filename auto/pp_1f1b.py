@@ -23,7 +23,7 @@ from shard_parity.mesh import STAGE
 from shard_parity.pipeline import joined, phases, pieces, rest_of, split, start, tick
 from shard_parity.schedules import one_f_one_b
 from shard_parity.placement import STACKED, activations, named, state_shardings
-from shard_parity.step import make_train_step
+from shard_parity.step import as_dtype, make_train_step
 
 from . import pp
 
@@ -58,6 +58,7 @@ def interleave(blocks, mesh, virtual):  # [L, ...] @ P('stage') -> the chunks [S
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
     stages = mesh.shape[STAGE]
     microbatches, virtual = plan.microbatches, plan.chunks  # M; V chunks per stage
+    reduce = plan.precision.reduce  # what the gradients' collectives carry (--reduce_dtype)
     table = one_f_one_b(stages, microbatches, virtual)
 
     def fn(params, batch):  # blocks [L, ...] @ P('stage'), the rest @ P(); x[B, T] @ P('data')
@@ -79,7 +80,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         state = phases(table, begin, step)
         # each slot's embedding and head gradients (stage 0's, the last's): XLA sums over 'stage'
         rest, metrics = jax.tree.map(lambda a: a.sum(0), (state.rest, state.metrics))
-        grads = joined(params, back(state.grads)[0], rest)
+        grads = as_dtype(joined(params, back(state.grads)[0], rest), reduce)
         metrics = jax.tree.map(lambda m: m / microbatches, metrics)
         # grads @ the params' layout; the rest (and the metrics) XLA all-reduces over 'data'
         return metrics, jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, plan))

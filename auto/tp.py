@@ -13,7 +13,7 @@ import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.placement import BATCH, REPLICATED, state_shardings
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'tp'  # --strategy=tp: layers split over 'model', the batch over 'data'
 
@@ -23,6 +23,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params @ P(None, 'model') etc.; batch: x[B, ...] @ P('data')
         (_, metrics), grads = grad_fn(params, batch)  # XLA all-reduces activations over 'model'
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # grads sharded like the params: XLA all-reduces each gradient slice over 'data'.
         grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, plan))
         return jax.lax.with_sharding_constraint(metrics, NamedSharding(mesh, REPLICATED)), grads

@@ -33,7 +33,7 @@ from shard_parity.placement import (
     outside_layers,
     state_specs,
 )
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 from .cp import pass_on
 from .ep import exchange
@@ -48,7 +48,7 @@ def hooks(plan, specs, mesh, batch):
     """The model call's keywords: the piece of each axis the plan uses, inside shard_map."""
     call = {}
     if plan.uses(FSDP):  # each layer gathered where it runs, in the pipeline's stages too
-        call.update(gather_layer(layer_specs(specs), mesh))
+        call.update(gather_layer(layer_specs(specs), mesh, plan))
     if plan.uses(MODEL):
         call['sum_partials'] = sum_partials
     if plan.uses(SEQ):  # this device's positions, i32[T/n], and the ring's attention
@@ -71,7 +71,7 @@ def reduce(grads, specs, plan):
     already the sum over its 'expert' group (the all_to_all's transpose), so / n."""
 
     def one(path, g, spec):  # the all-reduce over 'data' (and 'seq', the rows of 'expert')
-        g = jax.lax.pmean(g, averaged_over(plan, spec))
+        g = jax.lax.pmean(as_dtype(g, plan.precision.reduce), averaged_over(plan, spec))
         return g / plan.size(EXPERT) if is_expert(path) else g
 
     return jax.tree_util.tree_map_with_path(one, grads, specs)
@@ -88,9 +88,9 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
             # own term (over 'fsdp' `gather` casts; an expert is varying over 'expert' already).
             cast = lambda w, s: jax.lax.pcast(w, averaged_over(plan, s), to='varying')  # noqa: E731
             shards = jax.tree.map(cast, shards, specs)
-            params = outside_layers(gather, shards, specs) if plan.uses(FSDP) else shards
+            params = outside_layers(gather, shards, specs, plan=plan) if plan.uses(FSDP) else shards
             (_, metrics), grads = grad_fn(params, batch)  # every axis's collectives inside
-            grads = outside_layers(scatter, grads, specs) if plan.uses(FSDP) else grads
+            grads = outside_layers(scatter, grads, specs, plan=plan) if plan.uses(FSDP) else grads
             return jax.lax.pmean(metrics, plan.batch_axes), reduce(grads, specs, plan)
 
         batch_spec = P(*activations(plan))
@@ -118,7 +118,8 @@ def eval_step(graphdef, eval_fn, mesh, plan):
         def local(shards, batch):
             call = hooks(plan, specs, mesh, batch)
             call.pop('layer_weights', None)  # all the all-gathers up front, below
-            params = jax.tree.map(gather, shards, specs) if plan.uses(FSDP) else shards
+            gathered = jax.tree.map(lambda w, s: gather(w, s, plan), shards, specs)
+            params = gathered if plan.uses(FSDP) else shards
             out = bind(graphdef, eval_fn, **call)(params, batch)
             return jax.lax.pmean(out, SEQ) if plan.uses(SEQ) else out  # the parts' means
 

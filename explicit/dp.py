@@ -10,7 +10,7 @@ import jax
 
 from shard_parity.mesh import DATA
 from shard_parity.placement import BATCH, REPLICATED
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'dp'  # --strategy=dp: every array whole on every device
 
@@ -23,6 +23,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         # implicit broadcast into a psum, and the pmean below would return the sum, n times too big.
         params = jax.lax.pcast(params, DATA, to='varying')
         (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of the local rows
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce: average over the 'data' axis
 
     # the step: `local` on each device's shard (the specs are fixed: nothing to build first)

@@ -16,7 +16,7 @@ import jax
 
 from shard_parity.mesh import DATA, EXPERT
 from shard_parity.placement import EXPERT_BATCH, REPLICATED, is_expert, state_specs
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
 
@@ -54,6 +54,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
             params,
         )
         (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of my rows
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return jax.lax.pmean(metrics, (DATA, EXPERT)), average(grads, mesh.shape[EXPERT])
 
     def fn(params, batch):  # the rows over both axes; each device's experts, the rest whole

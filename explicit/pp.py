@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from shard_parity.mesh import DATA, STAGE
 from shard_parity.pipeline import feed, join, microbatch_means, split
 from shard_parity.placement import BATCH, REPLICATED, state_specs
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'pp'  # --strategy=pp: the stacked layers split into stages over 'stage'
 
@@ -63,6 +63,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         # blocks vary (each stage's own layers); the rest is the same on every stage device.
         params = jax.lax.pcast(params, DATA, to='varying')
         (_, metrics), grads = grad_fn(params, batch)  # grads: my stage's layers, the rest whole
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce over 'data'
 
     def fn(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest

@@ -25,7 +25,7 @@ from shard_parity.mesh import DATA, STAGE
 from shard_parity.pipeline import joined, phases, pieces, rest_of, split, start, tick
 from shard_parity.schedules import interleave_pairs, one_f_one_b, sends
 from shard_parity.placement import BATCH, REPLICATED, STACKED, state_specs
-from shard_parity.step import make_train_step
+from shard_parity.step import as_dtype, make_train_step
 
 from . import pp
 
@@ -57,6 +57,7 @@ def interleave(blocks, mesh, virtual):  # my L/S layers [Vk, ...] -> the chunks 
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
     stages = mesh.shape[STAGE]
     microbatches, virtual = plan.microbatches, plan.chunks  # M; V chunks per stage
+    reduce = plan.precision.reduce  # what the gradients' collectives carry (--reduce_dtype)
     table = one_f_one_b(stages, microbatches, virtual)
 
     def local(params, batch):  # params: my stage's layers, the rest whole; batch: x[B/d, T]
@@ -79,9 +80,10 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
         begin = start(model, rest, chunks, batches, table.slots)  # zeros
         state = phases(table, begin, step)
-        # the embedding's gradient from stage 0, the head's from the last: an all-reduce
-        rest, metrics = jax.lax.psum((state.rest, state.metrics), STAGE)
-        grads = joined(params, back(state.grads)[0], rest)
+        # the embedding's gradient from stage 0, the head's from the last: an all-reduce, in the
+        # dtype the gradients' collectives carry (--reduce_dtype)
+        rest, metrics = jax.lax.psum((as_dtype(state.rest, reduce), state.metrics), STAGE)
+        grads = as_dtype(joined(params, back(state.grads)[0], rest), reduce)
         metrics = jax.tree.map(lambda m: m / microbatches, metrics)
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce over 'data'
 

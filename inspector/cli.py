@@ -174,7 +174,7 @@ def report_of_flags():
 
             hosts.price_report(data, hosts.lay(_mesh_of(args).shape.items(), HOSTS.value))
         return data, True
-    from shard_parity.mesh import mesh_for
+    from shard_parity.mesh import mesh_for, use_matmul_precision
     from shard_parity.runtime import from_flags
 
     from .twins import inspect
@@ -182,6 +182,7 @@ def report_of_flags():
     # the train CLI's plan, with its checks and messages
     plan = from_flags.plan(len(devices) if target else jax.device_count())
     mesh = mesh_for(plan, AxisType.Auto, devices=devices)
+    use_matmul_precision(plan.precision.matmul)
     report = inspect(
         F.MODEL.value, from_flags.train_config(), mesh, plan, from_flags.model_config(),
         HARDWARE.value, measure, HOSTS.value, target=target,
@@ -229,7 +230,7 @@ def main(argv):
 
 def run():
     declare_key_flags(
-        [F.MODEL, F.STRATEGY, F.MESH, F.TRAIN['batch_size'], *F.TRANSFORMER_SHAPE, F.CPU_DEVICES]
+        [F.MODEL, F.STRATEGY, F.MESH, F.TRAIN['batch_size'], *F.TRANSFORMER_SHAPE, *F.PRECISION, F.CPU_DEVICES]
         + [F.CPU_FMA, F.NUM_DEVICES, F.MICROBATCHES, F.PP_SCHEDULE, F.PP_VIRTUAL, HOSTS]
         + [HARDWARE, TARGET, HTML, TRACE]
         + [FAIL_ON_SURPRISE, PROGRAM, JSON]

@@ -204,13 +204,15 @@ class Wide:
 
 def x64_state(case: Case, seed=0):
     """(graphdef, tx, TrainState) as `fresh_state`, with float64 parameters and optimizer state
-    and, for the transformer, float64 compute. Call it under jax.enable_x64(True)."""
-    model_config = case.model_config and dataclasses.replace(case.model_config, dtype='float64')
-    make_model = case.make_model
-    if model_config is not None:
+    and float64 compute (and gradients). Call it under jax.enable_x64(True)."""
+    wide = dict(dtype='float64', reduce_dtype='float64')
+    if case.model_config is not None:
         from shard_parity.model.transformer import Transformer
 
+        model_config = dataclasses.replace(case.model_config, **wide)
         make_model = lambda rngs: Transformer(model_config, rngs=rngs)  # noqa: E731
+    else:
+        make_model = lambda rngs: MLP(cfg.MLPConfig(**wide), rngs=rngs)  # noqa: E731
     graphdef, params = nnx.split(make_model(nnx.Rngs(seed)))
     params = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
     tx = make_optimizer(case.config)
@@ -248,7 +250,7 @@ def train_twin_x64(twin, mesh, case, seed=0, strategy='dp'):
     """`train_twin` in float64: (losses, params)."""
     with jax.enable_x64(True):
         graphdef, tx, state = x64_state(case, seed)
-        plan = plan_of(mesh, strategy)
+        plan = plan_of(mesh, strategy).in_float64()
         step = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh, plan)
         placed = place_state(state, mesh, plan)
         return train(step, placed, Wide(case.batches), lambda b: place_batch(b, mesh, plan))

@@ -30,6 +30,7 @@ def check(plan: Plan, model_config, batch_size: int) -> None:
             check_axis(plan, model_config, plan.size(axis), layout=plan.layout, experts=experts)
     check_schedule(plan, getattr(model_config, 'num_layers', 0))
     check_rows(plan, batch_size, plan.microbatches if plan.uses(STAGE) else 1)
+    check_precision(plan)
     for axis in plan.idle:
         if dict(plan.axes)[axis] > 1:
             logging.warning(
@@ -197,4 +198,17 @@ def check_schedule(plan: Plan, layers: int) -> None:
             f'--microbatches={m} is not a multiple of the stage axis ({stages}): the '
             'interleaved schedule sends the microbatches round the stages in groups of '
             f'{stages}; use {stages}, {2 * stages}, ...'
+        )
+
+
+def check_precision(plan: Plan) -> None:
+    """--reduce_dtype names what the gradients' collectives carry: a mesh whose batch axes
+    reduce nothing (one device, or only 'model' and 'stage', which split the weights) has
+    none to carry it."""
+    reduce = plan.precision.reduce
+    if reduce != 'float32' and math.prod(plan.size(a) for a in plan.batch_axes) == 1:
+        raise UsageError(
+            f'--reduce_dtype={reduce} on {plan.given()}: nothing is reduced there (no axis over '
+            "the batch, 'data', 'fsdp', 'expert' or 'seq', of 2 or more devices); drop "
+            '--reduce_dtype, or give a mesh that splits the batch'
         )

@@ -215,11 +215,12 @@ def without(specs, axis: str):
     return jax.tree.map(lambda spec: P(*(None if d == axis else d for d in spec)), specs)
 
 
-def outside_layers(fn, tree, *rest):
-    """`fn(x, *r)` on every array of `tree` outside the stacked blocks (embeddings, final norm:
-    what FSDP gathers once per step); the blocks' arrays as they are (gathered per layer)."""
+def outside_layers(fn, tree, *rest, **options):
+    """`fn(x, *r, **options)` on every array of `tree` outside the stacked blocks (embeddings,
+    final norm: what FSDP gathers once per step); the blocks' arrays as they are (gathered per
+    layer)."""
     return jax.tree_util.tree_map_with_path(
-        lambda p, x, *r: x if layer_dims(p) else fn(x, *r), tree, *rest
+        lambda p, x, *r: x if layer_dims(p) else fn(x, *r, **options), tree, *rest
     )
 
 

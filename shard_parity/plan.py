@@ -149,6 +149,12 @@ class Plan:
         """The mesh as the user gave it (--mesh=..., --strategy=...), for messages."""
         return self.spelled or f'--mesh={self.text()}'
 
+    def in_float64(self) -> 'Plan':
+        """The same step in float64 throughout (the bisector's --x64, the tests' float64 runs):
+        master parameters, compute and every collective."""
+        wide = Precision('float64', 'float64', 'float64', self.precision.matmul)
+        return dataclasses.replace(self, precision=wide)
+
     def canonical(self) -> 'Plan':
         """The same step with the options its axes do not take at their defaults: two plans
         that compile the same program are equal (the key a compile cache wants)."""
@@ -173,10 +179,9 @@ class Plan:
             # gpipe's runs record no schedule, as before there was a choice
             **({'pp_schedule': self.schedule, 'pp_virtual': self.chunks}
                if self.uses(STAGE) and self.schedule != 'gpipe' else {}),
-            # the compute dtype is the model's own (model_config's dtype)
-            **({'precision': {'reduce': self.precision.reduce, 'matmul': self.precision.matmul}}
-               if (self.precision.reduce, self.precision.matmul) != ('float32', 'default')
-               else {}),
+            # the compute and reduce dtypes are the model's own (model_config's), the rest here
+            **({'precision': {'matmul': self.precision.matmul}}
+               if self.precision.matmul != 'default' else {}),
         }  # fmt: skip
 
 
@@ -195,7 +200,8 @@ def from_config(saved: dict) -> Plan:
     axes = tuple(mesh.items())
     if strategy in ('fsdp', 'fsdp_tp') and FSDP not in mesh and DATA in mesh:
         axes = tuple((FSDP if a == DATA else a, n) for a, n in axes)
-    compute = (saved.get('model_config') or {}).get('dtype', 'float32')
+    model = saved.get('model_config') or {}
+    dtypes = {k: model.get(f, 'float32') for k, f in (('compute', 'dtype'), ('reduce', 'reduce_dtype'))}
     plan = Plan(
         axes,
         strategy,
@@ -203,7 +209,7 @@ def from_config(saved: dict) -> Plan:
         schedule=saved.get('pp_schedule', 'gpipe'),
         virtual=saved.get('pp_virtual'),
         layout=saved.get('cp_layout', 'zigzag'),
-        precision=Precision(compute=compute, **saved.get('precision', {})),
+        precision=Precision(**dtypes, **saved.get('precision', {})),
     )
     return plan.canonical()
 

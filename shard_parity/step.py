@@ -88,6 +88,7 @@ def create_state(model: nnx.Module, tx: optax.GradientTransformation):
 
 
 def apply_gradients(state: TrainState, grads, tx) -> TrainState:
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)  # float32 masters
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
 
@@ -108,6 +109,18 @@ def make_train_step(
         return place(state, state_shardings(state, mesh, plan)), metrics
 
     return jax.jit(step, donate_argnums=0)
+
+
+def as_dtype(tree, dtype):
+    """Every floating array of `tree` as `dtype`: the precision policy's cast beside each
+    collective (the plan's `precision`: weights gathered in the compute dtype, gradients
+    reduced in the reduce dtype). Arrays already `dtype`, and integer ones, as they are."""
+
+    def cast(x):
+        floating = jnp.issubdtype(x.dtype, jnp.floating)
+        return x.astype(dtype) if floating and x.dtype != jnp.dtype(dtype) else x
+
+    return jax.tree.map(cast, tree)
 
 
 INTERFACE = ('loss_and_grads', 'train_step', 'eval_step')  # what a strategy file defines

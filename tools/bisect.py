@@ -94,7 +94,7 @@ def from_flags():
     from jax.sharding import AxisType
 
     from shard_parity import config as cfg
-    from shard_parity.mesh import mesh_for
+    from shard_parity.mesh import mesh_for, use_matmul_precision
     from shard_parity.runtime import from_flags, tasks
     from shard_parity.step import create_state, make_optimizer
 
@@ -108,15 +108,18 @@ def from_flags():
     # the train CLI's plan and checks (a default batch that does not split: fewer devices)
     plan = from_flags.plan(jax.device_count(), fit_default_batch=True)
     mesh = mesh_for(plan, AxisType.Auto)  # each side takes its twin's axis types (sides.py)
+    use_matmul_precision(plan.precision.matmul)
     if len(TWINS.value) != 2:
         raise UsageError(f'--twins={",".join(TWINS.value)}: give two, such as auto,explicit')
+    if X64.value:  # float64 throughout: the step's casts and collectives too
+        plan = plan.in_float64()
     a, b = (load_side(name, plan, mesh) for name in TWINS.value)
+    shape = from_flags.model_config()
+    if X64.value:  # float64 throughout: the compute and the gradients
+        shape = dataclasses.replace(shape, dtype='float64', reduce_dtype='float64')
     if model == 'mlp':
-        task = tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value)
+        task = tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value, shape)
     else:
-        shape = from_flags.transformer_config()
-        if X64.value:
-            shape = dataclasses.replace(shape, dtype='float64')
         task = tasks.shakespeare_task(config, shape, F.DATA_DIR.value, F.DOWNLOAD.value)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
@@ -188,7 +191,7 @@ def render(r) -> str:
 if __name__ == '__main__':
     declare_key_flags(  # the train CLI's flags it reads: listed by --help, which exits 0
         [F.MODEL, F.STRATEGY, F.MESH, F.NUM_DEVICES, F.CP_LAYOUT, F.MICROBATCHES]
-        + [F.PP_SCHEDULE, F.PP_VIRTUAL, *F.TRAIN.values(), *F.TRANSFORMER_SHAPE]
+        + [F.PP_SCHEDULE, F.PP_VIRTUAL, *F.TRAIN.values(), *F.TRANSFORMER_SHAPE, *F.PRECISION]
         + [F.CPU_DEVICES, F.CPU_FMA, F.DATA_DIR, F.DOWNLOAD, F.VERBOSE]
     )
     flags.FLAGS['steps'].help = f'How many steps to compare. Default: {DEFAULT_STEPS}.'

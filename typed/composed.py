@@ -33,7 +33,7 @@ from shard_parity.placement import (
     state_specs,
     without,
 )
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 from .cp import ring
 from .ep import exchange
@@ -48,7 +48,7 @@ def hooks(plan, specs, mesh, batch):
     """The model call's keywords: the piece of each axis the plan uses."""
     call = {}
     if plan.uses(FSDP):  # each layer gathered where it runs, reduced over every batch axis
-        call.update(gather_layer(layer_specs(specs), mesh, plan.batch_axes))
+        call.update(gather_layer(layer_specs(specs), mesh, plan, plan.batch_axes))
     if plan.uses(MODEL):
         call['sum_partials'] = sum_partials
     if plan.uses(SEQ):  # the positions, i32[T], and the ring's attention: heads over 'model'
@@ -73,10 +73,13 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         # come out unreduced. Not the blocks under 'fsdp' (gather_layer's, per layer) nor under
         # 'stage': vmap refuses a reduced operand (a JAX bug, docs/pipeline.md; typed/pp.py).
         reduced = reduced_shardings(params, mesh, plan, gathered=plan.uses(FSDP))
+        if plan.uses(FSDP):  # what the all-gathers carry: --dtype
+            params = outside_layers(as_dtype, params, dtype=plan.precision.compute)
         cast = outside_layers if plan.uses(FSDP) or plan.uses(STAGE) else jax.tree.map
         params = cast(jax.reshard, params, reduced)
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:(data, ...)}
         # unreduced -> the state's layout: the all-reduces (over 'fsdp' the reduce-scatters)
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type

@@ -20,7 +20,7 @@ from shard_parity.placement import (
     row_slots,
     state_shardings,
 )
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
 def exchange(xe, experts, mesh, plan):  # xe: f32[E, B@(data,expert), cap, C]
@@ -40,6 +40,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         # Free: reduced (experts over 'data' only), so the gradients come out unreduced.
         params = jax.reshard(params, reduced_shardings(params, mesh, plan))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[C, E]{U:(data, expert)}
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type

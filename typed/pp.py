@@ -27,7 +27,7 @@ from shard_parity.placement import (
     reduced_shardings,
     state_shardings,
 )
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'pp'  # --strategy=pp: the stacked layers split into stages over 'stage'
 
@@ -88,6 +88,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         # so their gradients are summed over 'data' where they are formed, at every tick.
         params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, plan))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[...]{U:data}
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type

@@ -27,7 +27,7 @@ from shard_parity.mesh import STAGE
 from shard_parity.pipeline import joined, phases, pieces, rest_of, split, start, tick
 from shard_parity.schedules import one_f_one_b, sends
 from shard_parity.placement import STACKED, activations, named, state_shardings
-from shard_parity.step import make_train_step
+from shard_parity.step import as_dtype, make_train_step
 
 from . import pp
 
@@ -61,6 +61,7 @@ def interleave(blocks, mesh, virtual):  # f32[L@stage, ...] -> the chunks f32[S@
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
     stages = mesh.shape[STAGE]
     microbatches, virtual = plan.microbatches, plan.chunks  # M; V chunks per stage
+    reduce = plan.precision.reduce  # what the gradients' collectives carry (--reduce_dtype)
     table = one_f_one_b(stages, microbatches, virtual)
 
     def fn(params, batch):  # params: blocks f32[L@stage, ...], the rest whole; x i32[B@data, T]
@@ -87,7 +88,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         state = phases(table, begin, step)
         # each slot's embedding and head gradients (stage 0's, the last's): summed over 'stage'
         rest, metrics = jax.tree.map(lambda a: a.sum(0), (state.rest, state.metrics))
-        grads = joined(params, back(state.grads)[0], rest)
+        grads = as_dtype(joined(params, back(state.grads)[0], rest), reduce)
         metrics = jax.tree.map(lambda m: m / microbatches, metrics)
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 

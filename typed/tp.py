@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.placement import BATCH, reduced_shardings, state_shardings
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'tp'  # --strategy=tp: layers split over 'model', the batch over 'data'
 
@@ -35,6 +35,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         # As in dp: reduced over 'data' (free), so the gradients come out unreduced over it.
         params = jax.reshard(params, reduced_shardings(params, mesh, plan))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:data}
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type

@@ -33,6 +33,9 @@ from shard_parity.runtime.integrity import Damaged, verify, write_checksums
 from shard_parity.step import TrainState, make_optimizer
 
 RESUMABLE = ('steps', 'log_every', 'eval_every')  # train settings a resumed run may change
+# the precision policy: the state is float32 whatever the compute and reduce dtypes, so a run
+# resumes under another policy as it does on another mesh (config.json records each)
+POLICY = ('dtype', 'reduce_dtype')
 
 
 class SaveError(UsageError):
@@ -196,7 +199,7 @@ def check_compatible(saved: dict, requested: dict) -> None:
         if saved['model'] != requested['model']
         else []
     )
-    for group, skip in (('model_config', ()), ('train', RESUMABLE)):
+    for group, skip in (('model_config', POLICY), ('train', RESUMABLE)):
         for key, value in requested[group].items():
             old = saved[group].get(
                 key, DEFAULTS[group].get(key)

@@ -113,11 +113,30 @@ ATTENTION = flags.DEFINE_enum(
     'scan over key blocks with an online softmax), memory linear in --seq_len '
     '(shard_parity/model/attention.py).',
 )
+# The precision policy (docs/numerics.md; FSDP2's param_dtype/reduce_dtype, jmp's compute).
 DTYPE = flags.DEFINE_enum(
     'dtype',
     _T.dtype,
     ['float32', 'bfloat16'],
-    'Compute dtype; parameters and the optimizer stay float32.',
+    "Compute dtype (Flax's dtype, FSDP2's param_dtype, jmp's compute): the layers' arithmetic "
+    'and, under fsdp, the weights each all-gather moves. Master parameters and the AdamW state '
+    'stay float32; logits, softmax, the loss and the router compute in float32.',
+)
+REDUCE_DTYPE = flags.DEFINE_enum(
+    'reduce_dtype',
+    'float32',
+    ['float32', 'bfloat16'],
+    "The dtype the gradients' collectives carry (FSDP2's reduce_dtype): the all-reduces and "
+    "reduce-scatters of the weight gradients over the batch's axes. Needs a mesh that reduces "
+    'something (an axis over the batch of 2 or more devices).',
+)
+MATMUL_PRECISION = flags.DEFINE_enum(
+    'matmul_precision',
+    'default',
+    ['default', 'high', 'highest'],
+    "jax's default_matmul_precision for float32 dots: on a TPU, default is one bfloat16 pass "
+    '(high: three, highest: six); GPUs may use TF32 at default. The CPU computes float32 dots '
+    'in float32 at every setting.',
 )
 NUM_EXPERTS = flags.DEFINE_integer(
     'num_experts',
@@ -254,8 +273,9 @@ def offer_strategies(names) -> None:
     flag.help = f'<{"|".join(names)}>: {_strategy_help(names)}'
 
 
-TRANSFORMER_SHAPE = [SEQ_LEN, NUM_LAYERS, NUM_HEADS, NUM_KV_HEADS, EMBED_DIM, ATTENTION, DTYPE]
+TRANSFORMER_SHAPE = [SEQ_LEN, NUM_LAYERS, NUM_HEADS, NUM_KV_HEADS, EMBED_DIM, ATTENTION]
 TRANSFORMER_SHAPE += [NUM_EXPERTS, EXPERTS_PER_TOKEN, CAPACITY_FACTOR]
+PRECISION = [DTYPE, REDUCE_DTYPE, MATMUL_PRECISION]
 
 
 # Generation (python -m <twin>.generate): it also reads --workdir, --seed (the sampling's),
@@ -278,7 +298,7 @@ KV_CACHE = flags.DEFINE_bool('kv_cache', False, 'Decode with a KV cache (one pos
 # What each CLI's --help lists; --helpfull lists everything.
 TRAIN_CLI = [
     MODEL, STRATEGY, MESH, CP_LAYOUT, MICROBATCHES, PP_SCHEDULE, PP_VIRTUAL, *TRAIN.values(),
-    *TRANSFORMER_SHAPE,
+    *TRANSFORMER_SHAPE, *PRECISION,
     CPU_DEVICES, CPU_FMA,
     NUM_DEVICES, DATA_DIR, DOWNLOAD, WORKDIR, CHECKPOINT_EVERY, SAVE_INITIAL, KEEP, DEBUG_NANS,
     VERBOSE, COORDINATOR, NUM_PROCESSES, PROCESS_ID, DISTRIBUTED_AUTO, HEARTBEAT_TIMEOUT,

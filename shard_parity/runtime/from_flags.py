@@ -22,6 +22,7 @@ from shard_parity.runtime.flags import (
     DTYPE,
     EMBED_DIM,
     EXPERTS_PER_TOKEN,
+    MATMUL_PRECISION,
     MESH,
     MICROBATCHES,
     MODEL,
@@ -32,6 +33,7 @@ from shard_parity.runtime.flags import (
     NUM_LAYERS,
     PP_SCHEDULE,
     PP_VIRTUAL,
+    REDUCE_DTYPE,
     SEQ_LEN,
     STRATEGY,
     TRAIN,
@@ -80,8 +82,11 @@ def devices(available: int, fit_default_batch: bool = False) -> int:
 
 
 def precision() -> plans.Precision:
-    """The precision policy: the transformer computes in --dtype; the MLP in float32."""
-    return plans.Precision(compute=DTYPE.value if MODEL.value == 'transformer' else 'float32')
+    """The precision policy (docs/numerics.md): --dtype, --reduce_dtype, --matmul_precision;
+    the master parameters float32."""
+    return plans.Precision(
+        compute=DTYPE.value, reduce=REDUCE_DTYPE.value, matmul=MATMUL_PRECISION.value
+    )
 
 
 def batch_size() -> int:
@@ -90,8 +95,11 @@ def batch_size() -> int:
 
 
 def model_config():
-    """The model's configuration from the flags: the transformer's shape, or the MLP's."""
-    return transformer_config() if MODEL.value == 'transformer' else cfg.MLPConfig()
+    """The model's configuration from the flags: the transformer's shape, or the MLP's; each
+    with the policy's compute and reduce dtypes."""
+    if MODEL.value == 'transformer':
+        return transformer_config()
+    return cfg.MLPConfig(dtype=DTYPE.value, reduce_dtype=REDUCE_DTYPE.value)
 
 
 def train_config(resumed: dict | None = None) -> cfg.TrainConfig:
@@ -123,6 +131,7 @@ def transformer_config() -> cfg.TransformerConfig:
         embed_dim=EMBED_DIM.value,
         attention=ATTENTION.value,
         dtype=DTYPE.value,
+        reduce_dtype=REDUCE_DTYPE.value,
         num_experts=NUM_EXPERTS.value,
         experts_per_token=EXPERTS_PER_TOKEN.value,
         capacity_factor=CAPACITY_FACTOR.value,

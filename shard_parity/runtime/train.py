@@ -20,7 +20,7 @@ from absl import flags, logging
 
 from shard_parity import UsageError, exit_status, refuse
 from shard_parity.datasets.root import DataError
-from shard_parity.mesh import configure_jax, mesh_for
+from shard_parity.mesh import configure_jax, mesh_for, use_matmul_precision
 from shard_parity.runtime import checkpoint, declare_key_flags, from_flags, plain_warnings, tasks
 from shard_parity.runtime import flags as F
 from shard_parity.runtime.loop import SIGNALS, Interrupted, stop_on_signals
@@ -57,7 +57,9 @@ def make_task(config):
             'mnist/ and tinyshakespeare/'
         )
     if F.MODEL.value == 'mlp':
-        return tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value)
+        return tasks.mnist_task(
+            config, F.DATA_DIR.value, F.DOWNLOAD.value, from_flags.model_config()
+        )
     return tasks.shakespeare_task(
         config, from_flags.transformer_config(), F.DATA_DIR.value, F.DOWNLOAD.value
     )
@@ -97,6 +99,7 @@ def main(twin):
             # the plan and what its axes need first: a short --steps's warm-up check after
             plan = from_flags.plan(jax.device_count(), fit_default_batch=jax.process_count() == 1)
             mesh = mesh_for(plan, twin.AXIS_TYPE)
+            use_matmul_precision(plan.precision.matmul)
             warn_unused_attention(twin, plan, from_flags.model_config())
             from_flags.warn_ignored_flags()
             config = from_flags.train_config(checkpoint.latest_train_config(workdir))

@@ -10,6 +10,7 @@ from shard_parity.mesh import DATA, STAGE
 from shard_parity.pipeline import joined, phases, pieces, rest_of, split, start, tick
 from shard_parity.schedules import one_f_one_b
 from shard_parity.placement import BATCH, REPLICATED, STACKED, state_specs
+from shard_parity.step import as_dtype
 
 from . import planted
 
@@ -19,6 +20,7 @@ planted(globals(), pp_1f1b)
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
     stages = mesh.shape[STAGE]
     microbatches, virtual = plan.microbatches, plan.chunks  # M; V chunks per stage
+    reduce = plan.precision.reduce  # what the gradients' collectives carry (--reduce_dtype)
     table = one_f_one_b(stages, microbatches, virtual)
     slot = (table.backward['slot'] + 1) % table.slots  # BUG: the next slot, not the unit's own
     table = table._replace(backward=dict(table.backward, slot=slot))  # BUG: (its own slot's)
@@ -44,8 +46,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         begin = start(model, rest, chunks, batches, table.slots)  # zeros
         state = phases(table, begin, step)
         # the embedding's gradient from stage 0, the head's from the last: an all-reduce
-        rest, metrics = jax.lax.psum((state.rest, state.metrics), STAGE)
-        grads = joined(params, back(state.grads)[0], rest)
+        rest, metrics = jax.lax.psum((as_dtype(state.rest, reduce), state.metrics), STAGE)
+        grads = as_dtype(joined(params, back(state.grads)[0], rest), reduce)
         metrics = jax.tree.map(lambda m: m / microbatches, metrics)
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce over 'data'
 
