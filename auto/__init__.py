@@ -7,6 +7,6 @@ from . import composed, cp, dp, ep, fsdp, fsdp_tp, pp, pp_1f1b, tp
 
 NAME = 'auto'
 AXIS_TYPE = AxisType.Auto  # the mesh the compiler partitions over
-RING = False  # under 'seq' this twin runs its own attention (XLA partitions the model's own attention): --attention unused
+RING = False  # under 'seq' XLA partitions the model's own attention, --attention's (no ring of its own)
 STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep, 'composed': composed}
 SCHEDULES = {'1f1b': pp_1f1b, 'interleaved': pp_1f1b}  # --pp_schedule's files; gpipe is pp.py
