@@ -7,9 +7,10 @@ what it would cost on named hardware, and what is surprising about it.
     print(report.text()); report.json(); report.html('report.html')
 
 Generic, for any jitted program (these import nothing of the twins, the models or the train
-CLI; test_inspector_parsing.py checks): program.py (`inspect`, `Report`), hlo.py (the compiled
-program's collectives), attribute.py (line, phase, axes, origin, trips), cost.py (predicted
-times), target.py (the devices of hardware that is not here: `inspect(..., target=...)`),
+CLI; test_inspector_parsing.py checks): program.py (`inspect`, `Report`), hlo_module.py (the
+compiled program's HLO text, parsed), hlo.py (its collectives), attribute.py (line, phase, axes,
+origin, trips), cost.py (predicted times), target.py (the devices of hardware that is not here:
+`inspect(..., target=...)`), target_figures.py (its compiler's memory and cost figures),
 hosts.py (a mesh laid over hosts, each collective priced by the link it spans), surprises.py,
 and the reports: render.py, html.py, trace.py.
 What knows this project: twins.py (each twin's compiled step for one strategy, side by side),

@@ -19,7 +19,8 @@ import re
 
 import numpy as np
 
-from .hlo import Frame, Module, device_groups, logical
+from .hlo import device_groups, logical
+from .hlo_module import Frame, Module
 
 WRITTEN = {
     'psum', 'pmean', 'pmax', 'pmin', 'all_gather', 'ppermute', 'psum_scatter', 'reduce_scatter',

@@ -135,7 +135,7 @@ def main(argv):
 
         print(program_text(report), end='')
     else:
-        from .expect import print_expected
+        from .reconcile import print_expected
 
         print_report(report)
         print_attribution(report)

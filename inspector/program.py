@@ -16,11 +16,14 @@ import numpy as np
 
 from . import cost, surprises
 from .attribute import attribute
-from .hlo import Module, logical
+from .hlo import logical
+from .hlo_module import Module
 from . import target as targets
-from .target import DoesNotFit, TargetError, does_not_fit, memory, not_fitting, own_cost
+from .target import TargetError
+from .target_figures import DoesNotFit, does_not_fit, memory, not_fitting, own_cost
 
-VERSION = 2  # of the JSON: 1 had kind, shapes, dtypes, replica_groups, bytes, group_size
+VERSION = 3  # of the JSON: 1 had kind, shapes, dtypes, replica_groups, bytes, group_size; 2
+# named memory's compiler_peak `peak`
 
 
 @contextlib.contextmanager

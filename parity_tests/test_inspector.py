@@ -92,7 +92,7 @@ def test_surprises_name_their_line():
 @pytest.mark.slow
 def test_fsdp_report_flags_what_nobody_asked_for():
     r = inspect_collectives('mlp', 'fsdp')
-    assert r['version'] == 2
+    assert r['version'] == 3
     for name in ('auto', 'explicit', 'typed'):
         for op in r['programs'][name]:
             assert op['axes'] == ['fsdp'] and op['file'] and op['line'] > 0, op

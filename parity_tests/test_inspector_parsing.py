@@ -21,12 +21,19 @@ from jax.sharding import AxisType
 from shard_parity import inspector
 from shard_parity.inspector import cost, surprises
 from shard_parity.inspector.attribute import mesh_axes
-from shard_parity.inspector.hlo import Module, device_groups, logical
+from shard_parity.inspector.hlo import device_groups, logical
+from shard_parity.inspector.hlo_module import Module
 from shard_parity.inspector.program import captured_stderr
 
 # inspector/__init__.py: what inspects any jitted program, apart from what knows the twins
-GENERIC = {'program', 'hlo', 'attribute', 'cost', 'surprises', 'render', 'html', 'trace', 'target',
-           'hosts'}  # fmt: skip
+GENERIC = {'program', 'hlo', 'hlo_module', 'attribute', 'cost', 'surprises', 'render', 'html',
+           'trace', 'target', 'target_figures', 'hosts'}  # fmt: skip
+# what a generic module may take of the package: its one exception, and libtpu's quieting (the
+# core's device set-up, which imports nothing of the project either)
+ALLOWED = {
+    ('shard_parity', ('UsageError',)),
+    ('shard_parity.devices', ('libtpu_installed', 'quiet_libtpu')),
+}
 PROJECT = {'shard_parity', 'auto', 'explicit', 'typed', 'tools', 'parity_tests', 'datasets'}
 
 
@@ -40,8 +47,8 @@ def project_imports(source: str) -> set[str]:
             names = [node.module] if node.module else [a.name for a in node.names]
             found |= {f'.{n}' for n in names if n.split('.')[0] not in GENERIC}
         elif isinstance(node, ast.ImportFrom) and node.module.split('.')[0] in PROJECT:
-            if (node.module, [a.name for a in node.names]) != ('shard_parity', ['UsageError']):
-                found.add(node.module)  # the package's one exception imports nothing of it
+            if (node.module, tuple(a.name for a in node.names)) not in ALLOWED:
+                found.add(node.module)
     return found
 
 

@@ -63,7 +63,7 @@ def test_fsdp_on_a_tpu_reduce_scatters_gradients_and_gathers_weights_in_bf16():
         assert gather['dtypes'] == ['bf16'] and gather['async'] and gather['overlaps'], twin
         # per-device memory falls under fsdp on the TPU as on the CPU: a fraction of one device's
         m, one = r['memory'][twin], r['memory']['one_device']
-        assert m['arguments'] < one['arguments'] / 4 and m['peak'] < one['peak'] / 2, (m, one)
+        assert m['arguments'] < one['arguments'] / 4 and m['compiler_peak'] < one['compiler_peak'] / 2, (m, one)
         assert m['fits'] and m['hbm'] == int(15.75 * 2**30)
     # the target compiler's own FLOPs: a device's share of the one-device step
     flops = {n: p['target_cost']['flops'] for n, p in r['predicted'].items()}
@@ -190,5 +190,5 @@ def test_the_memory_benchmarks_compile_for_a_target_and_say_so():
     table = '\n'.join(memory.markdown(rows, 'small', small))
     assert 'compiled for tpu-v5e-8' in table and 'TPU peak' in table
     (row,) = context.context([256], [], 1, target='tpu-v5e-8')
-    assert row['target'] == 'tpu-v5e-8' and row['cp explicit_peak_bytes'] > 0
+    assert row['target'] == 'tpu-v5e-8' and row['cp explicit_compiler_peak_bytes'] > 0
     assert 'compiled for tpu-v5e-8, nothing run' in '\n'.join(context.markdown([row]))
