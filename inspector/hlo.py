@@ -20,6 +20,7 @@ import numpy as np
 
 from .hlo_module import ARRAY, ITEMSIZE, KINDS, Module
 
+
 @dataclasses.dataclass(frozen=True)
 class Collective:
     kind: str

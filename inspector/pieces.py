@@ -11,7 +11,6 @@ from shard_parity.model.mlp import MLPConfig
 from .records import Expected, Step, averaged_over, nbytes
 
 
-
 def gradient(s: Step) -> list[Expected]:
     """The gradients' all-reduce over the batch axes, grouped by those axes: every array's
     shard (what its device keeps: 1/n of it under 'model', 'stage', 'expert', 'fsdp')."""

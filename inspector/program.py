@@ -15,10 +15,11 @@ import jax
 import numpy as np
 
 from . import cost, surprises
+from . import target as targets
 from .attribute import attribute
 from .hlo import logical
 from .hlo_module import Module
-from . import target as targets
+from .mechanisms import stands_for
 from .target import TargetError
 from .target_figures import DoesNotFit, does_not_fit, memory, not_fitting, own_cost
 
@@ -115,6 +116,7 @@ def analyse(compiled, mesh, hardware: str, warnings=(), target=None) -> dict:
             | {'bytes': c.bytes, 'group_size': c.group_size}
             | where
             | {'predicted_us': round(each * where['trip_count'], 3)}
+            | {'stands_for': stands_for(module, found)}
         )
     total_flops = flops(compiled, module)
     compute = cost.compute_us(total_flops, dot_dtype(module), hw)
