@@ -72,11 +72,17 @@ def _twins(rows: list) -> list:
     return out
 
 
-def markdown(r: dict) -> str:
-    m = r['machine']
-    out = [
-        f"Machine: {m['devices']} {m['platform']} devices ({m['device_kind']}) on {m['cpu_count']} "
-        f"cores, jax {m['jax']}, {m['date']}"
+def where(m: dict) -> str:
+    """What the figures were measured on, or compiled for (--target: nothing ran there)."""
+    if m.get('target'):
+        return (
+            f"Compiled for {m['target']} ({m['target_devices']} {m['target_device_kind']} "
+            f"devices) from shapes alone on a {m['cpu_count']}-core host, nothing run; "
+            f"jax {m['jax']}, {m['date']}"
+        )
+    return (
+        f"Machine: {m['devices']} {m['platform']} devices ({m['device_kind']}) on "
+        f"{m['cpu_count']} cores, jax {m['jax']}, {m['date']}"
         + (', XLA:CPU fused multiply-adds on' if m.get('cpu_fma') else '')
         + (
             f"; the transformer computes in {m['transformer_dtype']} with "
@@ -84,8 +90,24 @@ def markdown(r: dict) -> str:
             if m['platform'] != 'cpu' and 'transformer_dtype' in m
             else ''
         )
-        + f". Command: `{r['command']}`"
-    ]
+    )
+
+
+def run_lines(r: dict) -> list[str]:
+    """The run the figures come from; for results merged from several runs (a run of some
+    sections into recorded ones, benchmarks/output.py), each later run and its sections."""
+    out = [f"{where(r['machine'])}. Command: `{r['command']}`"]
+    for note in r.get('merged', []):
+        out.append(
+            f"\nSection(s) {', '.join(note['sections'])}, rerun: {where(note['machine'])}. "
+            f"Command: `{note['command']}`"
+        )
+    return out
+
+
+def markdown(r: dict) -> str:
+    m = r['machine']
+    out = run_lines(r)
     if 'twins' in r:
         out += _twins(r['twins'])
     if 'sweep' in r:

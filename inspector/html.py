@@ -191,8 +191,15 @@ def render(r: dict) -> str:
 
 
 def write_html(r: dict, path: str) -> str:
+    """Writes the page beside `path`, then renames it over `path`: a failure leaves neither a
+    half-written page nor the temporary file."""
     tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
-        f.write(render(r))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, 'w') as f:
+            f.write(render(r))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.isfile(tmp):
+            os.unlink(tmp)
+        raise
     return path

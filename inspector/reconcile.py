@@ -71,11 +71,12 @@ def _reasons(ops, key) -> list[str]:
                 found.setdefault(part['mechanism'], []).append((op['name'], part['reason']))
     out = []
     for parts in found.values():
-        names = sorted({n for n, _ in parts})
-        more = f' (and {len(names) - 1} more like it: {", ".join(names[1:4])}' + (
-            ', ...)' if len(names) > 4 else ')'
+        first, why = parts[0]
+        others = sorted({n for n, _ in parts} - {first})
+        more = f' (and {len(others)} more like it: {", ".join(others[:3])}' + (
+            ', ...)' if len(others) > 3 else ')'
         )
-        out.append(f'{parts[0][0]}: {parts[0][1]}' + (more if len(names) > 1 else ''))
+        out.append(f'{first}: {why}' + (more if others else ''))
     return out
 
 
