@@ -24,7 +24,8 @@ which its bytes or its kind differ from what was written. A TPU's compiler, for 
                  having shifted each device's tile) stands for no collective of its own
 
 `stands_for(module, found)` returns, per collective, the parts it stands for (one per operand
-that a mechanism explains: a tuple all-reduce may gather some operands and scatter others);
+that a mechanism explains: a tuple all-reduce may gather some operands and scatter others),
+read with the walks of inspector/dataflow.py;
 inspector/reconcile.py holds them against the expectation. Nothing here is assumed of a
 backend: each mechanism is found in the program's text, or the op stands for itself.
 """
@@ -33,124 +34,21 @@ import re
 
 import numpy as np
 
+from .dataflow import (
+    MOVES, callee, dtype_of, element_of, elements_of, index_of, inserted_convert, operand_of,
+    producer, readers, root_of, sources,
+)  # fmt: skip
 from .hlo import Found
 from .hlo_module import ARRAY, ITEMSIZE, Instruction, Module
 
-_MOVES = {'bitcast', 'copy', 'copy-start', 'copy-done', 'reshape', 'transpose'}
 _HIGH = re.compile(r'operand_precision=\{(?!default)|precision_config=\{[^}]*(?:HIGH|high)')
-
-
-def _index(i: Instruction) -> int | None:
-    m = re.search(r'\bindex=(\d+)', i.line)
-    return int(m.group(1)) if m else None
-
-
-def _root(module: Module, computation: str) -> Instruction | None:
-    body = module.computations.get(computation, [])
-    return next((j for j in body if j.line.lstrip().startswith('ROOT')), None)
-
-
-def _called(i: Instruction, key: str = 'calls') -> str | None:
-    m = re.search(rf'\b{key}=%([\w.\-]+)', i.line)
-    return m.group(1) if m else None
-
-
-def _elements(type_text: str) -> int:
-    m = ARRAY.search(type_text)
-    return int(np.prod([int(d) for d in m.group('dims').split(',') if d])) if m else 0
-
-
-def _dtype(type_text: str) -> str:
-    m = ARRAY.search(type_text)
-    return m.group('dtype') if m else ''
-
-
-def _operand(module: Module, i: Instruction, n: int) -> Instruction | None:
-    ops = i.operands
-    return module.instructions.get(ops[n]) if n < len(ops) else None
-
-
-def sources(module: Module, i: Instruction, k: int | None = None) -> list:
-    """(instruction, tuple index) pairs whose value `i` (its element `k`) is, through ops that
-    only move or select it: copies, bitcasts, slices, tuples, fusions (their root), a fusion's
-    or a loop's parameters (what the caller passes in, and a loop body's own result)."""
-    op = i.opcode
-    if op == 'get-tuple-element':
-        return [(_operand(module, i, 0), _index(i))]
-    if op == 'tuple':
-        picked = i.operands if k is None else i.operands[k : k + 1]
-        return [(module.instructions.get(o), None) for o in picked]
-    if op == 'fusion':
-        return [(_root(module, _called(i)), k)]
-    if op == 'while':
-        return [(_root(module, _called(i, 'body')), k)]
-    if op == 'parameter':
-        n = int(re.search(r'parameter\((\d+)\)', i.line).group(1))
-        out = []
-        for c in module.callers.get(i.computation, []):
-            if c.opcode == 'fusion':
-                out.append((_operand(module, c, n), k))
-            elif c.opcode == 'while':  # the loop's initial value, and what each iteration hands on
-                out += [(_operand(module, c, 0), k), (_root(module, _called(c, 'body')), k)]
-        return out
-    if op in _MOVES or op in ('dynamic-slice', 'slice'):
-        return [(_operand(module, i, 0), None)]
-    return []
-
-
-def inserted_convert(module: Module, start: Instruction, limit: int = 400):
-    """The convert, f32 (or wider) to a narrower float, that `start`'s value comes from through
-    ops that only move it, when the compiler inserted it (the program's own casts carry a
-    `convert_element_type` op_name); else None. A TPU may convert in a `copy` (its layout
-    change and the narrowing in one op): that counts as the convert."""
-    todo, seen = [(start, None)], set()
-    while todo and len(seen) < limit:
-        i, k = todo.pop(0)
-        if i is None or (i.computation, i.name, k) in seen:
-            continue
-        seen.add((i.computation, i.name, k))
-        src = _operand(module, i, 0)
-        narrows = src is not None and ITEMSIZE.get(_dtype(src.type), 0) > ITEMSIZE.get(
-            _dtype(i.type), 0
-        )
-        if i.opcode == 'convert' or (i.opcode == 'copy' and narrows):
-            return i if narrows and 'convert_element_type' not in i.line else None
-        todo += sources(module, i, k)
-    return None
-
-
-def _uses(module: Module, i: Instruction, limit: int = 60):
-    """The ops that read `i`'s value, through copies, bitcasts and tuple elements; a fusion is
-    represented by the ops inside it that read the parameter `i` is passed as (a fusion nested in
-    it likewise), and, where the value leaves it unchanged as its result, by what reads that."""
-    todo, seen, out = [i], set(), []
-    while todo and len(seen) < limit:
-        j = todo.pop(0)
-        if j.line.lstrip().startswith('ROOT') and j.computation != module.entry:
-            todo += [c for c in module.callers.get(j.computation, []) if c.opcode == 'fusion']
-        for u in module.users.get(j.name, []):
-            if u.name in seen:
-                continue
-            seen.add(u.name)
-            if u.opcode in _MOVES or u.opcode == 'get-tuple-element' or u.opcode.endswith('-done'):
-                todo.append(u)
-            elif u.opcode == 'fusion':  # the ops inside that read it
-                n = u.operands.index(j.name)
-                inner = module.computations.get(_called(u), [])
-                todo += [p for p in inner
-                         if p.opcode == 'parameter' and f'parameter({n})' in p.line]  # fmt: skip
-            elif u.opcode == 'tuple' and u.line.lstrip().startswith('ROOT'):
-                todo.append(u)  # a fusion's results: on to what reads them
-            else:
-                out.append(u)
-    return out
 
 
 def _dot_at_default(module: Module, result: Instruction) -> Instruction | None:
     """The dot or convolution that reads the collective's result without a precision of its own
     (DEFAULT: a TPU's one bf16 pass), if one does."""
     return next(
-        (u for u in _uses(module, result) if u.opcode in ('dot', 'convolution')
+        (u for u in readers(module, result) if u.opcode in ('dot', 'convolution')
          and not _HIGH.search(u.line)),
         None,
     )  # fmt: skip
@@ -173,12 +71,12 @@ def narrowed(module: Module, found: Found, op: Instruction, result: Instruction)
         return []
     out = []
     for n, (shape, dtype) in enumerate(zip(c.shapes, c.dtypes)):
-        src = _operand(module, op, n)
+        src = operand_of(module, op, n)
         convert = inserted_convert(module, src) if src is not None else None
         dot = _dot_at_default(module, result) if convert is not None else None
         if dot is None:
             continue
-        wide = _dtype(_operand(module, convert, 0).type)
+        wide = dtype_of(operand_of(module, convert, 0).type)
         each = int(np.prod(shape)) * ITEMSIZE[dtype]
         out.append(_part(
             c.kind, each, each * ITEMSIZE[wide] // ITEMSIZE[dtype], 'narrowed',
@@ -196,7 +94,7 @@ def _zero(module: Module, i: Instruction | None) -> bool:
         (i, _), *_ = sources(module, i) or [(None, None)]
     if i is None or i.opcode != 'broadcast':
         return False
-    c = _operand(module, i, 0)
+    c = operand_of(module, i, 0)
     zero = c is not None and c.opcode == 'constant' and re.search(r'constant\(-?0(\.0*)?\)', c.line)
     return bool(zero)
 
@@ -208,50 +106,25 @@ def _update_into_zeros(module: Module, i: Instruction | None):
         if i is None:
             return None
         if i.opcode == 'dynamic-update-slice':
-            return i if _zero(module, _operand(module, i, 0)) else None
-        if i.opcode not in _MOVES and i.opcode != 'fusion':
+            return i if _zero(module, operand_of(module, i, 0)) else None
+        if i.opcode not in MOVES and i.opcode != 'fusion':
             return None
-        i = _root(module, _called(i)) if i.opcode == 'fusion' else _operand(module, i, 0)
-    return None
-
-
-def _producer(module: Module, i: Instruction | None) -> Instruction | None:
-    """The op that computes `i`'s value, through copies, bitcasts and a fusion's root, and from a
-    fusion's parameter to what its caller passes in."""
-    for _ in range(12):
-        if i is None:
-            return None
-        if i.opcode == 'fusion':
-            i = _root(module, _called(i))
-        elif i.opcode == 'parameter' and i.computation != module.entry:
-            (i, _), *_ = sources(module, i) or [(None, None)]
-        elif i.opcode in _MOVES:
-            i = _operand(module, i, 0)
-        else:
-            return i
+        i = root_of(module, callee(i)) if i.opcode == 'fusion' else operand_of(module, i, 0)
     return None
 
 
 def _is_dot(module: Module, i: Instruction | None) -> bool:
-    p = _producer(module, i)
+    p = producer(module, i)
     return p is not None and p.opcode in ('dot', 'convolution')
 
 
 def _summed_dots(module: Module, i: Instruction | None) -> list[Instruction]:
     """The dot products an add (a tree of adds) sums, when every addend is one; else []."""
-    p = _producer(module, i)
+    p = producer(module, i)
     if p is None or p.opcode != 'add':
         return [p] if _is_dot(module, p) else []
-    terms = [_summed_dots(module, _operand(module, p, n)) for n in range(len(p.operands))]
+    terms = [_summed_dots(module, operand_of(module, p, n)) for n in range(len(p.operands))]
     return [t for ts in terms for t in ts] if all(terms) else []
-
-
-def _tuple_users(module: Module, op: Instruction, n: int, tuple_valued: bool) -> Instruction:
-    """What stands for operand `n`'s result: the get-tuple-element of it, for a tuple op."""
-    if not tuple_valued:
-        return op
-    return next((u for u in module.users.get(op.name, [])
-                 if u.opcode == 'get-tuple-element' and _index(u) == n), None)  # fmt: skip
 
 
 def all_reduce_parts(module: Module, found: Found, op: Instruction) -> list[dict]:
@@ -266,19 +139,19 @@ def all_reduce_parts(module: Module, found: Found, op: Instruction) -> list[dict
         each = whole * ITEMSIZE[dtype]
         if not shape or n_dev < 2:
             continue
-        update = _update_into_zeros(module, _operand(module, op, n))
+        update = _update_into_zeros(module, operand_of(module, op, n))
         if update is not None:
-            shard = _elements(_operand(module, update, 1).type)
+            shard = elements_of(operand_of(module, update, 1).type)
             if shard * n_dev == whole:
                 out.append(_part(
                     'all-gather', each, each, 'zero-padded',
                     f'an all-gather done as an all-reduce: each device writes its '
-                    f'{_shape(_operand(module, update, 1).type)} shard into a zeroed '
+                    f'{_shape(operand_of(module, update, 1).type)} shard into a zeroed '
                     f'{dtype}[{",".join(map(str, shape))}] (%{update.name}; {whole - shard} '
                     'elements of zeros) and the devices sum it',
                 ))  # fmt: skip
             continue
-        dots = _summed_dots(module, _operand(module, op, n))
+        dots = _summed_dots(module, operand_of(module, op, n))
         if len(dots) > 1:
             out.append(_part(
                 'all-reduce', each, each * len(dots), 'reassociated',
@@ -288,11 +161,11 @@ def all_reduce_parts(module: Module, found: Found, op: Instruction) -> list[dict
                 'gradients from its uses',
             ))  # fmt: skip
             continue
-        result = _tuple_users(module, op, n, len(c.shapes) > 1)
-        uses = _uses(module, result) if result is not None else []
+        result = element_of(module, op, n, len(c.shapes) > 1)
+        uses = readers(module, result) if result is not None else []
         slices = [u for u in uses if u.opcode == 'dynamic-slice']
         if uses and len(slices) == len(uses) and all(
-            _elements(u.type) * n_dev == whole for u in slices
+            elements_of(u.type) * n_dev == whole for u in slices
         ):
             out.append(_part(
                 'reduce-scatter', each, each // n_dev, 'sliced',
@@ -308,12 +181,12 @@ def _pad_behind(module: Module, out: Instruction | None) -> Instruction | None:
     element of) the all-reduce <- its operand, a pad."""
     if out is None or out.opcode != 'dynamic-slice':
         return None
-    reduced, k = _operand(module, out, 0), 0
+    reduced, k = operand_of(module, out, 0), 0
     if reduced is not None and reduced.opcode == 'get-tuple-element':
-        reduced, k = _operand(module, reduced, 0), _index(reduced)
+        reduced, k = operand_of(module, reduced, 0), index_of(reduced)
     if reduced is None or reduced.opcode != 'all-reduce':
         return None
-    pad = _operand(module, reduced, k)
+    pad = operand_of(module, reduced, k)
     return pad if pad is not None and pad.opcode == 'pad' else None
 
 
@@ -321,7 +194,7 @@ def padded(module: Module, found: Found) -> list[dict]:
     """The outputs of a reduce-scatter fused from an all-reduce and a slice (a TPU's
     `all-reduce-scatter` fusion) whose operand was padded to split into the devices' tiles."""
     fusion = module.instructions.get(found.name)
-    root = _root(module, _called(fusion)) if fusion is not None else None
+    root = root_of(module, callee(fusion)) if fusion is not None else None
     if root is None:
         return []
     outs = root.operands if root.opcode == 'tuple' else [root.name]
@@ -330,13 +203,13 @@ def padded(module: Module, found: Found) -> list[dict]:
         pad = _pad_behind(module, module.instructions.get(name))
         if pad is None:
             continue
-        unpadded, padded_to = _elements(_operand(module, pad, 0).type), _elements(pad.type)
+        unpadded, padded_to = elements_of(operand_of(module, pad, 0).type), elements_of(pad.type)
         each = int(np.prod(shape)) * ITEMSIZE[dtype]
         amount = re.search(r'padding=([\dx_]+)', pad.line)
         parts.append(_part(
             'reduce-scatter', each, each * unpadded // padded_to, 'padded',
             f'an all-reduce and a slice fused into a reduce-scatter (%{found.name}), its '
-            f'{_shape(_operand(module, pad, 0).type)} padded to {_shape(pad.type)} (%{pad.name}, '
+            f'{_shape(operand_of(module, pad, 0).type)} padded to {_shape(pad.type)} (%{pad.name}, '
             f'padding={amount.group(1) if amount else "?"}) to split into {c.group_size} tiles: '
             f'each device keeps a [{",".join(map(str, shape))}] tile holding '
             f'{unpadded // c.group_size:,} elements of its own',
@@ -348,13 +221,13 @@ def realigned(module: Module, found: Found, op: Instruction) -> list[dict]:
     """A collective-permute of rows of a padded reduce-scatter's result, to their owners."""
     if found.collective.kind != 'collective-permute':
         return []
-    src = _operand(module, op, 0)
+    src = operand_of(module, op, 0)
     for _ in range(6):
-        if src is None or src.opcode not in _MOVES | {'slice', 'dynamic-slice',
+        if src is None or src.opcode not in MOVES | {'slice', 'dynamic-slice',
                                                        'get-tuple-element'}:
             break
-        src = _operand(module, src, 0)
-    fused = _called(src) if src is not None and src.opcode == 'fusion' else None
+        src = operand_of(module, src, 0)
+    fused = callee(src) if src is not None and src.opcode == 'fusion' else None
     if not fused or not fused.startswith('all-reduce-scatter'):
         return []
     pad = next((i for i in module.computations.get(fused, []) if i.opcode == 'pad'), None)
@@ -364,7 +237,7 @@ def realigned(module: Module, found: Found, op: Instruction) -> list[dict]:
     return [_part(
         'reduce-scatter', each, 0, 'padded',
         f'rows of the padded reduce-scatter %{src.name} ({_shape(pad.type)} from '
-        f'{_shape(_operand(module, pad, 0).type)}) moved to the devices that own them: the '
+        f'{_shape(operand_of(module, pad, 0).type)}) moved to the devices that own them: the '
         "padding shifts each device's tile, and this permute shifts it back",
     )]  # fmt: skip
 
@@ -376,7 +249,7 @@ def stands_for(module: Module, found: Found) -> list[dict]:
     if found.fused_as:
         return padded(module, found)
     if op is not None and op.opcode == 'fusion':  # a TPU's async chain: the op in its start
-        inner = module.computations.get(_called(op), [])
+        inner = module.computations.get(callee(op), [])
         op = next((i for i in inner if re.sub(r'-start$', '', i.opcode) == found.collective.kind),
                   None)  # fmt: skip
         result = module.async_done(result, op) if op is not None else None

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from parity_tests.helpers import REPO
-from shard_parity.inspector import target as targets
+from shard_parity.devices import libtpu_installed
 from shard_parity.runtime import config as cfg
 
 
@@ -117,7 +117,7 @@ def test_a_run_of_one_section_merges_into_the_recorded_results(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not targets.libtpu_installed(), reason='libtpu is not installed')
+@pytest.mark.skipif(not libtpu_installed(), reason='libtpu is not installed')
 def test_a_target_run_leaves_the_checkout_alone_and_names_its_target():
     """benchmarks.run --sections=context --target (issue 39, item 9): compiled for the TPU,
     its header names it, and with no --out nothing lands in benchmarks/results."""

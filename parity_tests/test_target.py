@@ -17,6 +17,7 @@ import pytest
 from jax.sharding import AxisType
 
 from parity_tests.helpers import REPO
+from shard_parity.devices import libtpu_installed
 from shard_parity.inspector import html
 from shard_parity.inspector import target as targets
 from shard_parity.mesh import make_mesh
@@ -24,7 +25,7 @@ from shard_parity.placement import mesh_axes
 from shard_parity.runtime import config as cfg
 
 needs_libtpu = pytest.mark.skipif(
-    not targets.libtpu_installed(),
+    not libtpu_installed(),
     reason='libtpu is not installed: pip install -e ".[tpu]" (CI installs it)',
 )
 # the MLP's parameters: 784x512 + 512 + 512x512 + 512 + 512x10 + 10, f32
