@@ -172,13 +172,14 @@ def check_flags() -> None:
 
 
 def check_data() -> None:
-    """Section cli trains on Tiny Shakespeare: without it, the train CLI's one line now, not
-    after the other sections ran."""
+    """Section cli trains on tiny Shakespeare (in a child process): its file is found, or
+    downloaded, before the first section runs, and a missing one is the train CLI's line and
+    exit status (1, docs/errors.md), not a child's traceback after the sections before it."""
     from shard_parity.datasets import shakespeare
     from shard_parity.datasets.root import DataError, data_root
 
     try:
-        shakespeare.load(data_root())
+        shakespeare.load(data_root())  # where benchmarks/cli.py's runs read it
     except DataError as e:
         refuse(str(e), exit_status(e))
 

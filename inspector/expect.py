@@ -32,12 +32,11 @@ from .pieces import collectives, ring_block
 from .records import Expected, Step, step_of
 
 
-def expectation(strategy: str, model: str, params, mesh, batch_size: int, model_config,
-                microbatches: int = 4) -> dict:  # fmt: skip
+def expectation(plan, model: str, params, mesh, batch_size: int, model_config) -> dict:
     """The analytic collectives of one step (`collectives`: the records, as dicts), and the
     figures read off them: the gradient's reduction over the batch axes ('gradient_bytes',
     per device), the activations' over 'model', the ring's, the stages', the all-to-alls."""
-    s = step_of(strategy, model, params, mesh, batch_size, model_config, microbatches)
+    s = step_of(plan, model, params, mesh, batch_size, model_config)
     records = collectives(s)
     expected = summary(s, records)
     expected['collectives'] = [e.json() for e in records]

@@ -109,9 +109,8 @@ class Step:
         return self.model == 'transformer' and self.plan.uses(FSDP) and self.plan.size(FSDP) > 1
 
 
-def step_of(strategy, model, params, mesh, batch_size, c, microbatches) -> Step:
-    plan = plans.of(mesh, strategy)
-    specs = jax.tree.leaves(state_specs(params, strategy, mesh))
+def step_of(plan, model, params, mesh, batch_size, c) -> Step:
+    specs = jax.tree.leaves(state_specs(params, plan, mesh))
     arrays = []
     for (path, p), spec in zip(jax.tree_util.tree_leaves_with_path(params), specs, strict=True):
         axes = tuple(a for d in spec if d for a in (d if isinstance(d, tuple) else (d,)))
@@ -119,7 +118,7 @@ def step_of(strategy, model, params, mesh, batch_size, c, microbatches) -> Step:
             Array(int(np.prod(p.shape)) * p.dtype.itemsize, axes, bool(layer_dims(path)),
                   is_expert(path))
         )  # fmt: skip
-    return Step(plan, model, tuple(arrays), batch_size, c, microbatches)
+    return Step(plan, model, tuple(arrays), batch_size, c, plan.microbatches)
 
 
 def nbytes(shape, itemsize: int = 4) -> int:

@@ -18,7 +18,7 @@ import pytest
 
 from parity_tests.helpers import REPO
 from shard_parity.devices import libtpu_installed
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 
 
 def benchmark(*flags, env=None, timeout=300):
