@@ -650,6 +650,8 @@ ROWS = [
         "launch: every process refusing its input (exit 2, the processes' own status)",
         'error: processes [0, 1] failed',
         'test_launch.test_the_processes_status_is_the_launchers_where_they_agree',
+    ),
+    (
         'inspector: --html or --trace naming a folder (checked before the inspection)',
         'is a folder: name the file to write, e.g.',
         'test_inspector.test_html_and_trace_paths_are_checked_before_the_inspection',
@@ -665,8 +667,8 @@ ROWS = [
         'test_inspector.test_html_and_trace_paths_are_checked_before_the_inspection',
     ),
     (
-        'inspector --target: a row of expected against compiled bytes no mechanism found in the '
-        'program explains (a surprise, not an error)',
+        'inspector --target: a row of expected against compiled bytes no mechanism found '
+        'in the program explains (a surprise, not an error)',
         'no mechanism found in the program accounts for the difference',
         'test_target.test_a_planted_bug_stays_a_surprise_on_a_tpu',
     ),
@@ -696,7 +698,8 @@ ROWS = [
         'test_benchmark_run.test_ctrl_c_is_one_line_and_exit_130',
     ),
     (
-        'benchmarks: a run of some sections into recorded results (a note: merged, not replaced)',
+        'benchmarks: a run of some sections into recorded results (a note: merged, not '
+        'replaced)',
         'merged section(s) context into',
         'test_benchmark_run.test_a_run_of_one_section_merges_into_the_recorded_results',
     ),
