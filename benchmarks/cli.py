@@ -10,6 +10,7 @@ benchmarks.timing), each with a fresh workdir, so that a drift of the machine la
 
 The section runs in a child process of its own, `python -m benchmarks.cli '<JSON>'`: the train
 CLI's flags (shard_parity/runtime/flags.py, defined on import) share names with the benchmark's.
+A bad input or missing data there is the train CLI's one line, which the benchmark passes on.
 """
 
 import dataclasses
@@ -19,6 +20,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+from benchmarks import SectionFailed
 
 CANDIDATES = ('auto', 'explicit', 'typed', 'auto_copy')  # auto_copy: auto again, the control
 EVAL_BATCHES = 10  # of the task's 100: evaluation is outside the timer, and this saves minutes
@@ -54,9 +57,14 @@ def cli(n: int, batch_sizes, rounds: int, steps: int, model_config, cpu_fma=Fals
         capture_output=True,
         text=True,
         check=False,
+        start_new_session=True,  # Ctrl-C reaches the benchmark, which stops this child
     )
     if child.returncode:
-        raise RuntimeError(f'section cli failed:\n{child.stderr[-3000:]}')
+        lines = child.stderr.strip().splitlines() or ['(nothing on stderr)']
+        said = [ln[len('error: ') :] for ln in lines if ln.startswith('error: ')]
+        if said:  # the child's own one line, and its status
+            raise SectionFailed(f'section cli: {said[-1]}', child.returncode)
+        raise SectionFailed(f'section cli failed (exit {child.returncode}): {lines[-1]}', 1)
     return json.loads(child.stdout.splitlines()[-1])
 
 
@@ -98,12 +106,25 @@ def measure(n: int, batch_sizes, rounds: int, steps: int, model_config) -> list[
     return rows
 
 
-if __name__ == '__main__':
+def child_main(a: dict) -> None:
+    """The child: the measurement as JSON on stdout; a bad input or the data's absence as the
+    train CLI's one line (`error: ...`) and its status; Ctrl-C as 130, quietly."""
+    from shard_parity import UsageError, exit_status
+    from shard_parity.datasets.root import DataError
     from shard_parity.mesh import configure_jax
     from shard_parity import config as cfg
 
-    a = json.loads(sys.argv[1])
-    configure_jax(a['n'], cpu_fma=a['cpu_fma'])
-    model_config = cfg.TransformerConfig(**a['model_config'])
-    rows = measure(a['n'], a['batch_sizes'], a['rounds'], a['steps'], model_config)
+    try:
+        configure_jax(a['n'], cpu_fma=a['cpu_fma'])
+        model_config = cfg.TransformerConfig(**a['model_config'])
+        rows = measure(a['n'], a['batch_sizes'], a['rounds'], a['steps'], model_config)
+    except (UsageError, DataError) as e:
+        print(f'error: {e}', file=sys.stderr)
+        sys.exit(exit_status(e))
+    except KeyboardInterrupt:
+        sys.exit(130)
     print(json.dumps(rows))
+
+
+if __name__ == '__main__':
+    child_main(json.loads(sys.argv[1]))

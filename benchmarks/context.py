@@ -12,11 +12,12 @@ import pathlib
 import jax
 from jax.sharding import NamedSharding
 
-from benchmarks.report import _table
+from benchmarks.tables import markdown_table
 from benchmarks.sections import NANOGPT, mesh_plan, runner, setup
 from benchmarks.timing import interleaved
 from shard_parity import auto, explicit, typed
 from shard_parity.inspector import target as targets
+from shard_parity.inspector import target_figures
 from shard_parity.mesh import mesh_for
 from shard_parity.placement import place_batch, place_state, rows, state_shardings
 from shard_parity.step import strategy_file
@@ -70,12 +71,12 @@ def context(lengths, timed_lengths, rounds: int, target: str | None = None) -> l
                     try:
                         compiled = step.lower(*abstract(state, batch, mesh, plan)).compile()
                     except Exception as e:  # the chip's HBM cannot hold it: say so, go on
-                        if (why := targets.does_not_fit(e)) is None:
+                        if (why := target_figures.does_not_fit(e)) is None:
                             raise
                         row[f'{name}_does_not_fit'] = why
                         continue
-                m = targets.memory(compiled, chip)
-                row[f'{name}_peak_bytes'] = m['peak']  # the TPU compiler's own peak
+                peak = target_figures.memory(compiled, chip)  # the TPU compiler's own
+                row[f'{name}_compiler_peak_bytes'] = peak['compiler_peak']
             else:
                 placed = place_state(state, mesh, plan), place_batch(batch, mesh, plan)
                 compiled = step.lower(*placed).compile()
@@ -120,7 +121,7 @@ def markdown(rows: list) -> list:
         'dp fused / 8, flash attention split 8 ways; issue 22 asks cp explicit / expected <= 1.5'
         + (f'; compiled for {target}, nothing run' if target else '')
         + ')\n',
-        _table(
+        markdown_table(
             ['T', *(f'{n} MiB' for n in CONTEXT), 'expected MiB', 'cp explicit / expected']
             + [f'{n} ms' for n in CONTEXT],
             table,
@@ -130,9 +131,10 @@ def markdown(rows: list) -> list:
         out += [
             f"\nThe same programs' peak on {target} (MiB per device, the TPU compiler's "
             'peak_memory_in_bytes: arguments and live buffers at their largest)\n',
-            _table(
+            markdown_table(
                 ['T', *(f'{n} peak MiB' for n in CONTEXT)],
-                [[f"{x['seq_len']:,}", *(mib(x, n, 'peak') for n in CONTEXT)] for x in rows],
+                [[f"{x['seq_len']:,}", *(mib(x, n, 'compiler_peak') for n in CONTEXT)]
+                 for x in rows],  # fmt: skip
             ),
         ]
     return out

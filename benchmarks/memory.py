@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding
 from shard_parity import auto, explicit, memory, typed
 from shard_parity import plan as plans
 from shard_parity.inspector import target as targets
+from shard_parity.inspector.target_figures import does_not_fit
 from shard_parity.mesh import FSDP, MODEL, mesh_for
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import rows
@@ -71,7 +72,7 @@ def one(twin, strategy: str, model_config, target: str | None = None) -> dict:
                 batch,
             )
     except Exception as e:  # a target's HBM that cannot hold it: the compiler's reason
-        if not target or (why := targets.does_not_fit(e)) is None:
+        if not target or (why := does_not_fit(e)) is None:
             raise
         return {'does_not_fit': why, 'target': target, **expected}
     out = memory.measured(compiled)

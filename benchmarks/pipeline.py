@@ -73,7 +73,7 @@ def programs(step_for, tx):
 
 def block_flops(compiled) -> float:
     """FLOPs of 4 layers: 8 layers' program minus 4 layers'."""
-    from shard_parity.inspector.hlo import Module
+    from shard_parity.inspector.hlo_module import Module
     from shard_parity.inspector.program import flops
 
     return float(np.subtract(*[flops(c, Module(c.as_text())) for c, *_ in compiled[::-1]]))
@@ -151,7 +151,7 @@ def gradient_flops(schedule, stages, microbatches, layers, virtual, shape) -> fl
 
     from shard_parity import explicit
     from shard_parity import plan as plans
-    from shard_parity.inspector.hlo import Module
+    from shard_parity.inspector.hlo_module import Module
     from shard_parity.inspector.program import flops
     from shard_parity.memory import abstract_state
     from shard_parity.mesh import mesh_for

@@ -1,15 +1,12 @@
 """Turns benchmark results into the Markdown tables the README carries (the plots:
-benchmarks/plots.py; a section with a module of its own brings its own table)."""
+benchmarks/plots.py; a section with a module of its own brings its own table, drawn with
+benchmarks/tables.py as these are)."""
 
 import statistics
 
+from benchmarks.tables import markdown_table
+
 NANOGPT_MS = 45.0  # nanoGPT's PyTorch step, same configuration and machine type
-
-
-def _table(header, rows):
-    lines = ['| ' + ' | '.join(header) + ' |', '|' + ' --- |' * len(header)]
-    lines += ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
-    return '\n'.join(lines)
 
 
 def _ratio(x: dict, key: str = 'explicit_over_auto') -> str:
@@ -59,7 +56,7 @@ def _twins(rows: list) -> list:
             else ''
         )
         + ')\n',
-        _table(header, table),
+        markdown_table(header, table),
     ]
     if several:
         out.append('\nEvery process, in the order they ran:\n')
@@ -75,11 +72,17 @@ def _twins(rows: list) -> list:
     return out
 
 
-def markdown(r: dict) -> str:
-    m = r['machine']
-    out = [
-        f"Machine: {m['devices']} {m['platform']} devices ({m['device_kind']}) on {m['cpu_count']} "
-        f"cores, jax {m['jax']}, {m['date']}"
+def where(m: dict) -> str:
+    """What the figures were measured on, or compiled for (--target: nothing ran there)."""
+    if m.get('target'):
+        return (
+            f"Compiled for {m['target']} ({m['target_devices']} {m['target_device_kind']} "
+            f"devices) from shapes alone on a {m['cpu_count']}-core host, nothing run; "
+            f"jax {m['jax']}, {m['date']}"
+        )
+    return (
+        f"Machine: {m['devices']} {m['platform']} devices ({m['device_kind']}) on "
+        f"{m['cpu_count']} cores, jax {m['jax']}, {m['date']}"
         + (', XLA:CPU fused multiply-adds on' if m.get('cpu_fma') else '')
         + (
             f"; the transformer computes in {m['transformer_dtype']} with "
@@ -87,8 +90,24 @@ def markdown(r: dict) -> str:
             if m['platform'] != 'cpu' and 'transformer_dtype' in m
             else ''
         )
-        + f". Command: `{r['command']}`"
-    ]
+    )
+
+
+def run_lines(r: dict) -> list[str]:
+    """The run the figures come from; for results merged from several runs (a run of some
+    sections into recorded ones, benchmarks/output.py), each later run and its sections."""
+    out = [f"{where(r['machine'])}. Command: `{r['command']}`"]
+    for note in r.get('merged', []):
+        out.append(
+            f"\nSection(s) {', '.join(note['sections'])}, rerun: {where(note['machine'])}. "
+            f"Command: `{note['command']}`"
+        )
+    return out
+
+
+def markdown(r: dict) -> str:
+    m = r['machine']
+    out = run_lines(r)
     if 'twins' in r:
         out += _twins(r['twins'])
     if 'sweep' in r:
@@ -106,7 +125,9 @@ def markdown(r: dict) -> str:
         ]
         out += [
             '\n**2. Device-count sweep** (examples/s for the MLP, tokens/s for the transformer)\n',
-            _table(['model', 'mode', 'devices', 'global batch', 'twin', 'ms/step', 'per s'], rows),
+            markdown_table(
+                ['model', 'mode', 'devices', 'global batch', 'twin', 'ms/step', 'per s'], rows
+            ),
         ]
     if 'attention' in r:
         rows = [
@@ -122,7 +143,9 @@ def markdown(r: dict) -> str:
         out += [
             '\n**3. Attention, forward + backward of one layer** (B=1, 4 heads of 32; '
             'XLA temporary memory from `memory_analysis()`)\n',
-            _table(['seq_len', 'naive ms', 'fused ms', 'naive temp MiB', 'fused temp MiB'], rows),
+            markdown_table(
+                ['seq_len', 'naive ms', 'fused ms', 'naive temp MiB', 'fused temp MiB'], rows
+            ),
         ]
     if 'generation' in r:
         rows = [
@@ -136,7 +159,7 @@ def markdown(r: dict) -> str:
         ]
         out += [
             '\n**4. Generation** (bytes/s, one device, nanoGPT config, random weights)\n',
-            _table(['new bytes', 'padded', 'KV cache', 'KV/padded'], rows),
+            markdown_table(['new bytes', 'padded', 'KV cache', 'KV/padded'], rows),
         ]
     if 'nanogpt' in r:
         x, cpu = r['nanogpt'], m['platform'] == 'cpu'
@@ -162,7 +185,7 @@ def markdown(r: dict) -> str:
         out += [
             f"\n**5. Transformer at nanoGPT's CPU configuration, one device** (batch 12 × 64 "
             f'bytes; {where})\n',
-            _table(header + ['of peak'], [row]),
+            markdown_table(header + ['of peak'], [row]),
         ]
     if 'strategies' in r:
         rows = [
@@ -179,7 +202,9 @@ def markdown(r: dict) -> str:
         out += [
             '\n**6. Strategies** (median ms per step on each mesh, named as --mesh names it; '
             'parameters + optimizer state held by one device)\n',
-            _table(['model', 'strategy', 'twin', 'mesh', 'ms/step', 'state MiB/device'], rows),
+            markdown_table(
+                ['model', 'strategy', 'twin', 'mesh', 'ms/step', 'state MiB/device'], rows
+            ),
         ]
     if 'context' in r:
         from benchmarks import context
@@ -218,7 +243,7 @@ def _cli(rows: list) -> list:
         f"{rows[0]['rounds']} interleaved runs each. Ratios are of time per token, as in "
         "section 1: the median of the runs' ratios, their range in brackets; auto copy is the "
         'control)\n',
-        _table(
+        markdown_table(
             ['global batch', 'steps', *(n.replace('_', ' ') for n in CLI)]
             + [f"{n.replace('_', ' ')}/auto" for n in CLI[1:]],
             table,

@@ -19,7 +19,8 @@ import re
 
 import numpy as np
 
-from .hlo import Frame, Module, device_groups, logical
+from .hlo import device_groups, logical
+from .hlo_module import Frame, Module
 
 WRITTEN = {
     'psum', 'pmean', 'pmax', 'pmin', 'all_gather', 'ppermute', 'psum_scatter', 'reduce_scatter',
@@ -67,6 +68,24 @@ def phase(op_name: str, differentiates: bool = True) -> str:
     if 'transpose(' in op_name:
         return 'backward'
     return 'forward' if 'jvp(' in op_name or not differentiates else 'outside-grad'
+
+
+def loop_phases(module: Module, differentiates: bool) -> dict[str, str]:
+    """{computation: phase} for each loop body or fused computation (not the entry) whose ops'
+    op_names agree on one phase: the body of the forward's scan over the layers is `forward`,
+    the backward's `backward` (besides ops named after the shard_map alone, which say neither);
+    one that holds both (a pipeline's ticks) has none. A collective the compiler made there with
+    no op_name of its own (a TPU's all-gather done as an all-reduce) runs in that phase."""
+    out = {}
+    for comp, body in module.computations.items():
+        if comp == module.entry:
+            continue
+        names = (re.search(r'op_name="([^"]*)"', i.line) for i in body)
+        found = {phase(m.group(1), differentiates) for m in names if m}
+        found = found - {'outside-grad'} or found
+        if len(found) == 1:
+            out[comp] = found.pop()
+    return out
 
 
 def origin(op_name: str, line: str) -> tuple[str, str]:
@@ -130,6 +149,23 @@ def consumer(module: Module, name: str) -> list[Frame]:
             elif frames := user_frames(module.stack(u.line)):
                 return frames
     return []
+
+
+def consumer_op_name(module: Module, name: str, depth: int = 6) -> str:
+    """The op_name of the nearest op that reads the collective's result, through ops that carry
+    none (slices, concatenations, copies, the -done of an async pair): what the result is for."""
+    todo, seen = [(name, 0)], {name}
+    while todo:
+        n, d = todo.pop(0)
+        for u in module.users.get(n, []):
+            if u.name in seen:
+                continue
+            seen.add(u.name)
+            if m := re.search(r'op_name="([^"]*)"', u.line):
+                return m.group(1)
+            if d < depth:
+                todo.append((u.name, d + 1))
+    return ''
 
 
 def producer(module: Module, name: str, depth: int = 6) -> tuple[list[Frame], str]:
@@ -197,6 +233,7 @@ def attribute(hlo_text: str, mesh=None, module: Module | None = None) -> list[di
     """One record per collective of the program, in order of appearance."""
     module = module or Module(hlo_text)
     differentiates = 'jvp(' in hlo_text
+    in_loop = loop_phases(module, differentiates)
     out = []
     for found in logical(module):
         c, line, name = found.collective, found.line, found.name
@@ -205,6 +242,12 @@ def attribute(hlo_text: str, mesh=None, module: Module | None = None) -> list[di
         comp = module.instructions[name].computation if name in module.instructions else None
         used = consumer(module, name)
         made, made_by = producer(module, name) if not (frames or used) else ([], '')
+        # with no name of its own: the phase of the loop it runs in; else, where neither it nor
+        # its consumer has a line (a TPU's fused reduce-scatter of the gradients, feeding the
+        # optimizer), of the op it feeds; else of the op that made its operand
+        fed = consumer_op_name(module, name) if made and not op_name else ''
+        when = phase(op_name or fed or made_by, differentiates)
+        when = when if op_name else in_loop.get(comp, when)
         # newer XLA may label a partitioner's collective with its operand's name only (no
         # frame): the line of the op that reads it is then the line that asked for it; failing
         # that (a TPU's fused reduce-scatter), the line that made what it reads
@@ -218,7 +261,7 @@ def attribute(hlo_text: str, mesh=None, module: Module | None = None) -> list[di
                 'function': where.function,
                 'stack': [f'{f.file}:{f.line} {f.function}' for f in frames],
                 'op_name': op_name,
-                'phase': phase(op_name or made_by, differentiates),
+                'phase': when,
                 'origin': how,
                 'origin_from': told,
                 'located_by': (

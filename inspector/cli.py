@@ -17,7 +17,9 @@ import importlib
 import importlib.util
 import inspect as pyinspect
 import json
+import os
 import sys
+import tempfile
 import traceback
 
 import jax
@@ -152,6 +154,26 @@ def failure(error: BaseException, source: str | None = None) -> str:
     )
 
 
+def check_output(flag, path: str) -> None:
+    """Before anything compiles: `path` (--html, --trace) is a file to write in a folder that
+    exists and takes a new file, so that a bad path costs one line, not the inspection."""
+    name = f'--{flag.name}={path}'
+    if os.path.isdir(path):
+        example = os.path.join(path, 'report.html' if flag is HTML else 'trace.json')
+        raise UsageError(f'{name} is a folder: name the file to write, e.g. '
+                         f'--{flag.name}={example}')  # fmt: skip
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        what = 'is not a folder' if os.path.exists(folder) else 'does not exist'
+        raise UsageError(f'{name}: {folder} {what}')
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix='.inspector-probe-')
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f'{name}: cannot write in {folder} ({e.strerror})') from e
+
+
 def report_of_flags():
     configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value, libtpu_lines=F.VERBOSE.value)
     target = TARGET.value
@@ -194,6 +216,9 @@ def main(argv):
     if len(argv) > 1:
         refuse(f'unexpected arguments {argv[1:]}')
     try:
+        for flag in (HTML, TRACE):
+            if flag.value:
+                check_output(flag, flag.value)
         report, own = report_of_flags()
     except (UsageError, targets.TargetError) as e:
         if F.VERBOSE.value:
@@ -206,7 +231,7 @@ def main(argv):
 
         print(program_text(report), end='')
     else:
-        from .expect import print_expected
+        from .reconcile import print_expected
 
         print_report(report)
         print_attribution(report)

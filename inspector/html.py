@@ -114,14 +114,15 @@ def _source(source: dict) -> str:
 def _memory(r: dict) -> str:
     """Per device on the target: memory_analysis()'s figures against the chip's HBM."""
     head = ''.join(f'<th>{h}</th>' for h in ('program', 'arguments MiB', 'outputs MiB',
-                   'aliased MiB', 'temp MiB', 'peak MiB', 'HBM MiB', 'verdict'))  # fmt: skip
+                   'aliased MiB', 'temp MiB', 'compiler peak MiB', 'HBM MiB',
+                   'verdict'))  # fmt: skip
 
     def mib(b) -> str:
         return '-' if b is None else f'{b / 2**20:,.1f}'  # None: not compiled, did not fit
 
     rows = []
     for name, m in r['memory'].items():
-        cells = [mib(m[k]) for k in ('arguments', 'outputs', 'aliased', 'temp', 'peak')]
+        cells = [mib(m[k]) for k in ('arguments', 'outputs', 'aliased', 'temp', 'compiler_peak')]
         verdict = 'fits' if m.get('fits') else 'does not fit'
         verdict += f": {m['reason']}" if m.get('reason') else ''
         rows.append(
@@ -131,7 +132,7 @@ def _memory(r: dict) -> str:
         )  # fmt: skip
     return (
         f"<h2>Memory per device on {html.escape(r['target'])}</h2><p class=note>"
-        "memory_analysis(); peak is the compiler's own peak_memory_in_bytes</p>"
+        "memory_analysis(); compiler peak is the compiler's own peak_memory_in_bytes</p>"
         f'<table id="memory"><tr>{head}</tr>{"".join(rows)}</table>'
     )
 
@@ -190,8 +191,15 @@ def render(r: dict) -> str:
 
 
 def write_html(r: dict, path: str) -> str:
+    """Writes the page beside `path`, then renames it over `path`: a failure leaves neither a
+    half-written page nor the temporary file."""
     tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
-        f.write(render(r))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, 'w') as f:
+            f.write(render(r))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.isfile(tmp):
+            os.unlink(tmp)
+        raise
     return path

@@ -15,12 +15,16 @@ import jax
 import numpy as np
 
 from . import cost, surprises
-from .attribute import attribute
-from .hlo import Module, logical
 from . import target as targets
-from .target import DoesNotFit, TargetError, does_not_fit, memory, not_fitting, own_cost
+from .attribute import attribute
+from .hlo import logical
+from .hlo_module import Module
+from .mechanisms import stands_for
+from .target import TargetError
+from .target_figures import DoesNotFit, does_not_fit, memory, not_fitting, own_cost
 
-VERSION = 2  # of the JSON: 1 had kind, shapes, dtypes, replica_groups, bytes, group_size
+VERSION = 3  # of the JSON: 1 had kind, shapes, dtypes, replica_groups, bytes, group_size; 2
+# named memory's compiler_peak `peak`
 
 
 @contextlib.contextmanager
@@ -112,6 +116,7 @@ def analyse(compiled, mesh, hardware: str, warnings=(), target=None) -> dict:
             | {'bytes': c.bytes, 'group_size': c.group_size}
             | where
             | {'predicted_us': round(each * where['trip_count'], 3)}
+            | {'stands_for': stands_for(module, found)}
         )
     total_flops = flops(compiled, module)
     compute = cost.compute_us(total_flops, dot_dtype(module), hw)

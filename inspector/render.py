@@ -129,11 +129,11 @@ def print_target(r: dict) -> None:
     if not any_async:
         print('  none: every collective is synchronous')
     print(
-        f"\nMemory per device on {r['target']} (MiB, memory_analysis(); peak is the compiler's "
-        'peak_memory_in_bytes), against the HBM its compiler allows:'
+        f"\nMemory per device on {r['target']} (MiB, memory_analysis(); compiler peak is its "
+        'own peak_memory_in_bytes), against the HBM its compiler allows:'
     )
     print(f"{'program':<10} {'arguments':>10} {'outputs':>10} {'aliased':>10} {'temp':>10} "
-          f"{'peak':>10} {'HBM':>10}  verdict")  # fmt: skip
+          f"{'comp. peak':>10} {'HBM':>10}  verdict")  # fmt: skip
     for name, m in r['memory'].items():
         if m.get('reason'):  # refused by the compiler: its own figures
             print(f"{name:<10} {'-':>10} {'-':>10} {'-':>10} {'-':>10} {'-':>10} "
@@ -141,7 +141,7 @@ def print_target(r: dict) -> None:
             continue
         verdict = 'fits' if m.get('fits') else 'DOES NOT FIT'
         print(f"{name:<10} {_mib(m['arguments']):>10} {_mib(m['outputs']):>10} "
-              f"{_mib(m['aliased']):>10} {_mib(m['temp']):>10} {_mib(m['peak']):>10} "
+              f"{_mib(m['aliased']):>10} {_mib(m['temp']):>10} {_mib(m['compiler_peak']):>10} "
               f"{_mib(m.get('hbm', 0)):>10}  {verdict}")  # fmt: skip
     print("\nThe target compiler's own figures (cost_analysis(), per device; loop bodies "
           'counted once):')  # fmt: skip

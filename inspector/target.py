@@ -11,36 +11,23 @@ the installed jax). libtpu accepts impossible slices (a 32x32 v5e, a 2x2x3 v5p) 
 so the slices here are the ones Google Cloud sells, each with the topology arguments that give
 the devices JAX shows on it, and the HBM per chip that its compiler holds a program against (the
 figure a RESOURCE_EXHAUSTED compile error names as "available HBM"). The chip's prices for the
-cost model are `hardware`'s entry in inspector/cost.py. Generic: imports nothing of the project.
+cost model are `hardware`'s entry in inspector/cost.py; what the target's compiler says of a
+program's memory and cost, inspector/target_figures.py. Generic: of the project it imports only
+the core's libtpu set-up (shard_parity/devices.py).
 """
 
 import contextlib
 import dataclasses
 import functools
-import glob
-import importlib.util
-import logging
 import os
 import re
 
 import jax
 import numpy as np
 
+from shard_parity.devices import libtpu_installed, quiet_libtpu
+
 GiB = 2**30
-# A compile-only topology needs no TPU, but libtpu still asks the machine (GCE metadata, env
-# vars) which TPU it is on, and prints five lines of warnings when nothing answers. Given these
-# two settings it asks nothing and prints nothing; set only where the machine has no TPU chip, so
-# that on a TPU host libtpu finds its own chips as always. The accelerator type named here does
-# not constrain the topologies compiled for (v5e, v5p, v4 compile alike under it). The third:
-# libtpu takes a lock file (/tmp/libtpu_lockfile) to keep a second process off the chips, and
-# without it a second compiling process (two inspectors, the tests and a CLI) fails to start;
-# with no chip there is nothing to guard.
-QUIET = {
-    'TPU_ACCELERATOR_TYPE': 'v5litepod-8',
-    'TPU_WORKER_HOSTNAMES': 'localhost',
-    'ALLOW_MULTIPLE_LIBTPU_LOAD': '1',
-}
-_GOOGLE_PCI_VENDOR = '0x1ae0'
 
 
 class TargetError(Exception):
@@ -94,45 +81,6 @@ def _slices() -> dict:
 
 TARGETS = _slices()
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'target_configs')
-
-
-def tpu_chips_here() -> int:
-    """TPU chips on this machine's PCI bus (Google's vendor id), as JAX's own start-up counts."""
-    try:
-        from jax._src import hardware_utils  # JAX's check, where this version has it
-
-        return hardware_utils.num_available_tpu_chips_and_device_id()[0]
-    except Exception:
-        vendors = glob.glob('/sys/bus/pci/devices/*/vendor')
-        return sum(open(v).read().strip() == _GOOGLE_PCI_VENDOR for v in vendors)
-
-
-def quiet_libtpu() -> None:
-    """Keeps libtpu's start-up warnings off a machine without a TPU chip (see QUIET); call before
-    anything loads libtpu (the first JAX backend start, or the first TPU topology)."""
-    if libtpu_installed() and not tpu_chips_here():
-        for k, v in QUIET.items():
-            os.environ.setdefault(k, v)
-        # JAX then tries libtpu's backend on its first start, finds no chip, falls back to the
-        # CPU (or GPU) and logs that at INFO, which the CLIs' absl logging shows: drop that one
-        logger = logging.getLogger('jax._src.xla_bridge')
-        if _NO_TPU_BACKEND not in logger.filters:  # once, however often this is called
-            logger.addFilter(_NO_TPU_BACKEND)
-
-
-class _NoTpuBackend(logging.Filter):
-    def filter(self, record) -> bool:
-        return "backend 'tpu'" not in record.getMessage()
-
-
-_NO_TPU_BACKEND = _NoTpuBackend()
-
-
-def libtpu_installed() -> bool:
-    try:
-        return importlib.util.find_spec('libtpu') is not None
-    except ValueError:  # sys.modules['libtpu'] = None: hidden, as a test hides it
-        return False
 
 
 def install_hint(name: str) -> str:
@@ -282,82 +230,3 @@ def onto(args, target_devices):
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placed)
 
     return jax.tree.map(move, args)
-
-
-_HBM = re.compile(r'total memory required for HLO temporaries \(([\d.]+\w?)\) exceeds '
-                  r'available HBM \(([\d.]+\w?)\)')  # fmt: skip
-
-
-def does_not_fit(error: Exception) -> str | None:
-    """The compiler's own one-line reason when `error` is the TPU's out-of-HBM compile error
-    (RESOURCE_EXHAUSTED), else None."""
-    text = str(error)
-    if 'RESOURCE_EXHAUSTED' not in text and 'Ran out of memory' not in text:
-        return None
-    if m := _HBM.search(text):
-        return f'needs {m.group(1)} of HLO temporaries, above the {m.group(2)} of HBM available'
-    line = next((ln for ln in text.splitlines() if 'memory' in ln.lower()), text.splitlines()[0])
-    return line.strip()[:300]
-
-
-@dataclasses.dataclass(frozen=True)
-class DoesNotFit:
-    """A program the target's compiler refused because the chip's HBM cannot hold it: what the
-    report shows in its place."""
-
-    reason: str  # the compiler's figures: 'needs 36.08G of HLO temporaries, above the 15.75G ...'
-
-
-def not_fitting(refused: DoesNotFit, target: Target, hardware: str) -> dict:
-    """analyse()'s result for a program that does not fit: no collectives, no prediction, its
-    memory verdict with the compiler's reason."""
-    predicted = {
-        'hardware': hardware, 'flops': 0.0, 'compute_us': 0.0, 'comms_us': 0.0,
-        'step_us': [0.0, 0.0], 'loops_without_trip_count': [], 'does_not_fit': refused.reason,
-        'target_cost': {'flops': 0.0, 'bytes_accessed': 0.0, 'optimal_us': None,
-                        'optimal_note': 'not compiled: it does not fit'},
-    }  # fmt: skip
-    fields = ('arguments', 'outputs', 'aliased', 'temp', 'code', 'peak')
-    memory = dict.fromkeys(fields) | {
-        'peak_field': 'peak_memory_in_bytes', 'hbm': target.hbm_bytes, 'fits': False,
-        'reason': refused.reason,
-    }  # fmt: skip
-    return {'ops': [], 'predicted': predicted, 'warnings': [], 'memory': memory}
-
-
-def memory(compiled, target: Target | None) -> dict:
-    """Per-device bytes of a compiled program, from memory_analysis(), and against the target's
-    HBM: `peak` is the compiler's own peak_memory_in_bytes (on a TPU the live buffers' peak;
-    XLA:CPU prints the arguments there), `fits` whether it is within `hbm`."""
-    m = compiled.memory_analysis()
-    out = {
-        'arguments': m.argument_size_in_bytes,
-        'outputs': m.output_size_in_bytes,
-        'aliased': m.alias_size_in_bytes,
-        'temp': m.temp_size_in_bytes,
-        'code': m.generated_code_size_in_bytes,
-        'peak': m.peak_memory_in_bytes,
-        'peak_field': 'peak_memory_in_bytes',
-    }
-    if target is not None and target.hbm_bytes:
-        out |= {'hbm': target.hbm_bytes, 'fits': m.peak_memory_in_bytes <= target.hbm_bytes}
-    return out
-
-
-def own_cost(compiled) -> dict:
-    """The target compiler's own cost_analysis(), where its figures are sensible: FLOPs and
-    bytes accessed per device (a while body counted once, as on the CPU), and its
-    `optimal_seconds` only when positive (libtpu gives large negative values for some
-    programs: kept out, and said so)."""
-    ca = compiled.cost_analysis()
-    ca = (ca[0] if isinstance(ca, (list, tuple)) else ca) or {}
-    seconds = ca.get('optimal_seconds')
-    return {
-        'flops': float(ca.get('flops', 0.0)),
-        'bytes_accessed': float(ca.get('bytes accessed', 0.0)),
-        'optimal_us': round(seconds * 1e6, 3) if seconds is not None and seconds > 0 else None,
-        'optimal_note': (
-            '' if seconds is None or seconds > 0
-            else f'optimal_seconds {seconds:.3g} s from the compiler: not a time, left out'
-        ),
-    }  # fmt: skip

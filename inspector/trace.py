@@ -35,8 +35,14 @@ def trace_events(r: dict) -> list[dict]:
 
 
 def write_trace(r: dict, path: str) -> str:
+    """As html.write_html: written beside `path`, renamed over it, no temporary file left."""
     tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
-        json.dump({'traceEvents': trace_events(r), 'displayTimeUnit': 'ns'}, f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, 'w') as f:
+            json.dump({'traceEvents': trace_events(r), 'displayTimeUnit': 'ns'}, f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.isfile(tmp):
+            os.unlink(tmp)
+        raise
     return path

@@ -21,7 +21,7 @@ from shard_parity import config as cfg
 from shard_parity.runtime import tasks
 from shard_parity.step import create_state, make_optimizer, one_device_train_step, strategy_file
 
-from . import cost, hosts as by_host, surprises
+from . import cost, hosts as by_host, reconcile, surprises
 from . import target as targets
 from .attribute import shorten
 from .expect import expectation
@@ -149,6 +149,12 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, plan, model_config=None,
             {'kind': 'twin-difference', 'what': d['what'], 'op': '', 'file': d['file'],
              'line': d['line']}
         )  # fmt: skip
+    expected = expectation(plan, model, params, mesh, config.batch_size, model_config)
+    # the reference against its expectation; for a target, a row no mechanism found in the
+    # program explains is a surprise (inspector/reconcile.py)
+    verdicts = reconcile.rows(expected['collectives'], programs.get('explicit', []))
+    if chosen and 'explicit' in found:
+        found['explicit'] += reconcile.surprises(verdicts)
     return {
         'version': VERSION,
         'model': model,
@@ -166,7 +172,8 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, plan, model_config=None,
         'warnings': {name: r['warnings'] for name, r in read.items()},
         'surprises': found,
         'sources': {name: r['source'] for name, r in read.items()},
-        'expected': expectation(plan, model, params, mesh, config.batch_size, model_config),
+        'expected': expected,
+        'expected_vs_compiled': verdicts,
         'differences': differences(programs['auto'], programs['explicit']),
         'typed_differences': (
             differences(programs['typed'], programs['explicit'], 'typed')

@@ -651,4 +651,61 @@ ROWS = [
         'error: processes [0, 1] failed',
         'test_launch.test_the_processes_status_is_the_launchers_where_they_agree',
     ),
+    (
+        'inspector: --html or --trace naming a folder (checked before the inspection)',
+        'is a folder: name the file to write, e.g.',
+        'test_inspector.test_html_and_trace_paths_are_checked_before_the_inspection',
+    ),
+    (
+        'inspector: --html or --trace in a folder that does not exist',
+        '/missing does not exist',
+        'test_inspector.test_html_and_trace_paths_are_checked_before_the_inspection',
+    ),
+    (
+        'inspector: --html or --trace in a folder it cannot write',
+        '--html=/sys/r.html: cannot write in /sys',
+        'test_inspector.test_html_and_trace_paths_are_checked_before_the_inspection',
+    ),
+    (
+        'inspector --target: a row of expected against compiled bytes no mechanism found '
+        'in the program explains (a surprise, not an error)',
+        'no mechanism found in the program accounts for the difference',
+        'test_target.test_a_planted_bug_stays_a_surprise_on_a_tpu',
+    ),
+    (
+        'benchmarks: an empty --sections',
+        '--sections is empty: name one or more of',
+        'test_benchmark_run.test_bad_sections_and_outputs_are_refused_before_any_section',
+    ),
+    (
+        'benchmarks: an --out it cannot write (before the first section)',
+        '--out=/sys/x: cannot write in /sys',
+        'test_benchmark_run.test_bad_sections_and_outputs_are_refused_before_any_section',
+    ),
+    (
+        'benchmarks: an --out that is a file',
+        'is a file, not a folder',
+        'test_benchmark_run.test_bad_sections_and_outputs_are_refused_before_any_section',
+    ),
+    (
+        "benchmarks: a bad input in section cli's child process (its line, passed on)",
+        'section cli: ',
+        'test_benchmark_run.test_section_clis_child_passes_on_its_one_line',
+    ),
+    (
+        "benchmarks: Ctrl-C (exit 130; the finished sections' tables printed, nothing written)",
+        'interrupted during section nanogpt (Ctrl-C): nothing written',
+        'test_benchmark_run.test_ctrl_c_is_one_line_and_exit_130',
+    ),
+    (
+        'benchmarks: a run of some sections into recorded results (a note: merged, not '
+        'replaced)',
+        'merged section(s) context into',
+        'test_benchmark_run.test_a_run_of_one_section_merges_into_the_recorded_results',
+    ),
+    (
+        'benchmarks: --target without --out (a note: nothing written into the checkout)',
+        'nothing written (the tables follow)',
+        'test_benchmark_run.test_a_target_run_leaves_the_checkout_alone_and_names_its_target',
+    ),
 ]

@@ -3,6 +3,7 @@ without the auto copy control (results from before it existed still render)."""
 
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -89,3 +90,60 @@ def test_the_cli_section_gives_tokens_per_sec_and_time_ratios():
         '| 32 | 300 | 6,000 | 5,000 | 6,000 | 6,100 | 1.100 (1.100–1.300) | 1.000 (1.000–1.000) '
         '| 0.900 (0.900–1.000) |'
     )
+
+
+RECORDED = pathlib.Path(REPO) / 'benchmarks/results/results.json'
+
+
+def test_a_run_of_some_sections_merges_into_the_recorded_results():
+    """A single-section run never replaces the full suite's figures: its section replaces the
+    recorded one, the others stay, and the header says which run each came from; a run of
+    every recorded section replaces the file."""
+    from benchmarks import SECTIONS, output
+
+    recorded = json.loads(RECORDED.read_text())
+    assert set(output.sections_of(recorded, SECTIONS)) > {'nanogpt'}  # the full suite's
+    machine = recorded['machine'] | {'date': 'later'}
+    run = {'machine': machine, 'command': 'python -m benchmarks.run --sections=nanogpt',
+           'nanogpt': recorded['nanogpt'] | {'step_ms': 1.0}}  # fmt: skip
+    merged, kept = output.merge(recorded, run, SECTIONS)
+    assert merged['nanogpt']['step_ms'] == 1.0 and merged['twins'] == recorded['twins']
+    assert kept == [s for s in output.sections_of(recorded, SECTIONS) if s != 'nanogpt']
+    text = report.markdown(merged)
+    assert text.startswith(f"Machine: 8 cpu devices (cpu) on 2 cores, jax {machine['jax']}")
+    assert "Section(s) nanogpt, rerun: Machine: 8 cpu devices (cpu) on 2 cores, jax" in text
+    assert '`python -m benchmarks.run --sections=nanogpt`' in text
+    again, _ = output.merge(merged, run | {'command': 'twice', 'nanogpt': {}}, SECTIONS)
+    assert [n['command'] for n in again['merged']] == ['twice']  # the first note lost its section
+    full = {'machine': machine, 'command': 'all', **{s: recorded[s] for s in kept + ['nanogpt']}}
+    assert output.merge(recorded, full, SECTIONS) == (full, [])
+
+
+def test_a_target_runs_header_names_the_target():
+    m = MACHINE | {'target': 'tpu-v5e-8', 'target_device_kind': 'TPU v5 lite', 'target_devices': 8}
+    first = report.markdown({'machine': m, 'command': 'c', 'memory': []}).splitlines()[0]
+    assert first.startswith('Compiled for tpu-v5e-8 (8 TPU v5 lite devices) from shapes alone')
+    assert 'cpu devices' not in first
+
+
+def test_outputs_are_refused_before_a_section_runs(tmp_path):
+    from benchmarks import output
+    from shard_parity import UsageError
+
+    (tmp_path / 'afile').write_text('x')
+    (tmp_path / 'taken' / 'results.json').mkdir(parents=True)
+    (tmp_path / 'torn').mkdir()
+    (tmp_path / 'torn' / 'results.json').write_text('{"machine": ')
+    for out, message in (
+        (tmp_path / 'afile', 'afile is a file, not a folder'),
+        (tmp_path / 'afile' / 'deeper', 'afile is a file, not a folder'),
+        ('/sys/results', '--out=/sys/results: cannot write in /sys'),
+        (tmp_path / 'taken', 'results.json is a folder, where the results file goes'),
+        (tmp_path / 'torn', 'results.json is not a results file of this benchmark'),
+    ):
+        with pytest.raises(UsageError, match=re.escape(message)):
+            output.check(str(out), True, '', None)
+    fresh = output.check(str(tmp_path / 'new' / 'folder'), True, '', None)
+    assert fresh.recorded is None and not (tmp_path / 'new').exists()  # made only to write
+    assert output.check('benchmarks/results', False, '_tpu-v5e-8', 'tpu-v5e-8').folder is None
+    assert output.check(str(tmp_path), True, '_tpu-v5e-8', 'tpu-v5e-8').folder == tmp_path

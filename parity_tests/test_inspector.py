@@ -92,7 +92,7 @@ def test_surprises_name_their_line():
 @pytest.mark.slow
 def test_fsdp_report_flags_what_nobody_asked_for():
     r = inspect_collectives('mlp', 'fsdp')
-    assert r['version'] == 2
+    assert r['version'] == 3
     for name in ('auto', 'explicit', 'typed'):
         for op in r['programs'][name]:
             assert op['axes'] == ['fsdp'] and op['file'] and op['line'] > 0, op
@@ -213,3 +213,28 @@ def test_the_worked_example_of_the_docs():
         'build_without_pcast': [(1, 44), (4, 21)],
         'build_fixed': [(1, 44)],
     }
+
+
+@pytest.mark.slow  # three CLI runs, each stopped before it compiles: about 6 s each
+def test_html_and_trace_paths_are_checked_before_the_inspection(tmp_path):
+    """An --html or --trace that names a folder, a missing folder or one that cannot be written
+    is one line and exit 2 at the start (before minutes of compiling), with no `<dir>.tmp` left
+    beside the folder."""
+    folder = tmp_path / 'reports'
+    folder.mkdir()
+    cases = {
+        f'--html={folder}': f'--html={folder} is a folder: name the file to write',
+        f'--trace={tmp_path}/missing/t.json': f'--trace={tmp_path}/missing/t.json: '
+        f'{tmp_path}/missing does not exist',
+        '--html=/sys/r.html': '--html=/sys/r.html: cannot write in /sys',
+    }
+    for flag, message in cases.items():
+        result = subprocess.run(
+            [sys.executable, '-m', 'inspector', '--model=mlp', '--cpu_devices=8', flag],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 2 and result.stdout == '', result.stderr[-1500:]
+        (line,) = result.stderr.strip().splitlines()  # one line, no traceback
+        assert line.startswith(f'error: {message}'), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['reports']  # no reports.tmp
+    assert list(folder.iterdir()) == []

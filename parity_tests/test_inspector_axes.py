@@ -28,7 +28,8 @@ from parity_tests.helpers import REPO
 from shard_parity import UsageError, explicit, memory
 from shard_parity import plan as plans
 from shard_parity.inspector import hosts, twins
-from shard_parity.inspector.expect import expectation, program_totals, totals
+from shard_parity.inspector.expect import expectation
+from shard_parity.inspector.reconcile import program_totals, totals
 from shard_parity.mesh import mesh_for
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import rows

@@ -13,6 +13,7 @@ import collections
 import gzip
 import os
 import pathlib
+import re
 
 import jax
 import pytest
@@ -21,12 +22,22 @@ from jax.sharding import AxisType
 from shard_parity import inspector
 from shard_parity.inspector import cost, surprises
 from shard_parity.inspector.attribute import mesh_axes
-from shard_parity.inspector.hlo import Module, device_groups, logical
+from shard_parity.inspector.hlo import device_groups, logical
+from shard_parity.inspector import reconcile
+from shard_parity.inspector.hlo_module import Module
+from shard_parity.inspector.mechanisms import stands_for
 from shard_parity.inspector.program import captured_stderr
 
 # inspector/__init__.py: what inspects any jitted program, apart from what knows the twins
-GENERIC = {'program', 'hlo', 'attribute', 'cost', 'surprises', 'render', 'html', 'trace', 'target',
-           'hosts'}  # fmt: skip
+GENERIC = {'program', 'hlo', 'hlo_module', 'mechanisms', 'dataflow', 'attribute', 'cost',
+           'surprises', 'render', 'html', 'trace', 'target', 'target_figures', 'hosts',
+           'reconcile'}  # fmt: skip
+# what a generic module may take of the package: its one exception, and libtpu's quieting (the
+# core's device set-up, which imports nothing of the project either)
+ALLOWED = {
+    ('shard_parity', ('UsageError',)),
+    ('shard_parity.devices', ('libtpu_installed', 'quiet_libtpu')),
+}
 PROJECT = {'shard_parity', 'auto', 'explicit', 'typed', 'tools', 'parity_tests', 'datasets'}
 
 
@@ -40,8 +51,8 @@ def project_imports(source: str) -> set[str]:
             names = [node.module] if node.module else [a.name for a in node.names]
             found |= {f'.{n}' for n in names if n.split('.')[0] not in GENERIC}
         elif isinstance(node, ast.ImportFrom) and node.module.split('.')[0] in PROJECT:
-            if (node.module, [a.name for a in node.names]) != ('shard_parity', ['UsageError']):
-                found.add(node.module)  # the package's one exception imports nothing of it
+            if (node.module, tuple(a.name for a in node.names)) not in ALLOWED:
+                found.add(node.module)
     return found
 
 
@@ -229,3 +240,74 @@ def test_a_gpus_start_done_pairs_count_their_result_once():
     gather, scatter = (f.collective for f in found)
     assert gather.shapes == ((1024, 1024),) and gather.bytes == 1024 * 1024 * 4  # not + operand
     assert scatter.shapes == ((128, 1024),) and scatter.bytes == 128 * 1024 * 4
+
+
+def stood_for(text: str) -> dict:
+    """{collective name: its parts' (kind, compiled bytes, bytes as written, mechanism)}."""
+    m = Module(text)
+    return {f.name: [(p['kind'], p['compiled_bytes'], p['bytes'], p['mechanism'])
+                     for p in stands_for(m, f)] for f in logical(m)}  # fmt: skip
+
+
+def test_what_a_tpu_made_of_each_written_collective_is_read_from_its_program():
+    """auto/fsdp.py's MLP step as the v5e compiler built it: each mechanism found in the text.
+    The weights gathered in bf16 (f32 converted for a DEFAULT-precision matmul) stand for f32
+    gathers; the biases' gather is an all-reduce of zero-padded shards; the gradients of the
+    biases and of the 512x10 weight are all-reduced whole and sliced (the 10-element bias, which
+    8 devices cannot split, is a true all-reduce); the 784-row gradient is padded to 832 rows
+    for the fused reduce-scatter, whose permute only moves rows back to their owners."""
+    text = tpu_text('tpu_v5e8_mlp_fsdp_auto')
+    parts = stood_for(text)
+    gather = parts['async-collective-start']  # the 512x512 weight, in bf16
+    assert gather == [('all-gather', 512 * 512 * 2, 512 * 512 * 4, 'narrowed')]
+    assert parts['all-reduce.16'] == [('all-gather', 2048, 2048, 'zero-padded')] * 2
+    assert parts['all-reduce.15'] == [('reduce-scatter', 2048, 256, 'sliced')] * 2 + [
+        ('reduce-scatter', 512 * 10 * 4, 64 * 10 * 4, 'sliced')
+    ]  # the f32[10] bias and the metric scalars stand for themselves
+    assert parts['fusion.31'] == [('reduce-scatter', 104 * 512 * 4, 784 * 512 * 4 // 8, 'padded')]
+    assert parts['collective-permute-start'] == [('reduce-scatter', 42 * 512 * 4, 0, 'padded')]
+    assert parts['all-to-all'] == []  # nothing found: it stands for itself
+    reason = stands_for(Module(text), next(f for f in logical(Module(text))
+                                           if f.name == 'async-collective-start'))[0]['reason']
+    assert '%convert.3' in reason and 'DEFAULT matmul precision (%convolution' in reason
+    # the checks can fail: a cast the program wrote, or a dot at HIGHEST precision, is no
+    # compiler's bf16 gather
+    cast = r'\1, metadata={op_name="jit(step)/convert_element_type"}'
+    own = re.sub(r'(%convert\.3 = [^\n]*?\))', cast, text, count=1)
+    assert own != text and stood_for(own)['async-collective-start'] == []
+    exact = r'\1, operand_precision={highest,highest}'
+    highest = re.sub(r'(%convolution\.8 = [^\n]*?dim_labels=\S+)', exact, text, count=1)
+    assert highest != text
+    assert stood_for(highest)['async-collective-start'] == []
+
+
+def test_a_tpus_narrowing_copy_counts_as_the_convert():
+    # explicit/fsdp.py's 101M transformer: every bf16 gather of a layer's f32 weights stands for
+    # its f32 gather, those converted by a copy (layout change and narrowing in one op) too
+    parts = stood_for(tpu_text('tpu_v5e8_transformer101m_fsdp_explicit'))
+    m = Module(tpu_text('tpu_v5e8_transformer101m_fsdp_explicit'))
+    bf16 = [f.name for f in logical(m) if f.collective.dtypes == ('bf16',)]
+    assert len(bf16) == 10 and all(parts[n][0][3] == 'narrowed' for n in bf16)
+    assert all(parts[n][0][2] == 2 * parts[n][0][1] for n in bf16)
+
+
+def test_a_row_is_explained_only_by_the_mechanisms_its_ops_carry():
+    """reconcile.rows: the expected bytes against the compiled ones, then against the bytes as
+    written; a difference no part accounts for stays a surprise."""
+    record = {'kind': 'all-gather', 'axes': ['fsdp'], 'phase': 'forward', 'twins': ['explicit'],
+              'total': 4096, 'piece': 'fsdp'}  # fmt: skip
+    op = {'name': 'ag', 'kind': 'all-gather', 'axes': ['fsdp'], 'phase': 'forward',
+          'shapes': [[1024]], 'dtypes': ['bf16'], 'trip_count': 1}  # fmt: skip
+    (row,) = reconcile.rows([record], [op])
+    assert (row['compiled'], row['verdict']) == (2048, 'differs')
+    assert reconcile.surprises([row])[0]['kind'] == 'unexplained-bytes'
+    part = {'kind': 'all-gather', 'compiled_bytes': 2048, 'bytes': 4096, 'mechanism': 'narrowed',
+            'reason': 'f32 values moved in bf16'}  # fmt: skip
+    (row,) = reconcile.rows([record], [op | {'stands_for': [part]}])
+    assert (row['as_written'], row['verdict']) == (4096, 'explained')
+    assert row['reasons'] == ['ag: f32 values moved in bf16'] and not reconcile.surprises([row])
+    # a part that accounts for other bytes explains nothing
+    (row,) = reconcile.rows([record], [op | {'stands_for': [part | {'bytes': 3000}]}])
+    assert row['verdict'] == 'differs'
+    (row,) = reconcile.rows([record], [op | {'shapes': [[1024]], 'dtypes': ['f32']}])
+    assert row['verdict'] == 'matches' and row['reasons'] == []

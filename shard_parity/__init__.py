@@ -5,6 +5,7 @@ its subpackages (shard_parity.auto, .explicit, .typed, .inspector, .tools, .data
     plan.py       the mesh's named axes (data, fsdp, stage, expert, seq, model), a Plan of
                   them, the strategy each mesh is, and what each axis must divide
     mesh.py       the mesh of a plan, emulated CPU devices
+    devices.py    libtpu kept quiet on a machine without a TPU chip (before JAX starts)
     placement.py  where each array lives, one rule per axis, and the placing itself
     step.py       TrainState, AdamW, apply_gradients, the one-device step
     pipeline.py   pp's checks, its schedules' tick tables and the model cut into stages

@@ -27,7 +27,7 @@ def configure_jax(cpu_devices: int | None, *, cpu_fma: bool = False, libtpu_line
       about the TPU it cannot find; they are kept off the screen unless this is set (--verbose).
     """
     if not libtpu_lines:
-        from shard_parity.inspector.target import quiet_libtpu
+        from shard_parity.devices import quiet_libtpu
 
         quiet_libtpu()
     try:

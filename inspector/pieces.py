@@ -1,0 +1,181 @@
+"""One piece per mesh axis: the collectives each axis the plan uses adds to a train step
+(inspector/expect.py's table), read off the params' layout and the step's shapes
+(inspector/records.py). Each piece takes the Step and returns its Expected records.
+"""
+
+import math
+
+from shard_parity.mesh import EXPERT, FSDP, MODEL, SEQ, STAGE
+from shard_parity.model.mlp import MLPConfig
+
+from .records import Expected, Step, averaged_over, nbytes
+
+
+def gradient(s: Step) -> list[Expected]:
+    """The gradients' all-reduce over the batch axes, grouped by those axes: every array's
+    shard (what its device keeps: 1/n of it under 'model', 'stage', 'expert', 'fsdp')."""
+    groups = {}
+    for a in s.arrays:
+        axes = averaged_over(s.plan, a)
+        if math.prod(s.plan.size(x) for x in axes) > 1:
+            groups[axes] = groups.get(axes, 0) + a.shard(s.plan)
+    return [
+        Expected('gradient', 'all-reduce', axes, 'outside-grad', total, 1,
+                 f"the gradients' mean over {'/'.join(axes)}: each device's shard of every "
+                 'array not split over these axes, once, after grad')
+        for axes, total in groups.items()
+    ]  # fmt: skip
+
+
+def fsdp(s: Step) -> list[Expected]:
+    """ZeRO-3 over 'fsdp' (n devices): a split array's gather brings back its shard x n, its
+    gradient's reduce-scatter leaves the shard; an array fsdp cannot split is all-reduced over
+    'fsdp'. The stacked blocks per layer, where it runs: forward, and again in the backward
+    (the checkpointed layer is recomputed), with the reduce-scatter; the rest once a step."""
+    n = s.plan.size(FSDP)
+    if n == 1:
+        return []
+    out = []
+    for stacked in (False, True):
+        arrays = [a for a in s.arrays if a.stacked == stacked]
+        if not arrays:  # the MLP has no stacked layers
+            continue
+        split = sum(a.shard(s.plan) for a in arrays if FSDP in a.axes)
+        whole = sum(a.shard(s.plan) for a in arrays if FSDP not in a.axes)
+        if not stacked:
+            out += [
+                Expected('fsdp', 'all-gather', (FSDP,), 'outside-grad', split * n, 1,
+                         'the arrays outside the layers, gathered once before grad'),
+                Expected('fsdp', 'reduce-scatter', (FSDP,), 'outside-grad', split, 1,
+                         "their gradients' mean, each device keeping its shard"),
+                Expected('fsdp', 'all-reduce', (FSDP,), 'outside-grad', whole, 1,
+                         "the arrays fsdp cannot split (a size n does not divide): dp's mean"),
+            ]  # fmt: skip
+            continue
+        k, trips = s.layers, s.per_layer
+        if s.plan.size(STAGE) > 1:  # XLA hoists the forward's gathers out of the ticks' loop
+            gather = Expected('fsdp', 'all-gather', (FSDP,), 'outside-grad', split * n // k, k,
+                              "each of the stage's layers gathered once, before the ticks: the "
+                              'weights do not change between ticks, and XLA hoists the '
+                              'gathers out of the loop (they stay whole through the forward)')
+        else:
+            gather = Expected('fsdp', 'all-gather', (FSDP,), 'forward', split * n // k, trips,
+                              'one layer gathered where it runs')
+        out += [
+            gather,
+            Expected('fsdp', 'all-gather', (FSDP,), 'backward', split * n // k, trips,
+                     'gathered again: the checkpointed layer is recomputed'),
+            Expected('fsdp', 'reduce-scatter', (FSDP,), 'backward', split // k, trips,
+                     "the layer's gradient, reduce-scattered where it is formed"),
+            Expected('fsdp', 'all-reduce', (FSDP,), 'backward', whole // k, trips,
+                     "the layer's arrays fsdp cannot split: their gradients' mean"),
+        ]  # fmt: skip
+    return [e for e in out if e.bytes]
+
+
+def model(s: Step) -> list[Expected]:
+    """Tensor parallelism over 'model': an activation all-reduce after each row-parallel layer
+    (forward) and before each column-parallel one (backward: its input's gradient)."""
+    if s.plan.size(MODEL) == 1:
+        return []
+    if s.model == 'mlp':  # the second layer is row-parallel; the first's input is the data
+        width = MLPConfig().layer_sizes[1]
+        return [Expected('model', 'all-reduce', (MODEL,), 'forward', s.rows * width * 4, 1,
+                         "the row-parallel second layer's partial sums (no backward one: the "
+                         "first layer's input is the data)")]  # fmt: skip
+    act = nbytes(s.activation, s.itemsize)
+    ffn = nbytes(s.slots, s.itemsize) if s.moe else act  # MoE: the experts' slots, [E, b, cap, C]
+    out = [
+        Expected('model', 'all-reduce', (MODEL,), 'forward', act, s.per_layer,
+                 "attention out's partial sums, f32" + str(list(s.activation))),
+        Expected('model', 'all-reduce', (MODEL,), 'forward', ffn, s.per_layer,
+                 "the feed-forward down's partial sums" + (' (per expert slot)' if s.moe else '')),
+        Expected('model', 'all-reduce', (MODEL,), 'backward', act, 2 * s.per_layer,
+                 "the input gradients of query and key_value (two layers, one input)"),
+        Expected('model', 'all-reduce', (MODEL,), 'backward', ffn, s.per_layer,
+                 "the feed-forward up's input gradient"),
+    ]  # fmt: skip
+    if s.remat:
+        out.append(Expected('model', 'all-reduce', (MODEL,), 'backward', act, s.per_layer,
+                            "attention out's, again: the checkpointed layer is recomputed"))
+    if s.remat and s.moe:  # a dense feed-forward's output is not needed in its backward; the
+        # experts' outputs are (the gates' gradient)
+        out.append(Expected('model', 'all-reduce', (MODEL,), 'backward', ffn, s.per_layer,
+                            "the experts' down partial sums, again (recomputed)"))
+    return out
+
+
+def seq(s: Step) -> list[Expected]:
+    """Context parallelism's ring (shard_parity/model/ring.py), n devices round 'seq': per
+    attention layer n - 1 passes of its K/V block, f32[b, T/n, K/m, D], forward; in the backward
+    n - 1 passes of the keys, values and their gradients so far, and one more of the gradients.
+    Under 'fsdp' the checkpointed layer is recomputed: its forward ring runs again in the
+    backward. At n = 2 the loops run once: XLA inlines them and the backward's first pass of
+    the keys and values is the forward's (common subexpressions), 2 fewer per layer, where both
+    are in one computation (not under 'stage' without 'fsdp': the ticks' two loops)."""
+    n = s.plan.size(SEQ)
+    if n == 1:
+        return []
+    each = nbytes(ring_block(s))
+    shared = n == 2 and (s.remat or not s.plan.uses(STAGE))  # else in two loops: no CSE
+    backward = 4 * (n - 1) + 2 + (2 * (n - 1) if s.remat else 0) - (2 if shared else 0)
+    twins = ('explicit', 'typed')  # those with a RING; auto's attention is XLA's
+    return [
+        Expected('seq', 'collective-permute', (SEQ,), 'forward', each, 2 * (n - 1) * s.per_layer,
+                 f'the keys and values, {n - 1} passes round each ring of {n}', twins),
+        Expected('seq', 'collective-permute', (SEQ,), 'backward', each, backward * s.per_layer,
+                 'the keys, values and their gradients round the ring, and the gradients home',
+                 twins),
+    ]  # fmt: skip
+
+
+def ring_block(s: Step) -> tuple[int, ...]:
+    c, n = s.c, s.plan.size(SEQ)
+    return (s.rows // s.m, c.seq_len // n, c.num_kv_heads // s.plan.size(MODEL), c.head_dim)
+
+
+def stage(s: Step) -> list[Expected]:
+    """GPipe over 'stage': one collective-permute of one microbatch's activations per tick,
+    stage i to i + 1 forward and back (the transpose); the last stage's outputs all-reduced to
+    every stage, and in the backward stage 0's input gradient. No weight moves."""
+    if s.plan.size(STAGE) == 1:
+        return []
+    act = nbytes(s.activation, s.itemsize)
+    whole = act * s.m  # all M microbatches: the device's rows
+    twins = ('explicit', 'typed')  # auto's pipeline is a shifted buffer: XLA's own collectives
+    return [
+        Expected('stage', 'collective-permute', (STAGE,), 'forward', act, s.ticks,
+                 'a microbatch from stage i to i + 1, every tick', twins),
+        Expected('stage', 'collective-permute', (STAGE,), 'backward', act, s.ticks,
+                 'its gradient from stage i + 1 back to i, every tick', twins),
+        Expected('stage', 'all-reduce', (STAGE,), 'forward', whole, 1,
+                 "the last stage's outputs, to every stage (the head runs on each)"),
+        Expected('stage', 'all-reduce', (STAGE,), 'backward', whole, 1,
+                 "stage 0's input gradient, once after the ticks"),
+    ]  # fmt: skip
+
+
+def expert(s: Step) -> list[Expected]:
+    """Expert parallelism over 'expert': per MoE layer every device's slots to the experts'
+    devices and the outputs back (forward), their gradients the same ways reversed."""
+    if s.plan.size(EXPERT) == 1 or not s.moe:
+        return []
+    each = nbytes(s.slots, s.itemsize)
+    return [
+        Expected('expert', 'all-to-all', (EXPERT,), 'forward', each, 2 * s.per_layer,
+                 'the slots to the experts, the outputs back'),
+        Expected('expert', 'all-to-all', (EXPERT,), 'backward', each, 2 * s.per_layer,
+                 'the gradients of both, the reverse ways'),
+    ] + [
+        Expected('expert', 'all-to-all', (EXPERT,), 'backward', each, 2 * s.per_layer,
+                 'the forward two again: the checkpointed layer is recomputed')
+        for _ in range(s.remat)
+    ]  # fmt: skip
+
+
+PIECES = {'gradient': gradient, FSDP: fsdp, MODEL: model, SEQ: seq, STAGE: stage, EXPERT: expert}
+
+
+def collectives(s: Step) -> list[Expected]:
+    """Every piece's records, in PIECES' order."""
+    return [e for piece in PIECES.values() for e in piece(s)]
