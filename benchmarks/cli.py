@@ -111,7 +111,7 @@ def child_main(a: dict) -> None:
     train CLI's one line (`error: ...`) and its status; Ctrl-C as 130, quietly."""
     from shard_parity import UsageError, exit_status
     from shard_parity.datasets.root import DataError
-    from shard_parity.mesh import configure_jax
+    from shard_parity.devices import configure_jax
     from shard_parity import config as cfg
 
     try:

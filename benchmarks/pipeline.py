@@ -41,7 +41,7 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
-from shard_parity.mesh import configure_jax
+from shard_parity.devices import configure_jax
 
 STAGES, MICROBATCHES, BATCH, LAYERS = 4, (1, 2, 4, 8, 16), 16, (4, 8)
 PLOT = flags.DEFINE_string('plot', None, 'Write the figure here (needs matplotlib).')

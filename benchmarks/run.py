@@ -46,7 +46,7 @@ from benchmarks.options import (
 from benchmarks.processes import nanogpt_process, twins_processes
 from shard_parity import UsageError, exit_status, refuse
 from shard_parity.inspector.target import TARGETS, TargetError
-from shard_parity.mesh import configure_jax
+from shard_parity.devices import configure_jax
 from shard_parity.runtime.report import atomic_write
 
 KEY_FLAGS = [SECTION, TARGET, MESHES, CLI_BATCH_SIZES, CLI_STEPS, CLI_ROUNDS, CONTEXT_LENGTHS,

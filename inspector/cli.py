@@ -27,7 +27,7 @@ from absl import app, flags
 from jax.sharding import AxisType
 
 from shard_parity import UsageError, refuse
-from shard_parity.mesh import configure_jax
+from shard_parity.devices import configure_jax
 from shard_parity.runtime import declare_key_flags, parse_flags
 from shard_parity.runtime import flags as F
 
@@ -196,7 +196,8 @@ def report_of_flags():
 
             hosts.price_report(data, hosts.lay(_mesh_of(args).shape.items(), HOSTS.value))
         return data, True
-    from shard_parity.mesh import mesh_for, use_matmul_precision
+    from shard_parity.devices import use_matmul_precision
+    from shard_parity.mesh import mesh_for
     from shard_parity.runtime import from_flags
 
     from .twins import inspect

@@ -19,7 +19,8 @@ import pytest
 
 from parity_tests import helpers
 from parity_tests.helpers import make_case
-from shard_parity.mesh import configure_jax, make_mesh
+from shard_parity.devices import configure_jax
+from shard_parity.mesh import make_mesh
 
 # The suite's time is XLA:CPU compiling (85% of the fast tier's; its programs then run for
 # milliseconds), most of it LLVM optimising machine code at XLA's default level 3. Tests compare

@@ -14,7 +14,7 @@ import pytest
 
 from parity_tests.helpers import REPO, read_metrics, run_cli
 from shard_parity import UsageError
-from shard_parity.mesh import configure_jax
+from shard_parity.devices import configure_jax
 
 
 @pytest.fixture(scope='module')

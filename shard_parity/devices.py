@@ -1,6 +1,8 @@
-"""libtpu kept quiet on a machine without a TPU chip: the device set-up every CLI runs before
-JAX's backend starts (shard_parity/mesh.py's configure_jax), and the inspector's `--target`
-before it loads a TPU topology.
+"""JAX's set-up before its backend starts (`configure_jax`: emulated CPU devices, FMA off, libtpu
+kept quiet) and the plan's matmul precision (`use_matmul_precision`): what every CLI runs first.
+
+libtpu kept quiet on a machine without a TPU chip: the device set-up above, and the inspector's
+`--target` before it loads a TPU topology.
 
 With the `[tpu]` extra installed (libtpu, the TPU compiler), JAX's first backend start and every
 compile-only TPU topology load libtpu, which asks the machine (GCE metadata, environment
@@ -13,6 +15,10 @@ import glob
 import importlib.util
 import logging
 import os
+
+import jax
+
+from shard_parity import UsageError
 
 # Given the first two, libtpu asks nothing and prints nothing. The accelerator type named here
 # does not constrain the topologies compiled for (v5e, v5p, v4 compile alike under it). The
@@ -64,3 +70,44 @@ class _NoTpuBackend(logging.Filter):
 
 
 _NO_TPU_BACKEND = _NoTpuBackend()
+
+
+NO_FMA = '--xla_cpu_max_isa=AVX'  # AVX has no fused multiply-add instructions
+
+
+def configure_jax(cpu_devices: int | None, *, cpu_fma: bool = False, libtpu_lines=False) -> None:
+    """Settings that only take effect before JAX's backend starts.
+
+    cpu_devices: emulate this many CPU devices and run on the CPU; None keeps the default
+      platform (a GPU if there is one) and still emulates 8 CPU devices for CPU-only machines.
+    cpu_fma: let XLA's CPU code generator contract a*b+c into fused multiply-adds. Whether it does
+      depends on how each program was fused, so the auto and explicit programs would round the
+      optimizer update differently in the last bit, and those bits grow over hundreds of steps
+      into visibly different runs. Without FMA the two twins are bitwise identical on the CPU.
+    libtpu_lines: with libtpu installed (the [tpu] extra) on a machine without a TPU, JAX's
+      backend start and every --target compile load it, and it prints five lines of warnings
+      about the TPU it cannot find; they are kept off the screen unless this is set (--verbose).
+    """
+    if not libtpu_lines:
+        from shard_parity.devices import quiet_libtpu
+
+        quiet_libtpu()
+    try:
+        if cpu_devices is not None:
+            jax.config.update('jax_platforms', 'cpu')
+        jax.config.update('jax_num_cpu_devices', cpu_devices or 8)
+    except RuntimeError as e:
+        raise UsageError(
+            f'--cpu_devices={cpu_devices} came too late: JAX has already started with '
+            f'{jax.device_count()} devices, and the device count is fixed from then on. '
+            'Set it before anything touches JAX (the train CLIs do it first thing).'
+        ) from e
+    if not cpu_fma and NO_FMA not in os.environ.get('XLA_FLAGS', ''):
+        os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {NO_FMA}".strip()
+
+
+def use_matmul_precision(name: str) -> None:
+    """The plan's --matmul_precision for every dot traced from now on (jax's
+    default_matmul_precision): 'default' leaves JAX's default (on a TPU one bfloat16 pass for
+    float32 operands; on a GPU, TF32 where allowed), 'high' and 'highest' ask for more."""
+    jax.config.update('jax_default_matmul_precision', None if name == 'default' else name)

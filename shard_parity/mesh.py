@@ -1,6 +1,7 @@
-"""Devices and the mesh. The caller (CLI or test fixture) builds the mesh and passes it down."""
+"""The mesh of a plan, over this process's devices or a target's. The caller (CLI or test
+fixture) builds the mesh and passes it down; JAX's set-up before the backend starts is
+shard_parity/devices.py."""
 
-import os
 
 import math
 
@@ -10,47 +11,6 @@ from jax.sharding import AxisType
 from shard_parity import UsageError
 
 from shard_parity.plan import DATA, EXPERT, FSDP, MODEL, SEQ, STAGE  # noqa: F401  (the axes)
-NO_FMA = '--xla_cpu_max_isa=AVX'  # AVX has no fused multiply-add instructions
-
-
-def configure_jax(cpu_devices: int | None, *, cpu_fma: bool = False, libtpu_lines=False) -> None:
-    """Settings that only take effect before JAX's backend starts.
-
-    cpu_devices: emulate this many CPU devices and run on the CPU; None keeps the default
-      platform (a GPU if there is one) and still emulates 8 CPU devices for CPU-only machines.
-    cpu_fma: let XLA's CPU code generator contract a*b+c into fused multiply-adds. Whether it does
-      depends on how each program was fused, so the auto and explicit programs would round the
-      optimizer update differently in the last bit, and those bits grow over hundreds of steps
-      into visibly different runs. Without FMA the two twins are bitwise identical on the CPU.
-    libtpu_lines: with libtpu installed (the [tpu] extra) on a machine without a TPU, JAX's
-      backend start and every --target compile load it, and it prints five lines of warnings
-      about the TPU it cannot find; they are kept off the screen unless this is set (--verbose).
-    """
-    if not libtpu_lines:
-        from shard_parity.devices import quiet_libtpu
-
-        quiet_libtpu()
-    try:
-        if cpu_devices is not None:
-            jax.config.update('jax_platforms', 'cpu')
-        jax.config.update('jax_num_cpu_devices', cpu_devices or 8)
-    except RuntimeError as e:
-        raise UsageError(
-            f'--cpu_devices={cpu_devices} came too late: JAX has already started with '
-            f'{jax.device_count()} devices, and the device count is fixed from then on. '
-            'Set it before anything touches JAX (the train CLIs do it first thing).'
-        ) from e
-    if not cpu_fma and NO_FMA not in os.environ.get('XLA_FLAGS', ''):
-        os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {NO_FMA}".strip()
-
-
-def use_matmul_precision(name: str) -> None:
-    """The plan's --matmul_precision for every dot traced from now on (jax's
-    default_matmul_precision): 'default' leaves JAX's default (on a TPU one bfloat16 pass for
-    float32 operands; on a GPU, TF32 where allowed), 'high' and 'highest' ask for more."""
-    jax.config.update('jax_default_matmul_precision', None if name == 'default' else name)
-
-
 def make_mesh(
     num_devices: int | None = None,
     shape: tuple[int, ...] | None = None,

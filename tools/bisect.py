@@ -60,7 +60,7 @@ def main(argv):
     try:
         import jax
 
-        from shard_parity.mesh import configure_jax
+        from shard_parity.devices import configure_jax
 
         configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value, libtpu_lines=F.VERBOSE.value)
         jax.config.update('jax_enable_x64', X64.value)  # before any array is made
@@ -94,7 +94,8 @@ def from_flags():
     from jax.sharding import AxisType
 
     from shard_parity import config as cfg
-    from shard_parity.mesh import mesh_for, use_matmul_precision
+    from shard_parity.devices import use_matmul_precision
+    from shard_parity.mesh import mesh_for
     from shard_parity.runtime import from_flags, tasks
     from shard_parity.step import create_state, make_optimizer
 

@@ -12,7 +12,7 @@ parity_tests/test_matmul.py, test_layers.py) with a hand-written backward, for o
   and both twins run the same instructions.
 - `gelu`: `jax.nn.gelu(approximate=False)` goes through `erfc`, which XLA:CPU evaluates with a
   branch and an `exp`, and autodiff evaluates it again in the backward; with fused multiply-adds
-  off (the CPU default here, shard_parity/mesh.py) XLA's own `erf` is about 12x slower than with
+  off (the CPU default here, shard_parity/devices.py) XLA's own `erf` is about 12x slower than with
   them. Here `erf` is a rational polynomial of plain multiplies and adds, and the backward reuses
   the forward's Phi(x).
 - `layer_norm`: autodiff's backward materialises broadcasts of the statistics; the closed form

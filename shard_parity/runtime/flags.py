@@ -167,7 +167,7 @@ CPU_FMA = flags.DEFINE_bool(
     'cpu_fma',
     False,
     'Let XLA use fused multiply-adds on the CPU. Off by default, so that the '
-    'auto and explicit twins round identically and stay bitwise equal (shard_parity/mesh.py).',
+    'auto and explicit twins round identically and stay bitwise equal (shard_parity/devices.py).',
 )
 NUM_DEVICES = flags.DEFINE_integer(
     'num_devices',

@@ -121,7 +121,8 @@ def main(twin):
     """The absl main of `python -m <twin>.generate`; its flags are in shard_parity/runtime/flags.py."""
     from absl import flags, logging
 
-    from shard_parity.mesh import configure_jax, make_mesh
+    from shard_parity.devices import configure_jax
+    from shard_parity.mesh import make_mesh
     from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings
     from shard_parity.runtime import flags as F
     from shard_parity.runtime.loop import SIGNALS, stop_on_signals

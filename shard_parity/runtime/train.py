@@ -20,7 +20,8 @@ from absl import flags, logging
 
 from shard_parity import UsageError, exit_status, refuse
 from shard_parity.datasets.root import DataError
-from shard_parity.mesh import configure_jax, mesh_for, use_matmul_precision
+from shard_parity.devices import configure_jax, use_matmul_precision
+from shard_parity.mesh import mesh_for
 from shard_parity.runtime import checkpoint, declare_key_flags, from_flags, plain_warnings, tasks
 from shard_parity.runtime import flags as F
 from shard_parity.runtime.loop import SIGNALS, Interrupted, stop_on_signals
