@@ -17,7 +17,7 @@ from shard_parity import plan as plans
 from shard_parity.mesh import SEQ, mesh_for
 from shard_parity.pipeline import check_schedule, virtual_stages
 from shard_parity.placement import place_state, state_shardings
-from shard_parity.runtime import checkpoint, report, tasks
+from shard_parity.runtime import checkpoint, report, segments, tasks
 from shard_parity.runtime import config as cfg
 from shard_parity.runtime import flags as F
 from shard_parity.runtime.loop import Loop
@@ -133,12 +133,16 @@ def run(
         **({'pp_schedule': schedule, 'pp_virtual': virtual_stages(schedule, virtual)}
            if schedule != 'gpipe' else {}),
     }  # fmt: skip
+    if checkpoint.finished(workdir, saved, config.steps):  # read-only: nothing to write
+        return None
     report.ensure_writable(workdir)
     main = jax.process_index() == 0  # with several processes, process 0 writes and prints
     with report.hold_workdir(workdir, main), checkpoint.manager(workdir, keep) as mngr:
         state, start = restore_latest(mngr, state, saved, mesh, config.steps)
         if state is None:
             return None
+        previous = checkpoint.read_config(mngr, start) if start else None
+        saved['segments'] = segments.extend(previous, saved, start)  # the plans so far
         if save_initial and start == 0:  # step 0, for python -m tools.bisect RUN_A RUN_B
             checkpoint.save(mngr, state, saved)
         text = json.dumps(saved, indent=2) + '\n'
