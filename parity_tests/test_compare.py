@@ -261,6 +261,7 @@ def test_each_runs_mesh_is_named_and_runs_on_other_meshes_compare(tmp_path):
     ]
 
 
+@pytest.mark.slow  # a CLI in a subprocess
 def test_a_line_averaged_over_fewer_steps_after_a_resume_is_paired_with_nothing(tmp_path):
     """A run resumed from a checkpoint saved before checkpoints kept the averaging window: its
     first train line averages only the steps since the resume and says how many. It used to be
@@ -275,6 +276,7 @@ def test_a_line_averaged_over_fewer_steps_after_a_resume_is_paired_with_nothing(
     assert 'every logged figure: bitwise identical' in done.stdout
 
 
+@pytest.mark.slow  # a CLI in a subprocess
 def test_a_reader_that_stops_early_ends_compare_quietly(tmp_path):
     """`python -m tools.compare A B | head -n 1` ended in a BrokenPipeError traceback."""
     many = [{'step': s, 'train_loss': 1.0} for s in range(1, 3001)]

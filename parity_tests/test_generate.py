@@ -240,7 +240,7 @@ def generate_cli(workdir, *flags):
 
 
 @pytest.mark.slow
-def test_cli_stops_quietly_when_its_reader_goes_and_on_sigterm_exits_143(workdir):
+def test_cli_on_a_closed_pipe_a_sigterm_and_a_long_prompt(workdir):
     """`generate | head -c 5` ended in a BrokenPipeError traceback (exit 1); SIGTERM exited 130,
     Ctrl-C's code. A prompt longer than the context was echoed before its refusal."""
     piped = generate_cli(workdir, '--max_new_bytes=1000000000')

@@ -66,6 +66,7 @@ def log(shift=0.0):
     return lines + [{'step': 60, 'final': True, 'eval_loss': 2.0}]
 
 
+@pytest.mark.slow  # a CLI in a subprocess
 def test_compare_shows_each_runs_segments_and_a_verdict_for_each_stretch(tmp_path):
     moved = config(**PP, segments=segments.extend(config(**COMPOSED), config(**PP), 42))
     a = with_segments(tmp_path / 'a', moved, log(1e-6))
@@ -85,7 +86,7 @@ def test_compare_shows_each_runs_segments_and_a_verdict_for_each_stretch(tmp_pat
     assert ('-- steps 43..60: A explicit pp (1f1b) on data:4,stage:2, B explicit composed on '
             'data:2,fsdp:2,model:2: different plans') in out  # fmt: skip
     assert [line.split()[-1] for line in out.splitlines() if line.startswith('    50')] == ['~']
-    assert '(a run moved inside its window)' in out
+    assert 'averaged over steps of two segments (a run moved inside its window)' in out
     assert 'steps 1..42 (A and B explicit composed on data:2,fsdp:2,model:2: the same plan): ' \
         'bitwise identical; steps 43..60' in out
     assert 'different plans): largest difference 1e-06' in out

@@ -167,12 +167,7 @@ def save(mngr: Manager, state: TrainState, saved_config: dict, window: dict | No
     `window`: the loop's averaging window (loop.window_record), so that a resumed run logs the
     very means an undisturbed one does. `last`: no step runs after this save (the end, or a
     stop after SIGTERM), so `state` is saved as it is, without a private copy."""
-    # A private copy: the train step donates its input buffers, which must not be the ones
-    # Orbax is still reading. It copies every replica (8 of the 1.2 GB state of the 101M
-    # transformer under dp on 8 devices: 30 s of the 30-second grace after SIGTERM,
-    # docs/errors.md), so the last save, which no step follows, goes without.
-    if not last:
-        state = jax.tree.map(lambda x: x.copy(), state)
+    state = jax.tree.map(lambda x: _to_save(x, last), state)
     items = dict(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(saved_config))
     if window is not None:
         items['window'] = ocp.args.JsonSave(window)
@@ -182,6 +177,19 @@ def save(mngr: Manager, state: TrainState, saved_config: dict, window: dict | No
 def read_config(mngr: ocp.CheckpointManager, step: int) -> dict:
     args = ocp.args.Composite(config=ocp.args.JsonRestore())
     return _guarded(mngr, step, lambda: mngr.restore(step, args=args)['config'])
+
+
+def _to_save(x: jax.Array, last: bool) -> jax.Array:
+    """What Orbax is given of `x`. A private copy, unless `last`: the train step donates its
+    input buffers, which must not be the ones Orbax is still reading. With one process, an
+    array replicated on every device is given as one device's: Orbax writes one replica anyway,
+    but takes in every replica it is given first, and copying all of them (dp's 8 of a large
+    state) took longer still: together past a scheduler's grace after SIGTERM (docs/errors.md)."""
+    replicated = isinstance(x, jax.Array) and x.is_fully_replicated  # (not a host array)
+    if replicated and jax.process_count() == 1 and len(x.sharding.device_set) > 1:
+        first = min(x.sharding.device_set, key=lambda d: d.id)
+        x = jax.device_put(x, jax.sharding.SingleDeviceSharding(first))  # may share first's buffer
+    return x if last else x.copy()
 
 
 def read_window(mngr: ocp.CheckpointManager, step: int) -> dict | None:

@@ -16,7 +16,9 @@ read to pair like with like.
 
 Ctrl-C and SIGTERM (a preemption) only set a flag (`stop_on_signals`, installed before anything
 compiles: a KeyboardInterrupt raised inside XLA's compiler crashed the process); the loop stops
-at the next step boundary, saves that step and raises Interrupted. A second signal exits at once
+at the next step boundary, saves that step and raises Interrupted (a signal that came during an
+evaluation or a save stops it before it starts another step: a scheduler's grace before SIGKILL
+is short, docs/errors.md). A second signal exits at once
 (os._exit: a save in flight is left as a temporary folder, which the next start removes).
 With several processes (jax.distributed), JAX's preemption notifier owns SIGTERM: a signal to any
 process reaches every other through the coordination service, which picks the step all stop at
@@ -193,6 +195,9 @@ class Loop:
         )
         evals, out, saved_step = None, None, None
         for i in bar:
+            if i > start and SIGNALS and jax.process_count() == 1:  # came after the last check
+                bar.close()  # (during an evaluation, a save): stop before another step
+                self.stop(state, i, saved_step, pending, self.window(window, i, unknown))
             batch = place_batch(self.task.train_batches.batch(i, mine), mesh, self.strategy)
             if sharding and i == start and main:
                 show_sharding(state, batch)

@@ -38,9 +38,18 @@ def of(saved: dict) -> list[dict]:
 
 
 def same_plan(a: dict, b: dict) -> bool:
-    return {k: v for k, v in a.items() if k != 'from_step'} == {
-        k: v for k, v in b.items() if k != 'from_step'
-    }
+    """Whether two segments ran one plan (a mesh saved before named meshes, fsdp's axis then
+    called 'data', is the same as today's name for it)."""
+    return _plan(a) == _plan(b)
+
+
+def _plan(s: dict) -> dict:
+    from shard_parity import plan as plans
+
+    plan = {k: v for k, v in s.items() if k != 'from_step'}
+    if isinstance(s.get('strategy'), str) and isinstance(s.get('mesh'), dict):
+        plan['mesh'] = plans.from_saved(s['strategy'], s['mesh']).axes
+    return plan
 
 
 def extend(previous: dict | None, saved: dict, start: int) -> list[dict]:
