@@ -23,38 +23,35 @@ from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import EXPERT, FSDP, STAGE
 from shard_parity.placement import activations, REPLICATED, layer_specs, named, state_specs
-from shard_parity.plan import of
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
-from .cp import LAYOUT
 from .ep import exchange
 from .fsdp import gather_layer
-from .pp import MICROBATCHES, pipeline
+from .pp import pipeline
 
 STRATEGY = 'composed'  # a named mesh: every axis the mesh names does its job
 
 
-def hooks(plan, specs, mesh, batch, microbatches, layout):
+def hooks(plan, specs, mesh, batch):
     """The model call's keywords: the piece of each axis the plan uses."""
     call = {}
     if plan.uses(FSDP):  # each layer gathered where it runs, in the pipeline's stages too
-        call.update(gather_layer(layer_specs(specs), mesh))
+        call.update(gather_layer(layer_specs(specs), mesh, plan))
     if plan.uses(EXPERT):
-        call['experts'] = lambda xe, experts: exchange(xe, experts, mesh)
+        call['experts'] = lambda xe, w: exchange(xe, w, mesh, plan)
     if plan.uses(STAGE):
-        call['pipeline'] = pipeline(microbatches, mesh)
+        call['pipeline'] = pipeline(plan, mesh)
     return call
 
 
-def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
-    plan = of(mesh)
-
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     def fn(params, batch):  # params @ each axis's split; batch: x[B, T] @ P(rows)
-        specs = state_specs(params, STRATEGY, mesh)
-        call = hooks(plan, specs, mesh, batch, microbatches, layout)
+        specs = state_specs(params, plan, mesh)
+        call = hooks(plan, specs, mesh, batch)
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
-        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, P(*activations(mesh))))
+        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, P(*activations(plan))))
         (_, metrics), grads = grad_fn(params, batch)  # XLA inserts every axis's collectives
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # grads in the params' layout: XLA reduces each over the batch's axes to its shard
         grads = jax.lax.with_sharding_constraint(grads, named(mesh, specs))
         return jax.lax.with_sharding_constraint(metrics, NamedSharding(mesh, REPLICATED)), grads
@@ -62,21 +59,19 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, layout=LA
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
 
 
-def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates the shards it holds
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches, layout)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY)
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
-    plan = of(mesh)
-
+def eval_step(graphdef, eval_fn, mesh, plan):
     def evaluate(params, batch):  # per-example outputs, split like the rows
-        specs = state_specs(params, STRATEGY, mesh)
-        call = hooks(plan, specs, mesh, batch, microbatches, layout)
+        specs = state_specs(params, plan, mesh)
+        call = hooks(plan, specs, mesh, batch)
         call.pop('layer_weights', None)  # XLA gathers the weights where they are used
-        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, P(*activations(mesh))))
+        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, P(*activations(plan))))
         out = bind(graphdef, eval_fn, **call)(params, batch)
-        return jax.lax.with_sharding_constraint(out, NamedSharding(mesh, P(activations(mesh)[0])))
+        return jax.lax.with_sharding_constraint(out, NamedSharding(mesh, P(activations(plan)[0])))
 
     return jax.jit(evaluate)

@@ -13,19 +13,19 @@ import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.placement import BATCH, REPLICATED, SEQUENCE
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'cp'  # --strategy=cp: each sequence split over 'seq', the rows over 'data'
-LAYOUT = 'zigzag'  # --cp_layout: ignored here, where XLA splits the positions in order
 
 
-def loss_and_grads(graphdef, loss_fn, mesh, layout=LAYOUT):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):  # plan.layout (--cp_layout) unused: XLA
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
     def fn(params, batch):  # params @ P(); batch: x[B, T] @ P('data', 'seq')
         batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, SEQUENCE))
         # XLA moves the keys and values that attention needs between the chunks' devices
         (_, metrics), grads = grad_fn(params, batch)
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # metrics and grads @ P(): each device saw only its rows' chunk, so XLA all-reduces
         # over both axes.
         return jax.lax.with_sharding_constraint((metrics, grads), NamedSharding(mesh, REPLICATED))
@@ -33,12 +33,12 @@ def loss_and_grads(graphdef, loss_fn, mesh, layout=LAYOUT):
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
 
 
-def train_step(graphdef, loss_fn, tx, mesh, layout=LAYOUT):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: the same on every device (replicated)
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, layout), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh, layout=LAYOUT):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # per-sequence outputs come out split over 'data' only

@@ -26,42 +26,43 @@ from shard_parity.placement import (
     row_slots,
     state_specs,
 )
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
-def exchange(xe, experts, mesh):  # xe: [E, B, cap, C] @ P(None, ('data', 'expert'))
+def exchange(xe, experts, mesh, plan):  # xe: [E, B, cap, C] @ P(None, ('data', 'expert'))
     # to the experts' devices: XLA inserts the exchange (an all-to-all over 'expert')
-    x = jax.lax.with_sharding_constraint(xe, NamedSharding(mesh, expert_slots(mesh)))
+    x = jax.lax.with_sharding_constraint(xe, NamedSharding(mesh, expert_slots(plan)))
     # each device runs its E/n experts on their slots; the outputs stay there (unpinned, XLA
     # computed them in the rows' layout and all-gathered the experts' weights for it)
-    y = jax.lax.with_sharding_constraint(experts(x), NamedSharding(mesh, expert_slots(mesh)))
+    y = jax.lax.with_sharding_constraint(experts(x), NamedSharding(mesh, expert_slots(plan)))
     # back to the tokens' devices: the second exchange
-    return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, row_slots(mesh)))
+    return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, row_slots(plan)))
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
-    hook = bind(graphdef, loss_fn, experts=lambda xe, experts: exchange(xe, experts, mesh))
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
+    hook = bind(graphdef, loss_fn, experts=lambda xe, w: exchange(xe, w, mesh, plan))
     grad_fn = jax.value_and_grad(hook, has_aux=True)
 
     def fn(params, batch):  # params @ P(), experts @ P(None, 'expert'); batch: x[B, T]
         batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, EXPERT_BATCH))
         (_, metrics), grads = grad_fn(params, batch)
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # metrics @ P(), grads as the params: each device saw only its rows, so XLA all-reduces
         # the replicated weights' gradients over both axes, the experts' over 'data'
         return jax.lax.with_sharding_constraint(
-            (metrics, grads), named(mesh, (REPLICATED, state_specs(grads, STRATEGY, mesh)))
+            (metrics, grads), named(mesh, (REPLICATED, state_specs(grads, plan, mesh)))
         )
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates the arrays or experts it holds
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh):
-    fn = bind(graphdef, eval_fn, experts=lambda xe, experts: exchange(xe, experts, mesh))
+def eval_step(graphdef, eval_fn, mesh, plan):
+    fn = bind(graphdef, eval_fn, experts=lambda xe, w: exchange(xe, w, mesh, plan))
 
     def evaluate(params, batch):  # per-example outputs stay split like the rows
         batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, EXPERT_BATCH))

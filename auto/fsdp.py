@@ -25,46 +25,52 @@ from shard_parity.placement import (
     state_specs,
     without,
 )
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'fsdp'
 
 
-def gather_layer(specs, mesh):
+def gather_layer(specs, mesh, plan):
     """`layer_weights` for the model (none without stacked layers): one layer's shards -> its
-    whole weights, where the layer runs; their gradient -> the shards' layout, in the backward."""
+    whole weights, where the layer runs; their gradient -> the shards' layout, in the backward
+    (in the shards' float32)."""
 
     @jax.custom_vjp
     def layer_weights(shards):  # the layer's all-gathers: XLA inserts them for this constraint
-        return jax.lax.with_sharding_constraint(shards, named(mesh, without(specs, FSDP)))
+        return jax.lax.with_sharding_constraint(  # of the shards cast to --dtype first
+            as_dtype(shards, plan.precision.compute), named(mesh, without(specs, FSDP))
+        )
 
     def backward(_, grads):  # the layer's reduce-scatters, inside the backward's loop
-        return (jax.lax.with_sharding_constraint(grads, named(mesh, specs)),)
+        scattered = jax.lax.with_sharding_constraint(  # of the gradient in --reduce_dtype
+            as_dtype(grads, plan.precision.reduce), named(mesh, specs)
+        )
+        return (as_dtype(scattered, plan.precision.param),)
 
     layer_weights.defvjp(lambda shards: (layer_weights(shards), None), backward)
     return {} if specs is None else {'layer_weights': layer_weights}
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params @ P('fsdp') (1/n of each); batch: x[B, ...] @ P('fsdp')
-        specs = state_specs(params, STRATEGY, mesh)
-        call = gather_layer(layer_specs(specs), mesh)  # the per-layer gather, if stacked layers
+        specs = state_specs(params, plan, mesh)
+        call = gather_layer(layer_specs(specs), mesh, plan)  # the per-layer gather, if stacked
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         (_, metrics), grads = grad_fn(params, batch)  # XLA all-gathers the rest where used
         # grads sharded like the params: XLA reduces each gradient over 'fsdp' to its shard.
-        grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, STRATEGY))
+        grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, plan))
         return jax.lax.with_sharding_constraint(metrics, named(mesh, REPLICATED)), grads
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates its own shards
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # XLA all-gathers the weights; per-example outputs stay split

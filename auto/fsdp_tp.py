@@ -13,33 +13,34 @@ import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.placement import FSDP_BATCH, REPLICATED, layer_specs, state_shardings, state_specs
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 from .fsdp import gather_layer
 
 STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'fsdp'
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params @ P('fsdp', 'model') etc.; batch: x[B, ...] @ P('fsdp')
-        specs = state_specs(params, STRATEGY, mesh)
-        call = gather_layer(layer_specs(specs), mesh)  # over 'fsdp' per layer, if stacked layers
+        specs = state_specs(params, plan, mesh)
+        call = gather_layer(layer_specs(specs), mesh, plan)  # over 'fsdp' per layer, if stacked
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         (_, metrics), grads = grad_fn(params, batch)  # XLA all-gathers over 'fsdp', psums 'model'
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # grads sharded like the params: XLA reduces each gradient over 'fsdp' to its shard.
-        grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, STRATEGY))
+        grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, plan))
         return jax.lax.with_sharding_constraint(metrics, NamedSharding(mesh, REPLICATED)), grads
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates its own shards
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # XLA all-gathers the weights; per-example outputs stay split

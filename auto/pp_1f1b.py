@@ -20,30 +20,29 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import STAGE
-from shard_parity.pipeline import one_f_one_b, phases, pieces, rest_of
-from shard_parity.pipeline import joined, split, start, tick
+from shard_parity.pipeline import joined, phases, pieces, rest_of, split, start, tick
+from shard_parity.schedules import one_f_one_b
 from shard_parity.placement import STACKED, activations, named, state_shardings
-from shard_parity.step import make_train_step
+from shard_parity.step import as_dtype, make_train_step
 
 from . import pp
 
 STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
-MICROBATCHES = pp.MICROBATCHES  # --microbatches: M
 
 
-def pass_on(y, mesh, virtual):  # f32[S, B/M, T, C]: slot i's output to slot i + 1
+def pass_on(y, mesh, plan):  # f32[S, B/M, T, C]: slot i's output to slot i + 1
     # XLA: a collective-permute. The last slot's goes round to slot 0: the input of interleaved's
     # next chunk; under 1f1b stage 0 embeds a new microbatch and never reads it.
     return jax.lax.with_sharding_constraint(
-        jnp.roll(y, 1, axis=0), named(mesh, P(STAGE, *activations(mesh)))
+        jnp.roll(y, 1, axis=0), named(mesh, P(STAGE, *activations(plan)))
     )
 
 
-def pass_back(dx, mesh, virtual):  # the gradient of slot i's input, to slot i - 1
+def pass_back(dx, mesh, plan):  # the gradient of slot i's input, to slot i - 1
     # XLA: a collective-permute. Slot 0's goes round to the last: interleaved's previous chunk;
     # under 1f1b the last stage takes its loss's gradient and never reads it.
     return jax.lax.with_sharding_constraint(
-        jnp.roll(dx, -1, axis=0), named(mesh, P(STAGE, *activations(mesh)))
+        jnp.roll(dx, -1, axis=0), named(mesh, P(STAGE, *activations(plan)))
     )
 
 
@@ -56,8 +55,10 @@ def interleave(blocks, mesh, virtual):  # [L, ...] @ P('stage') -> the chunks [S
     return jax.lax.with_sharding_constraint(chunks, named(mesh, P(STAGE)))  # XLA moves them
 
 
-def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     stages = mesh.shape[STAGE]
+    microbatches, virtual = plan.microbatches, plan.chunks  # M; V chunks per stage
+    reduce = plan.precision.reduce  # what the gradients' collectives carry (--reduce_dtype)
     table = one_f_one_b(stages, microbatches, virtual)
 
     def fn(params, batch):  # blocks [L, ...] @ P('stage'), the rest @ P(); x[B, T] @ P('data')
@@ -70,29 +71,29 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
             run = tick(model, rest, batches, stages, virtual, fwd, bwd, loss)
             state, y, dx = jax.vmap(run, spmd_axis_name=STAGE)(s, chunks, state, row)
             if fwd:
-                state = state._replace(h=pass_on(y, mesh, virtual))  # a collective-permute
+                state = state._replace(h=pass_on(y, mesh, plan))  # a collective-permute
             if bwd:
-                state = state._replace(g=pass_back(dx, mesh, virtual))  # a collective-permute
+                state = state._replace(g=pass_back(dx, mesh, plan))  # a collective-permute
             return state
 
         begin = jax.vmap(lambda c: start(model, rest, c, batches, table.slots))(chunks)  # zeros
         state = phases(table, begin, step)
         # each slot's embedding and head gradients (stage 0's, the last's): XLA sums over 'stage'
         rest, metrics = jax.tree.map(lambda a: a.sum(0), (state.rest, state.metrics))
-        grads = joined(params, back(state.grads)[0], rest)
+        grads = as_dtype(joined(params, back(state.grads)[0], rest), reduce)
         metrics = jax.tree.map(lambda m: m / microbatches, metrics)
         # grads @ the params' layout; the rest (and the metrics) XLA all-reduces over 'data'
-        return metrics, jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, 'pp'))
+        return metrics, jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, plan))
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
 
 
-def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, virtual=1):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each stage updates its own layers
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches, virtual)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY)
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, virtual=1):
+def eval_step(graphdef, eval_fn, mesh, plan):
     # A forward alone has no backward to interleave: every schedule evaluates as GPipe does
-    return pp.eval_step(graphdef, eval_fn, mesh, microbatches)
+    return pp.eval_step(graphdef, eval_fn, mesh, plan)

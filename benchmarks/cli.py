@@ -64,7 +64,7 @@ def measure(n: int, batch_sizes, rounds: int, steps: int, model_config) -> list[
     """The child's side of `cli`: the runs, interleaved, in this process."""
     from benchmarks.timing import balanced_orders
     from shard_parity import auto, explicit, typed
-    from shard_parity.runtime import config as cfg
+    from shard_parity import config as cfg
 
     twins = {'auto': auto, 'explicit': explicit, 'typed': typed, 'auto_copy': auto}
     orders = balanced_orders(len(CANDIDATES))
@@ -100,7 +100,7 @@ def measure(n: int, batch_sizes, rounds: int, steps: int, model_config) -> list[
 
 if __name__ == '__main__':
     from shard_parity.mesh import configure_jax
-    from shard_parity.runtime import config as cfg
+    from shard_parity import config as cfg
 
     a = json.loads(sys.argv[1])
     configure_jax(a['n'], cpu_fma=a['cpu_fma'])

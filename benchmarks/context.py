@@ -19,6 +19,7 @@ from shard_parity import auto, explicit, typed
 from shard_parity.inspector import target as targets
 from shard_parity.mesh import mesh_for
 from shard_parity.placement import place_batch, place_state, rows, state_shardings
+from shard_parity.step import strategy_file
 
 CANDIDATES = {  # name -> (twin, --strategy, --mesh, global batch, attention)
     'dp naive': (explicit, 'dp', '8x1', 8, 'naive'),
@@ -30,16 +31,16 @@ CANDIDATES = {  # name -> (twin, --strategy, --mesh, global batch, attention)
 CONTEXT = tuple(CANDIDATES)  # the table's order
 
 
-def abstract(state, batch, mesh, strategy: str):
-    """(state, batch) as ShapeDtypeStructs placed as `strategy` places them on `mesh`: what a
+def abstract(state, batch, mesh, plan):
+    """(state, batch) as ShapeDtypeStructs placed as `plan` places them on `mesh`: what a
     target's compiler needs (the target's devices hold no arrays)."""
 
     def shaped(x, s):
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
 
-    on_rows = NamedSharding(mesh, rows(mesh, strategy))
+    on_rows = NamedSharding(mesh, rows(plan))
     return (
-        jax.tree.map(shaped, state, state_shardings(state, mesh, strategy)),
+        jax.tree.map(shaped, state, state_shardings(state, mesh, plan)),
         jax.tree.map(lambda x: shaped(x, on_rows), batch),
     )
 
@@ -61,12 +62,13 @@ def context(lengths, timed_lengths, rounds: int, target: str | None = None) -> l
         for name, (twin, strategy, text, b, attn) in CANDIDATES.items():
             config = dataclasses.replace(NANOGPT, seq_len=t, num_layers=1, attention=attn)
             graphdef, tx, state, loss, batch, units = setup('transformer', b, config)
-            mesh = mesh_for(mesh_plan(text, strategy, 8), twin.AXIS_TYPE, devices=devices)
-            step = twin.STRATEGIES[strategy].train_step(graphdef, loss, tx, mesh)
+            plan = mesh_plan(text, strategy, 8)
+            mesh = mesh_for(plan, twin.AXIS_TYPE, devices=devices)
+            step = strategy_file(twin, plan).train_step(graphdef, loss, tx, mesh, plan)
             if target:
                 with targets.uncached():
                     try:
-                        compiled = step.lower(*abstract(state, batch, mesh, strategy)).compile()
+                        compiled = step.lower(*abstract(state, batch, mesh, plan)).compile()
                     except Exception as e:  # the chip's HBM cannot hold it: say so, go on
                         if (why := targets.does_not_fit(e)) is None:
                             raise
@@ -75,7 +77,7 @@ def context(lengths, timed_lengths, rounds: int, target: str | None = None) -> l
                 m = targets.memory(compiled, chip)
                 row[f'{name}_peak_bytes'] = m['peak']  # the TPU compiler's own peak
             else:
-                placed = place_state(state, mesh, strategy), place_batch(batch, mesh, strategy)
+                placed = place_state(state, mesh, plan), place_batch(batch, mesh, plan)
                 compiled = step.lower(*placed).compile()
             row[f'{name}_temp_bytes'] = compiled.memory_analysis().temp_size_in_bytes
             row[f'{name}_tokens_per_device'] = b * t // 8

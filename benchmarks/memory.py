@@ -28,12 +28,12 @@ from jax.sharding import NamedSharding
 from shard_parity import auto, explicit, memory, typed
 from shard_parity import plan as plans
 from shard_parity.inspector import target as targets
-from shard_parity.mesh import MODEL, mesh_for
+from shard_parity.mesh import FSDP, MODEL, mesh_for
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import rows
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.runtime.tasks import lm_loss
-from shard_parity.step import make_optimizer
+from shard_parity.step import make_optimizer, strategy_file
 
 CONFIG = cfg.TransformerConfig(seq_len=32, num_layers=2, num_heads=8, num_kv_heads=8, embed_dim=512)
 SHAPES = {'dp': '8x1', 'fsdp': '8x1', 'tp': '4x2', 'fsdp_tp': '4x2'}  # fsdp_tp: fsdp:4,model:2
@@ -43,29 +43,31 @@ BATCH_SIZE = 8
 HEADLINE = cfg.TransformerConfig(seq_len=32, num_layers=8, num_heads=8, num_kv_heads=8, embed_dim=1024)
 
 
-def formula(model_config, strategy: str, mesh) -> dict:
-    terms = memory.expected(model_config, strategy, mesh, BATCH_SIZE)
-    gathered = {'fsdp': terms['layer'], 'fsdp_tp': terms['layer'] / mesh.shape[MODEL]}
-    terms['gathered'] = gathered.get(strategy, 0.0)
+def formula(model_config, plan) -> dict:
+    terms = memory.expected(model_config, plan, BATCH_SIZE)
+    # under fsdp one layer gathered at a time (its 'model' share of it under fsdp_tp)
+    terms['gathered'] = terms['layer'] / plan.size(MODEL) if plan.uses(FSDP) else 0.0
     terms['formula'] = terms['params_n'] + terms['gathered'] + terms['activations']
     return terms
 
 
 def one(twin, strategy: str, model_config, target: str | None = None) -> dict:
     devices = targets.devices(target) if target else None
-    mesh = mesh_for(plans.parse(SHAPES[strategy], strategy, 8), twin.AXIS_TYPE, devices=devices)
-    sharding = NamedSharding(mesh, rows(mesh, strategy))
+    plan = plans.parse(SHAPES[strategy], strategy, 8)
+    mesh = mesh_for(plan, twin.AXIS_TYPE, devices=devices)
+    sharding = NamedSharding(mesh, rows(plan))
     shape = (BATCH_SIZE, model_config.seq_len)
     batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k in ('x', 'y')}
-    expected = formula(model_config, strategy, mesh)
+    expected = formula(model_config, plan)
     try:
         with targets.uncached(target is not None):
             compiled = memory.compiled_step(
-                twin.STRATEGIES[strategy],
+                strategy_file(twin, plan),
                 lambda rngs: Transformer(model_config, rngs=rngs),
                 lm_loss,
                 make_optimizer(cfg.TrainConfig()),
                 mesh,
+                plan,
                 batch,
             )
     except Exception as e:  # a target's HBM that cannot hold it: the compiler's reason

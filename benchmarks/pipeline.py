@@ -60,7 +60,7 @@ def programs(step_for, tx):
     """`step_for(graphdef, state)` at 4 and at 8 layers (nanoGPT's width 128, T 64): a list of
     its two results, each (compiled program, the state placed for it, the batch)."""
     from shard_parity.model.transformer import Transformer
-    from shard_parity.runtime import config as cfg
+    from shard_parity import config as cfg
     from shard_parity.step import create_state
 
     out = []
@@ -103,7 +103,7 @@ def measure(stages=STAGES, microbatches=MICROBATCHES, rounds=7, parallel=None) -
     from shard_parity import plan as plans
     from shard_parity.mesh import mesh_for
     from shard_parity.placement import place_batch, place_state
-    from shard_parity.runtime import config as cfg
+    from shard_parity import config as cfg
     from shard_parity.runtime.tasks import lm_loss
     from shard_parity.step import make_optimizer, one_device_train_step
 
@@ -114,13 +114,15 @@ def measure(stages=STAGES, microbatches=MICROBATCHES, rounds=7, parallel=None) -
         return one_device_train_step(g, lm_loss, tx).lower(s, batch).compile(), s, batch
 
     useful = block_flops(programs(one, tx)) / stages  # one stage's share of the whole batch's work
-    meshes = {s: mesh_for(plans.parse(f'data:1,stage:{s}', None, s)) for s in (1, stages)}
     parallel = parallel or stages
 
     def pp(s, m):
+        plan = plans.parse(f'data:1,stage:{s}', None, s, microbatches=m)
+        mesh = mesh_for(plan)
+
         def lower(g, state):
-            state, placed = place_state(state, meshes[s], 'pp'), place_batch(batch, meshes[s], 'pp')
-            step = explicit.pp.train_step(g, lm_loss, tx, meshes[s], m)
+            state, placed = place_state(state, mesh, plan), place_batch(batch, mesh, plan)
+            step = explicit.pp.train_step(g, lm_loss, tx, mesh, plan)
             return step.lower(state, placed).compile(), state, placed
 
         return programs(lower, tx)
@@ -154,20 +156,19 @@ def gradient_flops(schedule, stages, microbatches, layers, virtual, shape) -> fl
     from shard_parity.memory import abstract_state
     from shard_parity.mesh import mesh_for
     from shard_parity.model.transformer import Transformer
-    from shard_parity.runtime import config as cfg
+    from shard_parity import config as cfg
     from shard_parity.runtime.tasks import lm_loss
-    from shard_parity.step import make_optimizer
+    from shard_parity.step import make_optimizer, strategy_file
 
     width, seq, batch = shape
-    mesh = mesh_for(plans.parse(f'data:1,stage:{stages}', None, stages))
+    plan = plans.parse(f'data:1,stage:{stages}', None, stages, microbatches=microbatches,
+                       schedule=schedule, virtual=virtual if schedule == 'interleaved' else None)
+    mesh = mesh_for(plan)
     config = cfg.TransformerConfig(seq_len=seq, num_layers=layers, embed_dim=width)
     tx = make_optimizer(cfg.TRAIN_DEFAULTS['transformer'])
-    graphdef, state = abstract_state(lambda r: Transformer(config, rngs=r), tx, mesh, 'pp')
+    graphdef, state = abstract_state(lambda r: Transformer(config, rngs=r), tx, mesh, plan)
     tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=NamedSharding(mesh, P()))
-    if schedule == 'gpipe':
-        fn = explicit.pp.loss_and_grads(graphdef, lm_loss, mesh, microbatches)
-    else:
-        fn = explicit.pp_1f1b.loss_and_grads(graphdef, lm_loss, mesh, microbatches, virtual)
+    fn = strategy_file(explicit, plan).loss_and_grads(graphdef, lm_loss, mesh, plan)
     compiled = fn.lower(state.params, {'x': tokens, 'y': tokens}).compile()
     return flops(compiled, Module(compiled.as_text()))
 
@@ -197,7 +198,7 @@ def trace(stages, microbatches, virtual) -> dict:
     stage, one event per forward or backward unit ('F3' microbatch 3, 'B3:1' its backward through
     the stage's chunk 1). A tick is drawn 1 ms wide, a forward and a backward in one tick side by
     side, each half of it."""
-    from shard_parity.pipeline import ticks
+    from shard_parity.schedules import ticks
 
     events = []
     for pid, (schedule, v) in enumerate((('gpipe', 1), ('1f1b', 1), ('interleaved', virtual))):

@@ -280,6 +280,22 @@ def check_meshes(meshes, n: int) -> None:
             refuse(str(e))
 
 
+def check_data(sections) -> None:
+    """Section cli trains on tiny Shakespeare (in a child process): its file is found, or
+    downloaded, before the first section runs, and a missing one is the train CLI's line and
+    exit status (1, docs/errors.md), not a child's traceback after the sections before it."""
+    if 'cli' not in sections:
+        return
+    from shard_parity import exit_status
+    from shard_parity.datasets import shakespeare
+    from shard_parity.datasets.root import DataError, data_root
+
+    try:
+        shakespeare.load(data_root())  # where benchmarks/cli.py's runs read it
+    except DataError as e:
+        refuse(str(e), exit_status(e))
+
+
 def main(argv):
     if len(argv) > 1:
         refuse(f'unexpected arguments {argv[1:]}')
@@ -294,6 +310,7 @@ def main(argv):
             f'--sections has {sorted(set(SECTION.value) - compiled_only)}'
         )
     check_meshes(MESHES.value, min(8, jax.device_count()))
+    check_data(SECTION.value)
     if PLATFORM.value == 'gpu' and jax.devices()[0].platform != 'gpu':
         refuse('--platform=gpu, but JAX finds no GPU (pip install -e ".[gpu]")')
     gpu = PLATFORM.value == 'gpu'

@@ -18,7 +18,8 @@ from shard_parity.mesh import mesh_for
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import place_batch, place_state
-from shard_parity.runtime import config as cfg
+from shard_parity.step import strategy_file
+from shard_parity import config as cfg
 from shard_parity.runtime import tasks
 from shard_parity.step import create_state, make_optimizer, one_device_train_step
 
@@ -69,8 +70,8 @@ def runner(
     else:
         plan = mesh_plan(mesh, strategy, n)
         on = mesh_for(plan, twin.AXIS_TYPE)  # typed/: Explicit
-        step = twin.STRATEGIES[plan.strategy].train_step(graphdef, loss, tx, on)
-        placed, batch = place_state(state, on, plan.strategy), place_batch(batch, on, plan.strategy)
+        step = strategy_file(twin, plan).train_step(graphdef, loss, tx, on, plan)
+        placed, batch = place_state(state, on, plan), place_batch(batch, on, plan)
     box = [placed]
 
     def run():

@@ -33,31 +33,30 @@ from shard_parity.placement import (
     outside_layers,
     state_specs,
 )
-from shard_parity.plan import of
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
-from .cp import LAYOUT, pass_on
+from .cp import pass_on
 from .ep import exchange
 from .fsdp import gather, gather_layer, scatter
-from .pp import MICROBATCHES, pipeline
+from .pp import pipeline
 from .tp import sum_partials
 
 STRATEGY = 'composed'  # a named mesh: every axis the mesh names does its job
 
 
-def hooks(plan, specs, mesh, batch, microbatches, layout):
+def hooks(plan, specs, mesh, batch):
     """The model call's keywords: the piece of each axis the plan uses, inside shard_map."""
     call = {}
     if plan.uses(FSDP):  # each layer gathered where it runs, in the pipeline's stages too
-        call.update(gather_layer(layer_specs(specs), mesh))
+        call.update(gather_layer(layer_specs(specs), mesh, plan))
     if plan.uses(MODEL):
         call['sum_partials'] = sum_partials
     if plan.uses(SEQ):  # this device's positions, i32[T/n], and the ring's attention
-        call.update(model_call(batch['x'].shape[1], SEQ, pass_on, layout))
+        call.update(model_call(batch['x'].shape[1], SEQ, pass_on, plan.layout))
     if plan.uses(EXPERT):
         call['experts'] = exchange
     if plan.uses(STAGE):
-        call['pipeline'] = pipeline(microbatches, mesh)
+        call['pipeline'] = pipeline(plan, mesh)
     return call
 
 
@@ -72,67 +71,64 @@ def reduce(grads, specs, plan):
     already the sum over its 'expert' group (the all_to_all's transpose), so / n."""
 
     def one(path, g, spec):  # the all-reduce over 'data' (and 'seq', the rows of 'expert')
-        g = jax.lax.pmean(g, averaged_over(plan, spec))
+        g = jax.lax.pmean(as_dtype(g, plan.precision.reduce), averaged_over(plan, spec))
         return g / plan.size(EXPERT) if is_expert(path) else g
 
     return jax.tree_util.tree_map_with_path(one, grads, specs)
 
 
-def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
-    plan = of(mesh)
-
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     def fn(params, batch):  # params: my shard of each array; batch: x[B/rows, T/seq]
-        specs = state_specs(params, STRATEGY, mesh)  # from the global shapes, outside
+        specs = state_specs(params, plan, mesh)  # from the global shapes, outside
 
         def local(shards, batch):
-            call = hooks(plan, specs, mesh, batch, microbatches, layout)
+            call = hooks(plan, specs, mesh, batch)
             grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
             # As dp's pcast: varying over the batch axes, so that `grad` returns this device's
             # own term (over 'fsdp' `gather` casts; an expert is varying over 'expert' already).
             cast = lambda w, s: jax.lax.pcast(w, averaged_over(plan, s), to='varying')  # noqa: E731
             shards = jax.tree.map(cast, shards, specs)
-            params = outside_layers(gather, shards, specs) if plan.uses(FSDP) else shards
+            params = outside_layers(gather, shards, specs, plan=plan) if plan.uses(FSDP) else shards
             (_, metrics), grads = grad_fn(params, batch)  # every axis's collectives inside
-            grads = outside_layers(scatter, grads, specs) if plan.uses(FSDP) else grads
+            grads = outside_layers(scatter, grads, specs, plan=plan) if plan.uses(FSDP) else grads
             return jax.lax.pmean(metrics, plan.batch_axes), reduce(grads, specs, plan)
 
-        batch_spec = P(*activations(mesh))
+        batch_spec = P(*activations(plan))
         per_device = jax.shard_map(
             local, mesh=mesh, in_specs=(specs, batch_spec), out_specs=(REPLICATED, specs)
         )
         # under 'seq' the positions in the layout's order first: a local gather of whole rows
         return per_device(
-            params, reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch
+            params, reorder(batch, plan.size(SEQ), plan.layout) if plan.uses(SEQ) else batch
         )
 
     return jax.jit(fn)
 
 
-def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates the shards it holds
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches, layout)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY)
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
-    plan = of(mesh)
-
+def eval_step(graphdef, eval_fn, mesh, plan):
     def evaluate(params, batch):  # per-example outputs of my rows, the same on every other axis
-        specs = state_specs(params, STRATEGY, mesh)
+        specs = state_specs(params, plan, mesh)
 
         def local(shards, batch):
-            call = hooks(plan, specs, mesh, batch, microbatches, layout)
+            call = hooks(plan, specs, mesh, batch)
             call.pop('layer_weights', None)  # all the all-gathers up front, below
-            params = jax.tree.map(gather, shards, specs) if plan.uses(FSDP) else shards
+            gathered = jax.tree.map(lambda w, s: gather(w, s, plan), shards, specs)
+            params = gathered if plan.uses(FSDP) else shards
             out = bind(graphdef, eval_fn, **call)(params, batch)
             return jax.lax.pmean(out, SEQ) if plan.uses(SEQ) else out  # the parts' means
 
-        rows = activations(mesh)[0]
+        rows = activations(plan)[0]
         per_device = jax.shard_map(
-            local, mesh=mesh, in_specs=(specs, P(*activations(mesh))), out_specs=P(rows)
+            local, mesh=mesh, in_specs=(specs, P(*activations(plan))), out_specs=P(rows)
         )
         return per_device(
-            params, reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch
+            params, reorder(batch, plan.size(SEQ), plan.layout) if plan.uses(SEQ) else batch
         )
 
     return jax.jit(evaluate)

@@ -17,10 +17,9 @@ import jax
 from shard_parity.mesh import DATA, SEQ
 from shard_parity.model.ring import model_call, reorder
 from shard_parity.placement import BATCH, REPLICATED, SEQUENCE
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'cp'  # --strategy=cp: each sequence split over 'seq', the rows over 'data'
-LAYOUT = 'zigzag'  # --cp_layout: the positions each device holds (shard_parity/model/ring.py)
 
 
 def pass_on(blocks):  # (k, v, ...), f32[B/d, T/n, K, D] each: device i's go to device i + 1
@@ -33,35 +32,36 @@ def chunk(graphdef, fn, batch, layout):  # fn(params, batch) on my part, at my p
     return bind(graphdef, fn, **model_call(batch['x'].shape[1], SEQ, pass_on, layout))
 
 
-def loss_and_grads(graphdef, loss_fn, mesh, layout=LAYOUT):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     def local(params, batch):  # params: the full arrays; batch: x[B/d, T/n], my rows' part
-        grad_fn = jax.value_and_grad(chunk(graphdef, loss_fn, batch, layout), has_aux=True)
+        grad_fn = jax.value_and_grad(chunk(graphdef, loss_fn, batch, plan.layout), has_aux=True)
         # As in dp, but varying over both axes: every device's loss is a different term.
         params = jax.lax.pcast(params, (DATA, SEQ), to='varying')
         (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of my part
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return jax.lax.pmean((metrics, grads), (DATA, SEQ))  # the all-reduce over both axes
 
     def fn(params, batch):  # params: the full arrays; batch: x[B, T] @ P('data'), rows whole
         # the layout's order first: a local gather, each device holding whole rows (P('data'))
         return jax.shard_map(
             local, mesh=mesh, in_specs=(REPLICATED, SEQUENCE), out_specs=REPLICATED
-        )(params, reorder(batch, mesh.shape[SEQ], layout))
+        )(params, reorder(batch, mesh.shape[SEQ], plan.layout))
 
     return jax.jit(fn)
 
 
-def train_step(graphdef, loss_fn, tx, mesh, layout=LAYOUT):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: the same on every device (replicated)
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, layout), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh, layout=LAYOUT):
+def eval_step(graphdef, eval_fn, mesh, plan):
     # per-sequence means of my part, averaged over the parts
-    local = lambda p, batch: jax.lax.pmean(chunk(graphdef, eval_fn, batch, layout)(p, batch), SEQ)
+    local = lambda p, b: jax.lax.pmean(chunk(graphdef, eval_fn, b, plan.layout)(p, b), SEQ)
 
     def evaluate(params, batch):  # the layout's order first; per-sequence outputs of my rows
         return jax.shard_map(local, mesh=mesh, in_specs=(REPLICATED, SEQUENCE), out_specs=BATCH)(
-            params, reorder(batch, mesh.shape[SEQ], layout)
+            params, reorder(batch, mesh.shape[SEQ], plan.layout)
         )
 
     return jax.jit(evaluate)

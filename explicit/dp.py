@@ -10,12 +10,12 @@ import jax
 
 from shard_parity.mesh import DATA
 from shard_parity.placement import BATCH, REPLICATED
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'dp'  # --strategy=dp: every array whole on every device
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
     def local(params, batch):  # params: the full arrays; batch: x[B/n, ...], this device's rows
@@ -23,6 +23,7 @@ def loss_and_grads(graphdef, loss_fn, mesh):
         # implicit broadcast into a psum, and the pmean below would return the sum, n times too big.
         params = jax.lax.pcast(params, DATA, to='varying')
         (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of the local rows
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce: average over the 'data' axis
 
     # the step: `local` on each device's shard (the specs are fixed: nothing to build first)
@@ -30,12 +31,12 @@ def loss_and_grads(graphdef, loss_fn, mesh):
     return jax.jit(fn)
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: the same on every device (replicated)
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # per-example outputs of my rows, concatenated: no collective

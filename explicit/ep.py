@@ -16,7 +16,7 @@ import jax
 
 from shard_parity.mesh import DATA, EXPERT
 from shard_parity.placement import EXPERT_BATCH, REPLICATED, is_expert, state_specs
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
 
@@ -42,7 +42,7 @@ def average(grads, n: int):
     )
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     hook = bind(graphdef, loss_fn, experts=exchange)
     grad_fn = jax.value_and_grad(hook, has_aux=True)
 
@@ -54,10 +54,11 @@ def loss_and_grads(graphdef, loss_fn, mesh):
             params,
         )
         (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of my rows
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return jax.lax.pmean(metrics, (DATA, EXPERT)), average(grads, mesh.shape[EXPERT])
 
     def fn(params, batch):  # the rows over both axes; each device's experts, the rest whole
-        specs = state_specs(params, STRATEGY, mesh)
+        specs = state_specs(params, plan, mesh)
         return jax.shard_map(
             local, mesh=mesh, in_specs=(specs, EXPERT_BATCH), out_specs=(REPLICATED, specs)
         )(params, batch)
@@ -65,16 +66,16 @@ def loss_and_grads(graphdef, loss_fn, mesh):
     return jax.jit(fn)
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates the arrays or experts it holds
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn, experts=exchange)
 
     def evaluate(params, batch):  # per-example outputs of my rows; the tokens still travel
-        specs = state_specs(params, STRATEGY, mesh)
+        specs = state_specs(params, plan, mesh)
         return jax.shard_map(fn, mesh=mesh, in_specs=(specs, EXPERT_BATCH), out_specs=EXPERT_BATCH)(
             params, batch
         )

@@ -16,52 +16,57 @@ import jax
 
 from shard_parity.mesh import FSDP
 from shard_parity.placement import FSDP_BATCH, REPLICATED, layer_specs, outside_layers, state_specs
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'fsdp'
 
 
-def gather(shard, spec):  # a weight's shard f32[d/n, ...] -> the whole weight f32[d, ...]
+def gather(shard, spec, plan):  # a weight's shard f32[d/n, ...] -> the whole weight [d, ...]
     if FSDP not in spec:  # a small array kept whole (a bias of odd size): cast as in dp
         return jax.lax.pcast(shard, FSDP, to='varying')
-    return jax.lax.all_gather(shard, FSDP, axis=spec.index(FSDP), tiled=True)  # all-gather
-
-
-def scatter(grad, spec):  # the local gradient of a whole weight -> the mean for my shard
-    if FSDP not in spec:
-        return jax.lax.pmean(grad, FSDP)  # all-reduce
-    return (
-        jax.lax.psum_scatter(grad, FSDP, scatter_dimension=spec.index(FSDP), tiled=True)
-        / jax.lax.axis_size(FSDP)  # the reduce-scatter's sum / n: the mean of the n gradients
+    return jax.lax.all_gather(  # the all-gather, of the shard cast to --dtype first
+        as_dtype(shard, plan.precision.compute), FSDP, axis=spec.index(FSDP), tiled=True
     )
 
 
-def gather_layer(specs, mesh):
+def scatter(grad, spec, plan):  # the local gradient of a whole weight -> the mean for my shard
+    if FSDP not in spec:
+        return jax.lax.pmean(as_dtype(grad, plan.precision.reduce), FSDP)  # all-reduce
+    return (  # the reduce-scatter, of the gradient cast to --reduce_dtype first
+        jax.lax.psum_scatter(as_dtype(grad, plan.precision.reduce), FSDP,
+                             scatter_dimension=spec.index(FSDP), tiled=True)
+        / jax.lax.axis_size(FSDP)  # the reduce-scatter's sum / n: the mean of the n gradients
+    )  # fmt: skip
+
+
+def gather_layer(specs, mesh, plan):
     """`layer_weights` for the model (none without stacked layers): one layer's shards -> its
-    whole weights, where the layer runs; their gradient -> the shards' mean, in the backward."""
+    whole weights, where the layer runs; their gradient -> the shards' mean, in the backward
+    (in the shards' float32)."""
 
     @jax.custom_vjp
     def layer_weights(shards):  # the layer's all-gathers
-        return jax.tree.map(gather, shards, specs)
+        return jax.tree.map(lambda w, s: gather(w, s, plan), shards, specs)
 
     def backward(_, grads):  # the layer's reduce-scatters, inside the backward's loop
-        return (jax.tree.map(scatter, grads, specs),)
+        scattered = jax.tree.map(lambda g, s: scatter(g, s, plan), grads, specs)
+        return (as_dtype(scattered, plan.precision.param),)
 
     layer_weights.defvjp(lambda shards: (layer_weights(shards), None), backward)
     return {} if specs is None else {'layer_weights': layer_weights}
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params: 1/n of each array; batch: x[B/n, ...], this device's rows
-        specs = state_specs(params, STRATEGY, mesh)  # from the global shapes, outside
-        call = gather_layer(layer_specs(specs), mesh)  # the per-layer gather, if stacked layers
+        specs = state_specs(params, plan, mesh)  # from the global shapes, outside
+        call = gather_layer(layer_specs(specs), mesh, plan)  # the per-layer gather, if stacked
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
 
         def local(shards, batch):
-            params = outside_layers(gather, shards, specs)  # the all-gathers outside the layers
+            params = outside_layers(gather, shards, specs, plan=plan)  # the all-gathers outside
             (_, metrics), grads = grad_fn(params, batch)  # the layers' reduce-scattered already
-            grads = outside_layers(scatter, grads, specs)  # the rest's reduce-scatters
+            grads = outside_layers(scatter, grads, specs, plan=plan)  # the rest's reduce-scatters
             return jax.lax.pmean(metrics, FSDP), grads  # the metrics' all-reduce
 
         return jax.shard_map(
@@ -71,17 +76,19 @@ def loss_and_grads(graphdef, loss_fn, mesh):
     return jax.jit(fn)
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates its own shards
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # all the all-gathers up front; per-example outputs stay split
-        specs = state_specs(params, STRATEGY, mesh)
-        local = lambda shards, batch: fn(jax.tree.map(gather, shards, specs), batch)
+        specs = state_specs(params, plan, mesh)
+        local = lambda shards, batch: fn(  # noqa: E731
+            jax.tree.map(lambda w, s: gather(w, s, plan), shards, specs), batch
+        )
         return jax.shard_map(local, mesh=mesh, in_specs=(specs, FSDP_BATCH), out_specs=FSDP_BATCH)(
             params, batch
         )

@@ -22,18 +22,18 @@ from .tp import sum_partials
 STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'fsdp'
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params: 1/d of each tp slice; batch: x[B/d, ...], this group's rows
-        specs = state_specs(params, STRATEGY, mesh)  # from the global shapes, outside
-        call = gather_layer(layer_specs(specs), mesh)  # over 'fsdp' per layer, if stacked layers
+        specs = state_specs(params, plan, mesh)  # from the global shapes, outside
+        call = gather_layer(layer_specs(specs), mesh, plan)  # over 'fsdp' per layer, if stacked
         model_fn = bind(graphdef, loss_fn, sum_partials=sum_partials, **call)
         grad_fn = jax.value_and_grad(model_fn, has_aux=True)
 
         def local(shards, batch):
-            params = outside_layers(gather, shards, specs)  # the all-gathers outside the layers
+            params = outside_layers(gather, shards, specs, plan=plan)  # the all-gathers outside
             (_, metrics), grads = grad_fn(params, batch)  # with the psums over 'model'
-            grads = outside_layers(scatter, grads, specs)  # the rest's reduce-scatters
+            grads = outside_layers(scatter, grads, specs, plan=plan)  # the rest's reduce-scatters
             return jax.lax.pmean(metrics, FSDP), grads  # the metrics' all-reduce
 
         return jax.shard_map(
@@ -43,17 +43,19 @@ def loss_and_grads(graphdef, loss_fn, mesh):
     return jax.jit(fn)
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates its own shards
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn, sum_partials=sum_partials)
 
     def evaluate(params, batch):  # the all-gathers and psums; per-example outputs stay split
-        specs = state_specs(params, STRATEGY, mesh)
-        local = lambda shards, batch: fn(jax.tree.map(gather, shards, specs), batch)
+        specs = state_specs(params, plan, mesh)
+        local = lambda shards, batch: fn(  # noqa: E731
+            jax.tree.map(lambda w, s: gather(w, s, plan), shards, specs), batch
+        )
         return jax.shard_map(local, mesh=mesh, in_specs=(specs, FSDP_BATCH), out_specs=FSDP_BATCH)(
             params, batch
         )

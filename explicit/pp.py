@@ -20,19 +20,18 @@ import jax.numpy as jnp
 from shard_parity.mesh import DATA, STAGE
 from shard_parity.pipeline import feed, join, microbatch_means, split
 from shard_parity.placement import BATCH, REPLICATED, state_specs
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'pp'  # --strategy=pp: the stacked layers split into stages over 'stage'
-MICROBATCHES = 4  # --microbatches: M, the rows of each 'data' device cut into M pieces
 
 
-def pass_on(y, mesh):  # f32[B/dM, T, C]: stage i's output goes to stage i + 1 (the last's to none)
-    n = mesh.shape[STAGE]
-    return jax.lax.ppermute(y, STAGE, [(i, i + 1) for i in range(n - 1)])  # collective-permute
+def pass_on(y, mesh, plan):  # f32[B/dM, T, C]: stage i's output to stage i + 1 (the last: none)
+    return jax.lax.ppermute(y, STAGE, [(i, i + 1) for i in range(plan.size(STAGE) - 1)])
 
 
-def pipeline(microbatches, mesh):
+def pipeline(plan, mesh):
     """The model's `pipeline`: x f32[B/d, T, C] through all L layers, S stages, GPipe."""
+    microbatches = plan.microbatches  # --microbatches: M, each row device's rows cut into M
 
     def run(x, run_stack, weights):  # weights: my stage's L/S layers, [L/S, ...]
         s, n = jax.lax.axis_index(STAGE), mesh.shape[STAGE]
@@ -41,7 +40,7 @@ def pipeline(microbatches, mesh):
 
         def tick(h, x):  # h: what the previous stage passed me last tick; x: stage 0's input
             y, stats = run_stack(weights, jnp.where(s == 0, x, h))  # stage 0: a new one
-            return pass_on(y, mesh), (y, stats)
+            return pass_on(y, mesh, plan), (y, stats)  # a collective-permute
 
         h = jnp.zeros_like(inputs[0])  # bubbles: zeros
         _, (ys, stats) = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, B/dM, T, C]
@@ -55,8 +54,8 @@ def pipeline(microbatches, mesh):
     return run
 
 
-def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES):
-    call = {'pipeline': pipeline(microbatches, mesh)}
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
+    call = {'pipeline': pipeline(plan, mesh)}
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
 
     def local(params, batch):  # params: my stage's layers, the rest whole; batch: x[B/d, T]
@@ -64,10 +63,11 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES):
         # blocks vary (each stage's own layers); the rest is the same on every stage device.
         params = jax.lax.pcast(params, DATA, to='varying')
         (_, metrics), grads = grad_fn(params, batch)  # grads: my stage's layers, the rest whole
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce over 'data'
 
     def fn(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
-        specs = state_specs(params, STRATEGY, mesh)
+        specs = state_specs(params, plan, mesh)
         return jax.shard_map(
             local, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs)
         )(params, batch)
@@ -75,17 +75,17 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES):
     return jax.jit(fn)
 
 
-def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each stage updates its own layers
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY)
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES):
-    fn = bind(graphdef, eval_fn, pipeline=pipeline(microbatches, mesh))
+def eval_step(graphdef, eval_fn, mesh, plan):
+    fn = bind(graphdef, eval_fn, pipeline=pipeline(plan, mesh))
 
     def evaluate(params, batch):  # per-sequence outputs of my rows, the same on every stage
-        specs = state_specs(params, STRATEGY, mesh)
+        specs = state_specs(params, plan, mesh)
         return jax.shard_map(fn, mesh=mesh, in_specs=(specs, BATCH), out_specs=BATCH)(params, batch)
 
     return jax.jit(evaluate)

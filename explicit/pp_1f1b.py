@@ -22,23 +22,22 @@ import jax
 import jax.numpy as jnp
 
 from shard_parity.mesh import DATA, STAGE
-from shard_parity.pipeline import interleave_pairs, one_f_one_b, phases, pieces, rest_of, sends
-from shard_parity.pipeline import joined, split, start, tick
+from shard_parity.pipeline import joined, phases, pieces, rest_of, split, start, tick
+from shard_parity.schedules import interleave_pairs, one_f_one_b, sends
 from shard_parity.placement import BATCH, REPLICATED, STACKED, state_specs
-from shard_parity.step import make_train_step
+from shard_parity.step import as_dtype, make_train_step
 
 from . import pp
 
 STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
-MICROBATCHES = pp.MICROBATCHES  # --microbatches: M
 
 
-def pass_on(y, mesh, virtual):  # f32[B/dM, T, C]: stage i's output to i + 1 (interleaved: S-1 to 0)
-    return jax.lax.ppermute(y, STAGE, sends(mesh.shape[STAGE], virtual))
+def pass_on(y, mesh, plan):  # f32[B/dM, T, C]: stage i's output to i + 1 (interleaved: S-1 to 0)
+    return jax.lax.ppermute(y, STAGE, sends(mesh.shape[STAGE], plan.chunks))
 
 
-def pass_back(dx, mesh, virtual):  # the gradient of stage i's input, back to stage i - 1
-    return jax.lax.ppermute(dx, STAGE, [(j, i) for i, j in sends(mesh.shape[STAGE], virtual)])
+def pass_back(dx, mesh, plan):  # the gradient of stage i's input, back to stage i - 1
+    return jax.lax.ppermute(dx, STAGE, [(j, i) for i, j in sends(mesh.shape[STAGE], plan.chunks)])
 
 
 def interleave(blocks, mesh, virtual):  # my L/S layers [Vk, ...] -> the chunks I run [V, k, ...]
@@ -55,8 +54,10 @@ def interleave(blocks, mesh, virtual):  # my L/S layers [Vk, ...] -> the chunks 
     )  # fmt: skip
 
 
-def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     stages = mesh.shape[STAGE]
+    microbatches, virtual = plan.microbatches, plan.chunks  # M; V chunks per stage
+    reduce = plan.precision.reduce  # what the gradients' collectives carry (--reduce_dtype)
     table = one_f_one_b(stages, microbatches, virtual)
 
     def local(params, batch):  # params: my stage's layers, the rest whole; batch: x[B/d, T]
@@ -72,21 +73,22 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
             run = tick(model, rest, batches, stages, virtual, fwd, bwd, loss)
             state, y, dx = run(s, chunks, state, jax.tree.map(lambda a: a[s], row))
             if fwd:
-                state = state._replace(h=pass_on(y, mesh, virtual))  # collective-permute
+                state = state._replace(h=pass_on(y, mesh, plan))  # collective-permute
             if bwd:
-                state = state._replace(g=pass_back(dx, mesh, virtual))  # collective-permute
+                state = state._replace(g=pass_back(dx, mesh, plan))  # collective-permute
             return state
 
         begin = start(model, rest, chunks, batches, table.slots)  # zeros
         state = phases(table, begin, step)
-        # the embedding's gradient from stage 0, the head's from the last: an all-reduce
-        rest, metrics = jax.lax.psum((state.rest, state.metrics), STAGE)
-        grads = joined(params, back(state.grads)[0], rest)
+        # the embedding's gradient from stage 0, the head's from the last: an all-reduce, in the
+        # dtype the gradients' collectives carry (--reduce_dtype)
+        rest, metrics = jax.lax.psum((as_dtype(state.rest, reduce), state.metrics), STAGE)
+        grads = as_dtype(joined(params, back(state.grads)[0], rest), reduce)
         metrics = jax.tree.map(lambda m: m / microbatches, metrics)
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce over 'data'
 
     def fn(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
-        specs = state_specs(params, STRATEGY, mesh)
+        specs = state_specs(params, plan, mesh)
         return jax.shard_map(
             local, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs)
         )(params, batch)
@@ -94,12 +96,12 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
     return jax.jit(fn)
 
 
-def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, virtual=1):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each stage updates its own layers
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches, virtual)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY)
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, virtual=1):
+def eval_step(graphdef, eval_fn, mesh, plan):
     # A forward alone has no backward to interleave: every schedule evaluates as GPipe does
-    return pp.eval_step(graphdef, eval_fn, mesh, microbatches)
+    return pp.eval_step(graphdef, eval_fn, mesh, plan)

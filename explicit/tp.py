@@ -15,7 +15,7 @@ import jax
 
 from shard_parity.mesh import DATA, MODEL
 from shard_parity.placement import BATCH, REPLICATED, state_specs
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'tp'  # --strategy=tp: layers split over 'model', the batch over 'data'
 
@@ -24,16 +24,17 @@ def sum_partials(y):  # y: f32[B/d, T, C], this device's share of a row-parallel
     return jax.lax.psum(y, MODEL)  # the all-reduce of activations (Megatron's "g")
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, sum_partials=sum_partials), has_aux=True)
 
     def fn(params, batch):  # params: this device's slice of each layer; batch: x[B/d, ...]
-        specs = state_specs(params, STRATEGY, mesh)
+        specs = state_specs(params, plan, mesh)
 
         def local(params, batch):
             # As in dp: varying over 'data', so that the pmean below is a mean, not n x a sum.
             params = jax.lax.pcast(params, DATA, to='varying')
             (_, metrics), grads = grad_fn(params, batch)
+            grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
             return jax.lax.pmean((metrics, grads), DATA)  # the gradient all-reduce over 'data'
 
         return jax.shard_map(
@@ -43,16 +44,16 @@ def loss_and_grads(graphdef, loss_fn, mesh):
     return jax.jit(fn)
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates its own slices
-    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh), tx, mesh, STRATEGY)
+    return make_train_step(loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan)
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn, sum_partials=sum_partials)
 
     def evaluate(params, batch):  # the activations' psums; per-example outputs stay split
-        specs = state_specs(params, STRATEGY, mesh)
+        specs = state_specs(params, plan, mesh)
         return jax.shard_map(fn, mesh=mesh, in_specs=(specs, BATCH), out_specs=BATCH)(params, batch)
 
     return jax.jit(evaluate)

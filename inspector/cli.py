@@ -14,9 +14,11 @@ or any program of yours.
 """
 
 import importlib
+import importlib.util
 import inspect as pyinspect
 import json
 import sys
+import traceback
 
 import jax
 from absl import app, flags
@@ -60,24 +62,94 @@ PROGRAM = flags.DEFINE_string(
 
 def load_program(spec: str, devices=None):
     """FUNCTION() of MODULE, for --program=MODULE:FUNCTION: (jitted, args). `devices`: a
-    --target's, passed as FUNCTION(devices=...) when it takes them (to build its mesh from)."""
+    --target's, passed as FUNCTION(devices=...) when it takes them (to build its mesh from).
+    A module that cannot be found, raises or has a SyntaxError while importing, a FUNCTION that
+    raises or returns anything but (jitted function, tuple of its arguments): each is a refused
+    input (UsageError), one line naming the module's line; --verbose prints the traceback."""
     module_name, _, function = spec.partition(':')
     if not module_name or not function:
         raise UsageError(f'--program={spec}: expected MODULE:FUNCTION, e.g. mypkg.mymod:build')
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise UsageError(f'--program: cannot import {module_name!r} ({e}): is it on PYTHONPATH?')
+    except ModuleNotFoundError as e:
+        if e.name is None or not (module_name + '.').startswith(e.name + '.'):
+            origin = origin_of(module_name)  # a module it imports is missing: name the line
+            raise UsageError(
+                f'--program: importing {module_name!r} raised {failure(e, origin)}'
+            ) from e
+        raise UsageError(
+            f'--program: cannot import {module_name!r} ({e}): is it on PYTHONPATH?'
+        ) from e  # the module itself (or its package) is not found
+    except Exception as e:  # a SyntaxError, or whatever its top level raises
+        origin = origin_of(module_name)
+        raise UsageError(f'--program: importing {module_name!r} raised {failure(e, origin)}') from e
     build = getattr(module, function, None)
     if not callable(build):
         raise UsageError(f'--program: {module_name} has no function {function}()')
     takes = devices is not None and 'devices' in pyinspect.signature(build).parameters
-    built = build(devices=devices) if takes else build()
-    if not (isinstance(built, tuple) and len(built) == 2 and hasattr(built[0], 'lower')):
+    try:
+        built = build(devices=devices) if takes else build()
+    except Exception as e:
+        raise UsageError(f'--program: {spec}() raised {failure(e, module.__file__)}') from e
+    if not (
+        isinstance(built, tuple)
+        and len(built) == 2
+        and hasattr(built[0], 'lower')
+        and isinstance(built[1], tuple)
+    ):
+        got = (
+            f'({", ".join(type(x).__name__ for x in built)})'
+            if isinstance(built, tuple)
+            else type(built).__name__
+        )
         raise UsageError(
-            f'--program: {spec}() must return (jitted function, tuple of its arguments)'
+            f'--program: {spec}() must return (jitted function, tuple of its arguments), '
+            f'e.g. (jax.jit(f), (x, w)); it returned {got}'
         )
     return built
+
+
+def origin_of(module_name: str) -> str | None:
+    """The file of a module that failed to import, for naming its line."""
+    try:
+        return getattr(importlib.util.find_spec(module_name), 'origin', None)
+    except Exception:  # its package failed too
+        return None
+
+
+def compiled_program(jitted, args, spec: str, **kwargs):
+    """inspect(jitted, *args) of a --program: an error raised in the user's own function while
+    JAX traces it (its file on the stack) is a refused input naming that line; any other is
+    raised as it is (an error of the inspector's own shows its traceback)."""
+    from .program import inspect
+
+    try:
+        return inspect(jitted, *args, **kwargs)
+    except (UsageError, targets.TargetError):
+        raise
+    except Exception as e:
+        source = getattr(getattr(jitted, '__wrapped__', None), '__code__', None)
+        source = source and source.co_filename
+        if not any(f.filename == source for f in traceback.extract_tb(e.__traceback__)):
+            raise
+        raise UsageError(
+            f'--program: the function {spec}() returned fails to trace: {failure(e, source)}'
+        ) from e
+
+
+def failure(error: BaseException, source: str | None = None) -> str:
+    """`ValueError: boom at mymod.py:12`: the error's first line and where it was raised, as
+    near the user's own code as the traceback goes: its line in `source` (the module's file)
+    where there is one, else the innermost frame (a SyntaxError: the line it names)."""
+    if isinstance(error, SyntaxError):
+        return f'SyntaxError at {error.filename}:{error.lineno}: {error.msg}'
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename[:1] != '<']
+    mine = [f for f in frames if source and f.filename == source]
+    where = (mine or frames)[-1] if frames else None
+    message = (str(error).strip().splitlines() or [''])[0][:200]
+    return f'{type(error).__name__}: {message}' + (
+        f' at {where.filename}:{where.lineno}' if where else ''
+    )
 
 
 def report_of_flags():
@@ -92,29 +164,28 @@ def report_of_flags():
     # on the CPU: beside the measured time; a target's programs cannot run here
     measure = cost.HARDWARE[HARDWARE.value].emulation and not target
     if PROGRAM.value:
-        from .program import inspect
-
         jitted, args = load_program(PROGRAM.value, devices)
         hardware = None if target else HARDWARE.value
-        data = inspect(jitted, *args, hardware=hardware, measure=measure, target=target).json()
+        kwargs = {'hardware': hardware, 'measure': measure, 'target': target}
+        data = compiled_program(jitted, args, PROGRAM.value, **kwargs).json()
         if HOSTS.value > 1:
             from . import hosts
             from .program import _mesh_of
 
             hosts.price_report(data, hosts.lay(_mesh_of(args).shape.items(), HOSTS.value))
         return data, True
-    from shard_parity.runtime.training import mesh_from_flags
+    from shard_parity.mesh import mesh_for, use_matmul_precision
+    from shard_parity.runtime import from_flags
 
     from .twins import inspect
 
-    # the train CLI's checks, same messages
-    count = F.NUM_DEVICES.value or (len(devices) if target else jax.device_count())
-    plan, mesh = mesh_from_flags(AxisType.Auto, count, on=devices, schedules=True)
-    config = F.train_config()
+    # the train CLI's plan, with its checks and messages
+    plan = from_flags.plan(len(devices) if target else jax.device_count())
+    mesh = mesh_for(plan, AxisType.Auto, devices=devices)
+    use_matmul_precision(plan.precision.matmul)
     report = inspect(
-        F.MODEL.value, config, mesh, plan.strategy, F.model_config(), HARDWARE.value, measure,
-        F.MICROBATCHES.value, F.CP_LAYOUT.value, HOSTS.value, target=target,
-        schedule=F.PP_SCHEDULE.value, virtual=F.PP_VIRTUAL.value,
+        F.MODEL.value, from_flags.train_config(), mesh, plan, from_flags.model_config(),
+        HARDWARE.value, measure, HOSTS.value, target=target,
     )  # fmt: skip
     return report, False
 
@@ -126,7 +197,7 @@ def main(argv):
         report, own = report_of_flags()
     except (UsageError, targets.TargetError) as e:
         if F.VERBOSE.value:
-            raise
+            traceback.print_exc()
         refuse(str(e))  # a bad input, or a target this machine cannot compile for
     if JSON.value:
         print(json.dumps(report, indent=1))
@@ -153,13 +224,13 @@ def main(argv):
 
         print(f'wrote {write_trace(report, TRACE.value)}', file=sys.stderr)
     found = sum(len(s) for s in report['surprises'].values())
-    if FAIL_ON_SURPRISE.value and found:
-        sys.exit(f'error: {found} surprise(s) flagged (--fail_on_surprise)')
+    if FAIL_ON_SURPRISE.value and found:  # the program disagrees with what was expected
+        refuse(f'{found} surprise(s) flagged (--fail_on_surprise)', 1)
 
 
 def run():
     declare_key_flags(
-        [F.MODEL, F.STRATEGY, F.MESH, F.TRAIN['batch_size'], *F.TRANSFORMER_SHAPE, F.CPU_DEVICES]
+        [F.MODEL, F.STRATEGY, F.MESH, F.TRAIN['batch_size'], *F.TRANSFORMER_SHAPE, *F.PRECISION, F.CPU_DEVICES]
         + [F.CPU_FMA, F.NUM_DEVICES, F.MICROBATCHES, F.PP_SCHEDULE, F.PP_VIRTUAL, HOSTS]
         + [HARDWARE, TARGET, HTML, TRACE]
         + [FAIL_ON_SURPRISE, PROGRAM, JSON]

@@ -130,9 +130,8 @@ class Step:
         return self.model == 'transformer' and self.plan.uses(FSDP) and self.plan.size(FSDP) > 1
 
 
-def step_of(strategy, model, params, mesh, batch_size, c, microbatches) -> Step:
-    plan = plans.of(mesh, strategy)
-    specs = jax.tree.leaves(state_specs(params, strategy, mesh))
+def step_of(plan, model, params, mesh, batch_size, c) -> Step:
+    specs = jax.tree.leaves(state_specs(params, plan, mesh))
     arrays = []
     for (path, p), spec in zip(jax.tree_util.tree_leaves_with_path(params), specs, strict=True):
         axes = tuple(a for d in spec if d for a in (d if isinstance(d, tuple) else (d,)))
@@ -140,7 +139,7 @@ def step_of(strategy, model, params, mesh, batch_size, c, microbatches) -> Step:
             Array(int(np.prod(p.shape)) * p.dtype.itemsize, axes, bool(layer_dims(path)),
                   is_expert(path))
         )  # fmt: skip
-    return Step(plan, model, tuple(arrays), batch_size, c, microbatches)
+    return Step(plan, model, tuple(arrays), batch_size, c, plan.microbatches)
 
 
 def nbytes(shape, itemsize: int = 4) -> int:
@@ -326,12 +325,11 @@ def collectives(s: Step) -> list[Expected]:
     return [e for piece in PIECES.values() for e in piece(s)]
 
 
-def expectation(strategy: str, model: str, params, mesh, batch_size: int, model_config,
-                microbatches: int = 4) -> dict:  # fmt: skip
+def expectation(plan, model: str, params, mesh, batch_size: int, model_config) -> dict:
     """The analytic collectives of one step (`collectives`: the records, as dicts), and the
     figures read off them: the gradient's reduction over the batch axes ('gradient_bytes',
     per device), the activations' over 'model', the ring's, the stages', the all-to-alls."""
-    s = step_of(strategy, model, params, mesh, batch_size, model_config, microbatches)
+    s = step_of(plan, model, params, mesh, batch_size, model_config)
     records = collectives(s)
     expected = summary(s, records)
     expected['collectives'] = [e.json() for e in records]

@@ -13,15 +13,13 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from shard_parity import auto, explicit, typed
-from shard_parity.mesh import FSDP, with_axis_type
-from shard_parity.pipeline import virtual_stages
+from shard_parity.mesh import FSDP, STAGE, with_axis_type
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
-from shard_parity import plan as plans
 from shard_parity.placement import rows, state_shardings
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.runtime import tasks
-from shard_parity.step import create_state, make_optimizer, one_device_train_step
+from shard_parity.step import create_state, make_optimizer, one_device_train_step, strategy_file
 
 from . import cost, hosts as by_host, surprises
 from . import target as targets
@@ -53,25 +51,12 @@ def with_sharding(tree, mesh, spec):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree)
 
 
-def step_options(module, microbatches=None, layout=None) -> dict:
-    """The keywords a strategy file's train_step takes beyond the mesh, as the train CLI passes
-    them (runtime/loop.py): --microbatches to pp and the composed step, --cp_layout to cp's."""
-    options = {}
-    if hasattr(module, 'MICROBATCHES'):
-        options['microbatches'] = microbatches or module.MICROBATCHES
-    if hasattr(module, 'LAYOUT'):
-        options['layout'] = layout or module.LAYOUT
-    return options
-
-
-def lowered_steps(model, config, mesh, strategy, model_config, microbatches=None, layout=None,
-                  one_device=None, schedule='gpipe', virtual=None):  # fmt: skip
+def lowered_steps(model, config, mesh, plan, model_config, one_device=None):
     """The abstract params, and a generator of (name, (lowered train step, its mesh, its
     abstract args, its strategy file)): lowered one at a time, as the compiler asks for them.
-    `microbatches`, `layout`: --microbatches and --cp_layout (default: each file's own).
+    Each twin runs its file for `plan` (step.strategy_file, as the train CLI does).
     `one_device`: the device the one-device program is compiled for (a --target's first;
-    default: this process's default device). `schedule`, `virtual`: --pp_schedule and
-    --pp_virtual: pp's 1f1b and interleaved run each twin's SCHEDULES file (pp_1f1b.py)."""
+    default: this process's default device)."""
     make_model, loss_fn, batch = model_and_batch(model, config.batch_size, model_config)
     tx = make_optimizer(config)
     graphdef, state = nnx.eval_shape(lambda: create_state(make_model(nnx.Rngs(0)), tx))
@@ -84,26 +69,20 @@ def lowered_steps(model, config, mesh, strategy, model_config, microbatches=None
             args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args)
         yield 'one_device', (step.lower(*args), None, args, None)
         for twin in (auto, explicit, typed):
-            if strategy not in twin.STRATEGIES:  # a twin without this strategy is skipped
-                continue
             twin_mesh = with_axis_type(mesh, twin.AXIS_TYPE)  # typed/: the same devices, Explicit
-            shardings = state_shardings(state, twin_mesh, strategy)
+            shardings = state_shardings(state, twin_mesh, plan)
             abstract = jax.tree.map(
                 lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
             )
-            module = twin.STRATEGIES[strategy]
-            options = step_options(module, microbatches, layout)
-            if schedule != 'gpipe':  # the train CLI's choice too (runtime/loop.py)
-                module = twin.SCHEDULES[schedule]
-                options['virtual'] = virtual_stages(schedule, virtual)
-            step = module.train_step(graphdef, loss_fn, tx, twin_mesh, **options)
-            args = (abstract, with_sharding(batch, twin_mesh, rows(twin_mesh, strategy)))
+            module = strategy_file(twin, plan)
+            step = module.train_step(graphdef, loss_fn, tx, twin_mesh, plan)
+            args = (abstract, with_sharding(batch, twin_mesh, rows(plan)))
             yield twin.NAME, (step.lower(*args), twin_mesh, args, shorten(module.__file__))
 
     return state.params, steps()
 
 
-def read_steps(steps, weights, strategy, hardware, measure, target=None) -> dict:
+def read_steps(steps, weights, plan, hardware, measure, target=None) -> dict:
     """{name: analyse()'s result, with surprises, sources and strategy lines} for the lowered
     train steps `steps` yields; each is lowered while the one before it compiles. `target`:
     inspector.target.Target they were compiled for (adds memory against its HBM)."""
@@ -119,7 +98,7 @@ def read_steps(steps, weights, strategy, hardware, measure, target=None) -> dict
     for name, (twin_mesh, args, source) in meta.items():
         compiled, logs = compiled_steps[name]
         result = out[name] = analyse(compiled, twin_mesh, hardware, logs, target)
-        expect = (FSDP,) if twin_mesh and plans.of(twin_mesh, strategy).uses(FSDP) else ()  # gathers
+        expect = (FSDP,) if twin_mesh and plan.uses(FSDP) else ()  # gathers
         result['surprises'] = (
             surprises.program_surprises(result, weights, expect) if twin_mesh else []
         )
@@ -134,35 +113,30 @@ def read_steps(steps, weights, strategy, hardware, measure, target=None) -> dict
     return out
 
 
-def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', model_config=None,
-            hardware: str = 'h100x8', measure: bool = False, microbatches: int | None = None,
-            layout: str | None = None, hosts: int = 1, target: str | None = None,
-            schedule: str = 'gpipe', virtual: int | None = None) -> dict:  # fmt: skip
+def inspect(model: str, config: cfg.TrainConfig, mesh, plan, model_config=None,
+            hardware: str = 'h100x8', measure: bool = False, hosts: int = 1,
+            target: str | None = None) -> dict:  # fmt: skip
     """Compiles the train steps and returns their collectives, attribution, predicted cost,
     surprises and the expectation. `model_config`: the transformer's shape (default:
     TransformerConfig()); unused by the MLP. `measure`: also time each step on this machine.
-    `microbatches`, `layout`: --microbatches and --cp_layout (default: the files' own).
+    `plan`: the plan the train CLI would run (--mesh and every option; its mesh is `mesh`).
     `hosts`: the mesh laid over that many hosts (inspector/hosts.py), outer axes across hosts,
     each collective priced by the link its devices span.
     `target`: an inspector.target name (`mesh` is then over its devices, mesh_from_flags(on=)):
     every program compiled for it, priced on its own hardware, with its memory per device.
-    `schedule`, `virtual`: pp's --pp_schedule and --pp_virtual (the expectation is GPipe's)."""
+    Under --pp_schedule=1f1b or interleaved, the expectation is GPipe's."""
     model_config = model_config or cfg.TransformerConfig()
-    microbatches = microbatches or explicit.pp.MICROBATCHES
     over_hosts = by_host.lay(mesh.shape.items(), hosts)  # a bad --hosts: one line, uncompiled
     chosen = targets.get(target) if target else None
     hardware = chosen.hardware if chosen else hardware
     one = mesh.devices.flat[0] if chosen else None
-    params, steps = lowered_steps(
-        model, config, mesh, strategy, model_config, microbatches, layout, one_device=one,
-        schedule=schedule, virtual=virtual,
-    )  # fmt: skip
+    params, steps = lowered_steps(model, config, mesh, plan, model_config, one_device=one)
     weights = [
         (jax.tree_util.keystr(p), int(np.prod(x.shape)))
         for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
     ]
     with targets.uncached(chosen is not None):
-        read = read_steps(steps, weights, strategy, hardware, measure and not chosen, chosen)
+        read = read_steps(steps, weights, plan, hardware, measure and not chosen, chosen)
     if hosts > 1:
         for result in read.values():
             by_host.price(result, over_hosts, hardware)
@@ -178,9 +152,9 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
     return {
         'version': VERSION,
         'model': model,
-        'strategy': strategy,
-        **({'pp_schedule': schedule, 'pp_virtual': virtual_stages(schedule, virtual)}
-           if schedule != 'gpipe' else {}),
+        'strategy': plan.strategy,
+        **({'pp_schedule': plan.schedule, 'pp_virtual': plan.chunks}
+           if plan.uses(STAGE) and plan.schedule != 'gpipe' else {}),
         'devices': mesh.size,
         'mesh': 'x'.join(map(str, mesh.devices.shape)),
         'axes': list(mesh.axis_names),
@@ -192,9 +166,7 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, strategy: str = 'dp', mod
         'warnings': {name: r['warnings'] for name, r in read.items()},
         'surprises': found,
         'sources': {name: r['source'] for name, r in read.items()},
-        'expected': expectation(
-            strategy, model, params, mesh, config.batch_size, model_config, microbatches
-        ),
+        'expected': expectation(plan, model, params, mesh, config.batch_size, model_config),
         'differences': differences(programs['auto'], programs['explicit']),
         'typed_differences': (
             differences(programs['typed'], programs['explicit'], 'typed')

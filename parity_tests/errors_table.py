@@ -166,7 +166,7 @@ ROWS = [
         'test_bisect.test_run_directories_of_other_settings_or_without_checkpoints_are_refused',
     ),
     (
-        'bisect: no checkpoint before the divergence',
+        'bisect: no checkpoint before the divergence (exit 1: the runs differ)',
         'share no checkpoint before it',
         'test_bisect.test_run_directories_of_other_settings_or_without_checkpoints_are_refused',
     ),
@@ -330,7 +330,7 @@ ROWS = [
         'test_faults.test_flipped_bits_in_a_checkpoint_are_refused_naming_the_intact_ones',
     ),
     (
-        'compare: runs of other settings (another --steps, --seed, ...)',
+        'compare: runs of other settings (another --steps, --seed, ...; exit 2)',
         'were trained with other settings: --learning_rate: A 0.001, B 0.01',
         'test_compare.test_other_settings_are_named_and_refused_unless_allowed',
     ),
@@ -572,13 +572,8 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
-        'bisect: --pp_schedule other than gpipe',
-        "--pp_schedule=1f1b: this tool runs the twins' pp.py (gpipe)",
-        'test_bad_inputs.test_cli_row',
-    ),
-    (
-        '--pp_schedule other than gpipe outside --strategy=pp',
-        '--pp_schedule=1f1b runs under --strategy=pp only (this mesh runs dp)',
+        '--pp_schedule other than gpipe on a mesh without a stage axis',
+        '--pp_schedule=1f1b orders the microbatches of a pipeline, and --strategy=dp has no stage axis',
         'test_bad_inputs.test_cli_row',
     ),
     (
@@ -588,10 +583,73 @@ ROWS = [
     ),
     (
         '--pp_schedule other than gpipe on a composed named mesh',
-        '--pp_schedule=1f1b runs under --strategy=pp only (this mesh runs composed)',
+        '--pp_schedule=1f1b on --mesh=data:2,stage:2,model:2: the composed step pipelines with gpipe only',
         'test_bad_inputs.test_cli_row',
     ),
     (
+        '--mesh not name:size pairs separated by commas',
+        "--mesh=data:2;model:4: 'data:2;model:4' is not name:size; expected name:size pairs separated by commas",
+        'test_named_meshes.test_a_mesh_is_refused_naming_what_the_user_gave',
+    ),
+    (
+        '--strategy=composed without a --mesh',
+        '(their sizes multiplying to the 8 devices), and no --mesh was given',
+        'test_named_meshes.test_a_mesh_is_refused_naming_what_the_user_gave',
+    ),
+    (
+        'an expert axis on a dense model',
+        'the expert axis of --mesh=expert:8 splits the experts of a mixture-of-experts transformer',
+        'test_named_meshes.test_a_mesh_is_refused_naming_what_the_user_gave',
+    ),
+    (
+        "an unknown flag in any CLI (train, generate, compare, bisect, launch, inspector, benchmarks; margins in argparse's words; exit 2)",
+        '(--help lists the flags)',
+        'test_exit_codes.test_every_cli_refuses_an_unknown_flag_and_a_bad_input_in_one_line_exit_2',
+    ),
+    (
+        'compare: a run without its final line (exit 2)',
+        'has no final line: did it finish?',
+        'test_compare.test_every_error_is_one_line',
+    ),
+    (
+        "bisect and the benchmarks (section cli) without the data: the train CLI's line (exit 1)",
+        'is missing and could not be downloaded',
+        'test_exit_codes.test_every_cli_that_reads_data_says_the_train_clis_line_without_it',
+    ),
+    (
+        'margins without pytest (the test extra), or outside an install of a checkout (exit 2)',
+        'pytest, which is not installed: pip install -e',
+        'test_install.test_every_readme_command_runs_from_any_directory_with_and_without_pytest',
+    ),
+    (
+        'margins: a file that is not a parity test',
+        'is not a parity test file (one that compares within a tolerance)',
+        'test_margins.test_a_refused_input_is_one_line_and_exit_2',
+    ),
+    (
+        'inspector: a --program module that raises at import or has a SyntaxError (exit 2)',
+        "--program: importing 'mine' raised",
+        'test_exit_codes.test_a_program_of_yours_that_fails_is_refused_naming_its_line',
+    ),
+    (
+        'inspector: a --program function that raises (exit 2)',
+        '--program: mine:build() raised ValueError: no mesh at',
+        'test_exit_codes.test_a_program_of_yours_that_fails_is_refused_naming_its_line',
+    ),
+    (
+        'inspector: a --program function returning anything but (jitted function, tuple of its arguments)',
+        'must return (jitted function, tuple of its arguments)',
+        'test_exit_codes.test_a_program_of_yours_that_fails_is_refused_naming_its_line',
+    ),
+    (
+        'inspector: a --program function that fails to trace (exit 2)',
+        'returned fails to trace: TypeError',
+        'test_exit_codes.test_a_program_whose_function_fails_to_trace_is_refused_naming_its_line',
+    ),
+    (
+        "launch: every process refusing its input (exit 2, the processes' own status)",
+        'error: processes [0, 1] failed',
+        'test_launch.test_the_processes_status_is_the_launchers_where_they_agree',
         'a resumed run whose checkpoint was saved before checkpoints kept the averaging window '
         '(its first train line says how many steps it averages; not an error)',
         '"train_steps_averaged": 3',

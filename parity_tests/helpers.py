@@ -14,7 +14,8 @@ from flax import nnx
 
 from shard_parity.model.mlp import MLP
 from shard_parity.placement import place_batch, place_state
-from shard_parity.runtime import config as cfg
+from shard_parity.plan import Plan
+from shard_parity import config as cfg
 from shard_parity.runtime import tasks
 from shard_parity.step import TrainState, create_state, make_optimizer, one_device_train_step
 
@@ -155,11 +156,19 @@ def assert_params_close(params, want, **tol):
         assert_close(p, r, f'param {i}', **tol)
 
 
+def plan_of(mesh, strategy: str = 'composed', **options) -> Plan:
+    """The plan a test's mesh runs: its axes, `strategy`'s file and `options` (microbatches,
+    schedule, virtual, layout, precision). The CLIs build theirs from the flags
+    (shard_parity/runtime/from_flags.py); a test builds its mesh first."""
+    return Plan(tuple(mesh.shape.items()), strategy, **options)
+
+
 def twin_loss_and_grads(twin, mesh, graphdef, loss_fn, state, batch, strategy='dp'):
     """(metrics, grads) of one `twin.STRATEGIES[strategy]` loss_and_grads call on `mesh`."""
-    fn = twin.STRATEGIES[strategy].loss_and_grads(graphdef, loss_fn, mesh)
-    placed = place_state(jax.tree.map(np.array, state), mesh, strategy)
-    return fn(placed.params, place_batch(batch, mesh, strategy))
+    plan = plan_of(mesh, strategy)
+    fn = twin.STRATEGIES[strategy].loss_and_grads(graphdef, loss_fn, mesh, plan)
+    placed = place_state(jax.tree.map(np.array, state), mesh, plan)
+    return fn(placed.params, place_batch(batch, mesh, plan))
 
 
 def train(step_fn, state, batches, place=lambda b: b):
@@ -173,9 +182,10 @@ def train(step_fn, state, batches, place=lambda b: b):
 
 def train_twin(twin, mesh, case, seed=0, strategy='dp'):
     graphdef, tx, state = fresh_state(seed, case)
-    step_fn = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh)
-    placed = place_state(state, mesh, strategy)
-    return train(step_fn, placed, case.batches, lambda b: place_batch(b, mesh, strategy))
+    plan = plan_of(mesh, strategy)
+    step_fn = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh, plan)
+    placed = place_state(state, mesh, plan)
+    return train(step_fn, placed, case.batches, lambda b: place_batch(b, mesh, plan))
 
 
 # --- The same runs in float64 (X64_TOL's error model): jax.enable_x64 for the run alone. ---
@@ -194,13 +204,15 @@ class Wide:
 
 def x64_state(case: Case, seed=0):
     """(graphdef, tx, TrainState) as `fresh_state`, with float64 parameters and optimizer state
-    and, for the transformer, float64 compute. Call it under jax.enable_x64(True)."""
-    model_config = case.model_config and dataclasses.replace(case.model_config, dtype='float64')
-    make_model = case.make_model
-    if model_config is not None:
+    and float64 compute (and gradients). Call it under jax.enable_x64(True)."""
+    wide = dict(dtype='float64', reduce_dtype='float64')
+    if case.model_config is not None:
         from shard_parity.model.transformer import Transformer
 
+        model_config = dataclasses.replace(case.model_config, **wide)
         make_model = lambda rngs: Transformer(model_config, rngs=rngs)  # noqa: E731
+    else:
+        make_model = lambda rngs: MLP(cfg.MLPConfig(**wide), rngs=rngs)  # noqa: E731
     graphdef, params = nnx.split(make_model(nnx.Rngs(seed)))
     params = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
     tx = make_optimizer(case.config)
@@ -238,9 +250,10 @@ def train_twin_x64(twin, mesh, case, seed=0, strategy='dp'):
     """`train_twin` in float64: (losses, params)."""
     with jax.enable_x64(True):
         graphdef, tx, state = x64_state(case, seed)
-        step = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh)
-        placed = place_state(state, mesh, strategy)
-        return train(step, placed, Wide(case.batches), lambda b: place_batch(b, mesh, strategy))
+        plan = plan_of(mesh, strategy).in_float64()
+        step = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh, plan)
+        placed = place_state(state, mesh, plan)
+        return train(step, placed, Wide(case.batches), lambda b: place_batch(b, mesh, plan))
 
 
 def strategy_mesh(strategy: str, shape=(8, 1), twin=None):
@@ -299,6 +312,27 @@ def run_cli(twin, *flags, timeout=240, program='train'):
     )
 
 
+# The transformer on 8 devices, logging every 5 steps, evaluating and saving every 10: the runs
+# test_faults.py and test_interrupts.py stop and resume.
+FAULT_FLAGS = [*CLI_MODELS['transformer'], '--cpu_devices=8', '--log_every=5', '--eval_every=10']
+FAULT_FLAGS += ['--checkpoint_every=10', '--decay_steps=400']
+
+
+def saved_params(workdir):
+    """The newest checkpoint's parameters in `workdir`, as numpy, read whole on one device."""
+    from shard_parity.mesh import make_mesh
+    from shard_parity.runtime import checkpoint
+
+    _, _, state = checkpoint.restore(workdir, make_mesh(1))
+    return [np.asarray(p) for p in jax.tree.leaves(state.params)]
+
+
+def assert_same_params(a, b):
+    """The newest checkpoints of workdirs `a` and `b` hold the same parameters, bitwise."""
+    for x, y in zip(saved_params(a), saved_params(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
 def read_metrics(workdir):
     return [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
 
@@ -316,8 +350,8 @@ def inspect_collectives(model='mlp', strategy='dp', mesh=(8, 1), batch_size=None
     if batch_size is not None:
         config = dataclasses.replace(config, batch_size=batch_size)
     model_config = cfg.TransformerConfig(**shape)
+    mesh = make_mesh(shape=mesh, axes=mesh_axes(strategy))
     report = inspect(
-        model, config, make_mesh(shape=mesh, axes=mesh_axes(strategy)), strategy, model_config,
-        schedule=schedule,
-    )  # fmt: skip
+        model, config, mesh, plan_of(mesh, strategy, schedule=schedule), model_config
+    )
     return json.loads(json.dumps(report))  # as the CLI's JSON: tuples become lists

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from parity_tests.errors_table import ROWS
-from parity_tests.helpers import REPO, TINY_TRANSFORMER, make_case, run_cli
+from parity_tests.helpers import REPO, TINY_TRANSFORMER, make_case, plan_of, run_cli
 from shard_parity import UsageError, auto
 from shard_parity.mesh import make_mesh
 from shard_parity.runtime import checkpoint, tasks
-from shard_parity.runtime.train import run
+from shard_parity.runtime.training import Outputs, run
 
 TINY = ['--model=transformer', '--batch_size=16', '--cpu_devices=8']
 PP = ['--strategy=pp', '--num_layers=4']
@@ -181,11 +181,7 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
         [*TINY, *PP, '--mesh=4x2', '--pp_schedule=interleaved', '--microbatches=3']
         + ['--batch_size=24'],
     ),
-    'bisect: --pp_schedule other than gpipe': (
-        'tools.bisect',
-        [*TINY, *PP, '--mesh=4x2', '--pp_schedule=1f1b'],
-    ),
-    '--pp_schedule other than gpipe outside --strategy=pp': (
+    '--pp_schedule other than gpipe on a mesh without a stage axis': (
         'explicit.train',
         [*TINY, '--strategy=dp', '--pp_schedule=1f1b'],
     ),
@@ -261,7 +257,7 @@ def test_disk_full_while_saving_keeps_the_earlier_checkpoints(mesh8, tmp_path, m
 
     monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'save', save)
     with pytest.raises(UsageError, match=re.escape(message('disk full while saving'))):
-        run(auto, 'dp', task, config, mesh8, tmp_path, checkpoint_every=5)
+        run(auto, plan_of(mesh8, 'dp'), task, config, mesh8, tmp_path, Outputs(checkpoint_every=5))
     monkeypatch.undo()
     _, _, state = checkpoint.restore(tmp_path, make_mesh(1))
     assert int(state.step) == 5

@@ -18,11 +18,12 @@ from parity_tests.helpers import (
     REPO,
     fresh_state,
     make_case,
+    plan_of,
     read_metrics,
     run_cli,
     strategy_mesh,
 )
-from shard_parity import UsageError, auto, explicit
+from shard_parity import UsageError, auto, exit_status, explicit
 from shard_parity import plan as plans
 from shard_parity.mesh import make_mesh, mesh_for
 from shard_parity.placement import mesh_axes, place_batch, place_state
@@ -53,7 +54,7 @@ def run(a, b, strategy, shape, model='mlp', steps=1):
     case = make_case(model)
     graphdef, tx, state = fresh_state(0, case)
     mesh = strategy_mesh(strategy, shape)
-    sides = [D.load_side(name, strategy, mesh) for name in (a, b)]
+    sides = [D.load_side(name, plan_of(mesh, strategy), mesh) for name in (a, b)]
     return D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, steps)
 
 
@@ -67,7 +68,7 @@ def test_the_zoo_names_the_expert_layer_of_all_to_alls_over_the_wrong_axis():
     case = make_case('transformer', moe)
     graphdef, tx, state = fresh_state(0, case)
     mesh = make_mesh(shape=(2, 2), axes=mesh_axes('ep'))
-    sides = [D.load_side(n, 'ep', mesh) for n in ('explicit', 'tools.zoo.ep_swapped_axes')]
+    sides = [D.load_side(n, plan_of(mesh, 'ep'), mesh) for n in ('explicit', 'tools.zoo.ep_swapped_axes')]
     report = D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, 1)
     assert (report.step, report.phase, report.layer) == (0, 'forward', 'blocks.0.ffn')
 
@@ -144,15 +145,15 @@ def test_the_zoo_answers_to_its_old_name_too(mesh8):
     """--twins=explicit,parity_tests.zoo.no_pcast, the spelling from before the tools moved to
     tools/ (issue 31), names the same module."""
     names = ('parity_tests.zoo.no_pcast', 'tools.zoo.no_pcast')
-    old, new = (D.load_side(name, 'dp', mesh8) for name in names)
+    old, new = (D.load_side(name, plan_of(mesh8, 'dp'), mesh8) for name in names)
     assert old.module is new.module and old.name == 'parity_tests.zoo.no_pcast'
 
 
 def test_bad_twins_get_one_line(mesh8):
     with pytest.raises(UsageError, match="cannot import 'nosuch.module'"):
-        D.load_side('nosuch.module', 'dp', mesh8)
+        D.load_side('nosuch.module', plan_of(mesh8, 'dp'), mesh8)
     with pytest.raises(UsageError, match=r'parity_tests.helpers has no loss_and_grads\(\)'):
-        D.load_side('parity_tests.helpers', 'dp', mesh8)
+        D.load_side('parity_tests.helpers', plan_of(mesh8, 'dp'), mesh8)
 
 
 @pytest.mark.slow
@@ -194,12 +195,16 @@ def fake_run(root, embed_dim=16, loss=2.0):
 
 
 def test_run_directories_of_other_settings_or_without_checkpoints_are_refused(tmp_path):
+    """Runs of other settings are a refused input (exit 2); runs that differ with no checkpoint
+    to replay them from are an answer, they disagree (exit 1: docs/errors.md's codes)."""
     a = fake_run(tmp_path / 'a')
-    with pytest.raises(UsageError, match='other settings: --embed_dim: A 16, B 32'):
+    with pytest.raises(UsageError, match='other settings: --embed_dim: A 16, B 32') as refused:
         runs.bisect_runs(a, fake_run(tmp_path / 'b', embed_dim=32), 'f32', None, None)
+    assert exit_status(refused.value) == 2
     assert runs.bisect_runs(a, fake_run(tmp_path / 'c'), 'f32', None, None).step is None
-    with pytest.raises(UsageError, match='share no checkpoint before it'):
+    with pytest.raises(UsageError, match='share no checkpoint before it') as differ:
         runs.bisect_runs(a, fake_run(tmp_path / 'd', loss=2.1), 'f32', None, None)
+    assert exit_status(differ.value) == 1
 
 
 def test_run_directories_given_twice_or_garbled_are_one_line(tmp_path, capsys):
@@ -238,9 +243,9 @@ def test_the_logged_gradient_norm_is_the_one_device_norm(mesh8):
     np.testing.assert_allclose(float(metrics['grad_norm']), want, rtol=1e-6)
     for twin, strategy in ((auto, 'fsdp'), (explicit, 'fsdp'), (explicit, 'dp')):
         mesh = strategy_mesh(strategy)
-        step = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh)
-        placed = place_state(with_optimizer(state, tx), mesh, strategy)
-        _, m = step(placed, place_batch(batch, mesh, strategy))
+        step = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh, plan_of(mesh, strategy))
+        placed = place_state(with_optimizer(state, tx), mesh, plan_of(mesh, strategy))
+        _, m = step(placed, place_batch(batch, mesh, plan_of(mesh, strategy)))
         np.testing.assert_allclose(float(m['grad_norm']), want, rtol=1e-5)
     plain = make_optimizer(case.config)
     _, m = one_device_train_step(graphdef, case.loss_fn, plain)(with_optimizer(state, plain), batch)
@@ -261,7 +266,7 @@ def test_a_named_mesh_against_one_device_agrees_and_its_planted_mistake_is_named
     case = make_case('transformer')
     graphdef, tx, state = fresh_state(0, case)
     mesh = mesh_for(plans.parse('data:2,fsdp:2,model:2', None, 8))
-    sides = [D.load_side(name, 'composed', mesh) for name in ('one_device', 'explicit')]
+    sides = [D.load_side(name, plan_of(mesh, 'composed'), mesh) for name in ('one_device', 'explicit')]
     report = D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, 2)
     assert not report.diverged and report.steps == 2, report
     assert report.compared['gradients'] == len(jax.tree.leaves(state.params))
@@ -281,7 +286,8 @@ def test_a_ratio_of_several_axes_is_named_by_their_product():
     """A gradient summed over 'data' and 'fsdp' on data:2,fsdp:2,model:2 is 4x: the hint names
     the two axes together; 2x names each (the bisector cannot tell them apart by the ratio)."""
     mesh = mesh_for(plans.parse('data:2,fsdp:2,model:2', None, 8))
-    a, b = D.Side('one_device', None, None, 'composed'), D.Side('x', None, mesh, 'composed')
+    plan = plan_of(mesh, 'composed')
+    a, b = D.Side('one_device', None, None, plan), D.Side('x', None, mesh, plan)
     four, two = (leaves.Leaf('w', 1.0, 1.0, ratio=r) for r in (4.0, 2.0))
     assert leaves.hints(four, a, b)[0].startswith(
         "B is 4x the other, the size of 'data' x 'fsdp': in B a sum where a mean belongs"

@@ -13,6 +13,7 @@ from parity_tests.helpers import (
     fresh_state,
     logits,
     make_case,
+    plan_of,
     save_checkpoint,
     strategy_mesh,
 )
@@ -20,7 +21,7 @@ from shard_parity import UsageError, auto, explicit, typed
 from shard_parity.mesh import make_mesh
 from shard_parity.placement import place_batch, place_state
 from shard_parity.runtime import checkpoint, legacy
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.step import TrainState
 
 
@@ -29,10 +30,10 @@ def trained(mesh8, tmp_path_factory):
     """Three steps of the tiny transformer in auto/ on 8 devices, saved."""
     case = make_case('transformer')
     graphdef, tx, state = fresh_state(case=case)
-    step = auto.dp.train_step(graphdef, case.loss_fn, tx, mesh8)
-    state = place_state(state, mesh8, 'dp')
+    step = auto.dp.train_step(graphdef, case.loss_fn, tx, mesh8, plan_of(mesh8, 'dp'))
+    state = place_state(state, mesh8, plan_of(mesh8, 'dp'))
     for i in range(3):
-        state, metrics = step(state, place_batch(case.batches.batch(i), mesh8))
+        state, metrics = step(state, place_batch(case.batches.batch(i), mesh8, plan_of(mesh8, 'dp')))
         jax.block_until_ready(metrics)  # one step in flight: the CPU deadlock (docs/running.md)
     workdir = tmp_path_factory.mktemp('ckpt')
     save_checkpoint(workdir, state, case)
@@ -88,22 +89,22 @@ def test_checkpoints_move_between_twins_meshes_and_strategies(saved_by, restored
     graphdef, tx, state = fresh_state(case=case)
     # One step of the saving twin, so the optimizer's moments are no longer zeros either.
     mesh_a = strategy_mesh(strategy_a, shape_a, TWINS[a])
-    step = TWINS[a].STRATEGIES[strategy_a].train_step(graphdef, case.loss_fn, tx, mesh_a)
+    step = TWINS[a].STRATEGIES[strategy_a].train_step(graphdef, case.loss_fn, tx, mesh_a, plan_of(mesh_a, strategy_a))
     state, metrics = step(
-        place_state(state, mesh_a, strategy_a),
-        place_batch(case.batches.batch(0), mesh_a, strategy_a),
+        place_state(state, mesh_a, plan_of(mesh_a, strategy_a)),
+        place_batch(case.batches.batch(0), mesh_a, plan_of(mesh_a, strategy_a)),
     )
     jax.block_until_ready(metrics)
     save_checkpoint(tmp_path, state, case)
 
     mesh_b = strategy_mesh(strategy_b, shape_b, TWINS[b])
-    _, graphdef2, restored = checkpoint.restore(tmp_path, mesh_b, strategy_b)
+    _, graphdef2, restored = checkpoint.restore(tmp_path, mesh_b, plan_of(mesh_b, strategy_b))
     saved_leaves, restored_leaves = jax.tree.leaves(state), jax.tree.leaves(restored)
     # First: the placement differs, so the comparisons below compare differently held arrays.
     assert mesh_a.axis_types != mesh_b.axis_types or mesh_a.devices.shape != shape_b
     assert any(s.sharding.spec != r.sharding.spec for s, r in zip(saved_leaves, restored_leaves))
     # Placed as the restoring twin places a new state on its own mesh (axis types included).
-    own = place_state(jax.device_get(state), mesh_b, strategy_b)
+    own = place_state(jax.device_get(state), mesh_b, plan_of(mesh_b, strategy_b))
     for r, o in zip(restored_leaves, jax.tree.leaves(own), strict=True):
         assert r.sharding == o.sharding and jax.typeof(r) == jax.typeof(o)
     for s, r in zip(saved_leaves, restored_leaves, strict=True):
@@ -132,6 +133,7 @@ def test_a_checkpoint_of_per_layer_blocks_is_converted_on_read(tmp_path):
         assert legacy.per_layer(mngr, 0)
     want = TrainState(state.step, state.params, moments(state.params))
     for strategy in ('dp', 'fsdp'):
-        _, _, restored = checkpoint.restore(tmp_path, strategy_mesh(strategy), strategy)
+        mesh = strategy_mesh(strategy)
+        _, _, restored = checkpoint.restore(tmp_path, mesh, plan_of(mesh, strategy))
         for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(restored), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -252,50 +252,56 @@ def test_fused_attention_under_a_ring_says_it_is_ignored(caplog):
     cp.py lets XLA split the model's own attention, fused included: no warning)."""
     import dataclasses
 
-    from parity_tests.helpers import TINY_TRANSFORMER
+    from parity_tests.helpers import TINY_TRANSFORMER, plan_of
     from shard_parity import auto, explicit, typed
     from shard_parity.mesh import make_mesh
     from shard_parity.placement import mesh_axes
-    from shard_parity.runtime.train import check_strategy
+    from shard_parity.runtime.training import warn_unused_attention
 
     fused = dataclasses.replace(TINY_TRANSFORMER, attention='fused')
-    mesh = make_mesh(shape=(2, 4), axes=mesh_axes('cp'))
+    plan = plan_of(make_mesh(shape=(2, 4), axes=mesh_axes('cp')), 'cp')
     with caplog.at_level('WARNING'):
-        check_strategy('cp', fused, mesh, 16, 1, 'zigzag', auto.RING)
+        warn_unused_attention(auto, plan, fused)
         assert 'is ignored' not in caplog.text
-        check_strategy('cp', fused, mesh, 16, 1, 'zigzag', explicit.RING)
+        warn_unused_attention(explicit, plan, fused)
     assert "--attention=fused is ignored: this twin's cp.py runs its own ring" in caplog.text
     caplog.clear()
     with caplog.at_level('WARNING'):
-        check_strategy('cp', fused, mesh, 16, 1, 'zigzag', typed.RING)  # typed's ring too
+        warn_unused_attention(typed, plan, fused)  # typed's ring too
     assert 'is ignored' in caplog.text
 
 
 @pytest.mark.parametrize(
-    'strategy, saved, options',
+    'text, options, saved',
     [
-        ('cp', {'cp_layout': 'contiguous'}, {'layout': 'contiguous'}),
-        ('pp', {'microbatches': 2}, {'microbatches': 2}),
-        ('composed', {'cp_layout': 'contiguous', 'microbatches': 2},
-         {'layout': 'contiguous', 'microbatches': 2}),
-        ('dp', {}, {}),
+        ('data:2,seq:4', {'layout': 'contiguous'}, {'cp_layout': 'contiguous'}),
+        ('data:2,stage:4', {'microbatches': 2}, {'microbatches': 2}),
+        ('data:2,seq:2,stage:2', {'layout': 'contiguous', 'microbatches': 2},
+         {'cp_layout': 'contiguous', 'microbatches': 2}),
+        ('data:8', {'layout': 'contiguous', 'microbatches': 2}, {}),
     ],
 )  # fmt: skip
-def test_the_loop_gives_each_step_the_options_its_axes_take(strategy, saved, options):
-    """--cp_layout reaches cp.py's and composed.py's steps, --microbatches pp.py's and
-    composed.py's, as config.json records them (runtime/train.py saves each only when the plan
-    has a 'seq' or a 'stage' axis); a strategy with neither gets neither."""
+def test_the_loop_gives_each_step_the_plan_config_json_records(text, options, saved):
+    """--cp_layout and --microbatches are the plan's: config.json records each only where an
+    axis takes it ('seq', 'stage'), reads back the same plan, and the loop hands the plan whole
+    to the file the plan chooses, for its train and eval steps."""
     import types
 
+    from shard_parity import plan as plans
     from shard_parity.runtime.loop import Loop
 
+    plan = plans.parse(text, None, 8, **options)
+    recorded = plan.to_config()
+    assert {k: recorded[k] for k in ('cp_layout', 'microbatches') if k in recorded} == saved
+    assert plans.from_config(recorded) == plan.canonical()
+    if not saved:  # options no axis takes change nothing: the same step
+        assert plan != plans.parse(text, None, 8) and plan.canonical() == plans.parse(text, None, 8)
     seen = []
     parallel = types.SimpleNamespace(
-        train_step=lambda *args, **kw: seen.append(('train', kw)),
-        eval_step=lambda *args, **kw: seen.append(('eval', kw)),
+        train_step=lambda *args: seen.append(('train', args[-1])),
+        eval_step=lambda *args: seen.append(('eval', args[-1])),
     )
-    twin = types.SimpleNamespace(NAME='twin', STRATEGIES={strategy: parallel})
+    twin = types.SimpleNamespace(NAME='twin', STRATEGIES={plan.strategy: parallel})
     task = types.SimpleNamespace(loss_fn=None, eval_fn=None)
-    config = {'model': 'transformer', 'strategy': strategy, **saved}  # config.json's other keys
-    Loop(twin, strategy, task, None, None, None, None, None, None, config)
-    assert seen == [('train', options), ('eval', options)]
+    Loop(twin, plan, task, None, None, None, None, None, None, recorded)
+    assert seen == [('train', plan), ('eval', plan)]

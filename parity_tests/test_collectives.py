@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from parity_tests.helpers import REPO, fresh_state, inspect_collectives, strategy_mesh
+from parity_tests.helpers import REPO, fresh_state, inspect_collectives, plan_of, strategy_mesh
 from shard_parity import auto, explicit, typed
 from shard_parity.inspector.hlo import collectives, compiled_text
 from shard_parity.placement import place_batch, place_state
@@ -27,8 +27,8 @@ def compiled_step_collectives(twin, mnist_batches):
     """The collectives of `twin`'s dp step on 8 devices (its own mesh: typed's is Explicit)."""
     mesh = strategy_mesh('dp', twin=twin)
     graphdef, tx, state = fresh_state()
-    step = twin.dp.train_step(graphdef, classification_loss, tx, mesh)
-    args = place_state(state, mesh, 'dp'), place_batch(mnist_batches.batch(0), mesh)
+    step = twin.dp.train_step(graphdef, classification_loss, tx, mesh, plan_of(mesh, 'dp'))
+    args = place_state(state, mesh, plan_of(mesh, 'dp')), place_batch(mnist_batches.batch(0), mesh, plan_of(mesh, 'dp'))
     return collectives(compiled_text(step, *args))
 
 

@@ -43,7 +43,7 @@ def test_transformer_runs_apart_by_more_than_max_loss_gap_fail(tmp_path):
     a = workdir(tmp_path, 'a', transformer_log(2.4))
     b = workdir(tmp_path, 'b', transformer_log(2.5))
     done = compare(a, b)
-    assert done.returncode != 0
+    assert done.returncode == 1  # they disagree (2 would be a refused input)
     assert 'final eval_loss values differ by 0.1000 > --max_loss_gap=0.01' in done.stderr
     assert compare(a, b, '--max_loss_gap=0.2').returncode == 0
 
@@ -59,7 +59,7 @@ def test_mlp_runs_are_judged_on_their_accuracy_alone(tmp_path):
     )
     assert compare(a, b).returncode == 0  # losses 0.3 apart, the same accuracy: they agree
     done = compare(a, c)
-    assert done.returncode != 0
+    assert done.returncode == 1
     assert 'final eval_accuracy values differ by 0.0500 > --max_accuracy_gap=0.003' in done.stderr
 
 
@@ -68,14 +68,14 @@ def test_an_mlp_run_beside_a_transformer_run_is_refused(tmp_path):
     b = workdir(tmp_path, 'b', transformer_log(0.2))
     for pair in ((a, b), (b, a)):
         done = compare(*pair)
-        assert done.returncode != 0 and 'only one of' in done.stderr, done.stderr
+        assert done.returncode == 2 and 'only one of' in done.stderr, done.stderr
 
 
 def test_an_empty_log_is_named(tmp_path):
     a = workdir(tmp_path, 'a', transformer_log(2.4))
     b = workdir(tmp_path, 'b', [])
     done = compare(a, b)
-    assert done.returncode != 0
+    assert done.returncode == 2  # not a run that can be compared: refused input
     assert f'{b / "metrics.jsonl"} is empty' in done.stderr
 
 
@@ -192,7 +192,7 @@ def test_torn_and_garbled_lines_are_skipped_with_one_warning(tmp_path):
         (('a',), 'error: expected two workdirs, got 1; usage: '),
         (('a', 'b', '--max_loss_gap=-1'), 'error: flag --max_loss_gap=-1: '),
         (('a', 'missing'), 'error: {tmp}/missing/metrics.jsonl does not exist'),
-        (('a', 'unfinished'), 'error: a run has no final line'),
+        (('a', 'unfinished'), 'error: {tmp}/unfinished has no final line: did it finish?'),
         (('a', 'no_loss'), 'error: the final line of {tmp}/no_loss/metrics.jsonl has no eval_loss'),
     ],
     ids=['no_workdir', 'one_workdir', 'bad_flag', 'missing_log', 'unfinished', 'final_no_loss'],
@@ -202,8 +202,10 @@ def test_every_error_is_one_line(tmp_path, args, error):
     workdir(tmp_path, 'unfinished', transformer_log(2.4)[:-1])
     workdir(tmp_path, 'no_loss', [{'step': 100, 'final': True, 'tokens_per_sec': 1.0}])
     paths = [a if a.startswith('--') else tmp_path / a for a in args]
-    line = one_error_line(compare(*paths))
+    done = compare(*paths)
+    line = one_error_line(done)
     assert line.startswith(error.format(tmp=tmp_path)), line
+    assert done.returncode == 2  # each a refused input, an unfinished run's too
 
 
 def with_config(path, **train):
@@ -219,7 +221,9 @@ def test_other_settings_are_named_and_refused_unless_allowed(tmp_path):
     a = with_config(workdir(tmp_path, 'a', mlp_log(20)))
     b = with_config(workdir(tmp_path, 'b', mlp_log(20)), seed=1, learning_rate=0.01)
     assert compare(a, with_config(workdir(tmp_path, 'c', mlp_log(10)), log_every=20)).returncode == 0
-    line = one_error_line(compare(a, b))
+    done = compare(a, b)
+    line = one_error_line(done)
+    assert done.returncode == 2  # another experiment is a refused input, not a disagreement (1)
     assert line == (
         f'error: {a} (A) and {b} (B) were trained with other settings: --learning_rate: A 0.001, '
         'B 0.01; --seed: A 0, B 1. Pass --allow_other_settings to compare them anyway'

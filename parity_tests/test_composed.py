@@ -29,6 +29,7 @@ from parity_tests.helpers import (
     logits,
     make_case,
     one_device_runs,
+    plan_of,
     read_metrics,
     run_cli,
     save_checkpoint,
@@ -40,7 +41,7 @@ from shard_parity import plan as plans
 from shard_parity.mesh import mesh_for
 from shard_parity.placement import place_batch, place_state
 from shard_parity.runtime import checkpoint
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.step import one_device_loss_and_grads
 from shard_parity.tools.zoo import composed_data_only, composed_no_data, composed_too_many
 
@@ -89,9 +90,9 @@ def one_device():
 
 def composed_loss_and_grads(module, case, mesh):
     graphdef, _, state = fresh_state(case=case)
-    fn = module.loss_and_grads(graphdef, case.loss_fn, mesh, microbatches=2)
-    placed = place_state(jax.tree.map(np.array, state), mesh, 'composed')
-    return fn(placed.params, place_batch(case.batches.batch(0), mesh, 'composed'))
+    fn = module.loss_and_grads(graphdef, case.loss_fn, mesh, plan_of(mesh, module.STRATEGY, microbatches=2))
+    placed = place_state(jax.tree.map(np.array, state), mesh, plan_of(mesh, 'composed'))
+    return fn(placed.params, place_batch(case.batches.batch(0), mesh, plan_of(mesh, 'composed')))
 
 
 @pytest.mark.parametrize('name, mesh', CASES, ids=[f'{t}-{m}' for t, m in GRID])
@@ -197,13 +198,13 @@ def test_checkpoints_move_between_meshes(saved, restored, tmp_path):
     case = make_case('transformer', DENSE)
     graphdef, _, state = fresh_state(case=case)
     strategy, text = saved
-    state = place_state(state, mesh_of(text), strategy)
+    state = place_state(state, mesh_of(text), plan_of(mesh_of(text), strategy))
     save_checkpoint(tmp_path, state, case, DENSE)
     tokens = case.batches.batch(0)['x']
     one = jax.devices()[0]  # logits on one device: both sides run the very same program
     before = logits(graphdef, state.params, tokens, one)
     mesh = mesh_of(restored)
-    _, graphdef2, back = checkpoint.restore(tmp_path, mesh, 'composed')
+    _, graphdef2, back = checkpoint.restore(tmp_path, mesh, plan_of(mesh, 'composed'))
     kernel = lambda s: s.params['blocks']['attn']['query']['kernel'][...]  # noqa: E731
     assert kernel(back).sharding.spec != kernel(state).sharding.spec  # the layouts differ
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state), strict=True):

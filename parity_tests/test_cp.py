@@ -27,6 +27,7 @@ from parity_tests.helpers import (
     logits,
     make_case,
     one_device_runs,
+    plan_of,
     read_metrics,
     run_cli,
     save_checkpoint,
@@ -37,10 +38,10 @@ from parity_tests.helpers import (
 from shard_parity import auto, explicit, typed
 from shard_parity.mesh import SEQ, make_mesh
 from shard_parity.model import ring as ring_module
-from shard_parity import plan as plans
+from shard_parity import checks
 from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.runtime import checkpoint, tasks
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.step import bind, one_device_loss_and_grads
 
 # 16 positions: 2 per device on a sequence axis of 8. One block: every layer kind, fast compiles.
@@ -140,9 +141,9 @@ def test_the_contiguous_layout_matches_the_one_device_run(name, model, one_devic
     twin = TWINS[name]
     mesh = cp_mesh((2, 4), twin)
     graphdef, _, state = fresh_state(case=case)
-    fn = twin.cp.loss_and_grads(graphdef, case.loss_fn, mesh, layout='contiguous')
-    placed = place_state(jax.tree.map(np.array, state), mesh, 'cp')
-    metrics, grads = fn(placed.params, place_batch(case.batches.batch(0), mesh))
+    fn = twin.cp.loss_and_grads(graphdef, case.loss_fn, mesh, plan_of(mesh, 'cp', layout='contiguous'))
+    placed = place_state(jax.tree.map(np.array, state), mesh, plan_of(mesh, 'cp'))
+    metrics, grads = fn(placed.params, place_batch(case.batches.batch(0), mesh, plan_of(mesh, 'dp')))
     assert_close(metrics['loss'], want_metrics['loss'], 'loss', **TOL)
     assert_trees_close(grads, want_grads, **TOL)
 
@@ -167,8 +168,8 @@ def test_cp_evaluates_each_sequence_as_one_device_does(name, one_device):
     graphdef, _, state = fresh_state(case=case)
     batch, mesh = case.batches.batch(0), cp_mesh((2, 4), TWINS[name])
     want = jax.jit(bind(graphdef, tasks.lm_eval))(state.params, batch)
-    evaluate = TWINS[name].cp.eval_step(graphdef, tasks.lm_eval, mesh)
-    got = evaluate(place_state(state, mesh, 'cp').params, place_batch(batch, mesh))
+    evaluate = TWINS[name].cp.eval_step(graphdef, tasks.lm_eval, mesh, plan_of(mesh, TWINS[name].cp.STRATEGY))
+    got = evaluate(place_state(state, mesh, plan_of(mesh, 'cp')).params, place_batch(batch, mesh, plan_of(mesh, 'dp')))
     assert_trees_close(got, want, **TOL)
 
 
@@ -197,7 +198,7 @@ def test_inspector_pins_the_cp_collectives():
 
 
 def check_cp(config, mesh, layout='zigzag'):  # the train CLI's checks of a cp run, batch 16
-    plans.check(plans.of(mesh, 'cp'), config, 16, layout=layout)
+    checks.check(plan_of(mesh, 'cp', layout=layout), config, 16)
 
 
 def test_a_sequence_axis_of_1_warns_and_bad_inputs_are_refused(caplog):
@@ -221,13 +222,14 @@ MOVES = {'dp-to-cp': ('dp', (8, 1), 'cp', (2, 4)), 'cp-to-dp': ('cp', (1, 8), 'd
 def test_checkpoints_move_between_dp_and_cp(saved_as, saved_on, restored_as, shape, tmp_path):
     case = make_case('transformer', GQA)
     graphdef, _, state = fresh_state(case=case)
-    state = place_state(state, make_mesh(shape=saved_on, axes=mesh_axes(saved_as)), saved_as)
+    on = make_mesh(shape=saved_on, axes=mesh_axes(saved_as))
+    state = place_state(state, on, plan_of(on, saved_as))
     save_checkpoint(tmp_path, state, case, GQA)
     tokens = case.batches.batch(0)['x']
     one = jax.devices()[0]  # logits on one device: both sides run the very same program
     before = logits(graphdef, state.params, tokens, one)
     mesh = make_mesh(shape=shape, axes=mesh_axes(restored_as))
-    _, graphdef2, restored = checkpoint.restore(tmp_path, mesh, restored_as)
+    _, graphdef2, restored = checkpoint.restore(tmp_path, mesh, plan_of(mesh, restored_as))
     query = restored.params['blocks']['attn']['query']['kernel'][...]
     saved_query = state.params['blocks']['attn']['query']['kernel'][...]
     assert query.sharding.mesh.axis_names == mesh_axes(restored_as)  # on restored_as's mesh

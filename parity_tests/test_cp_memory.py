@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from benchmarks.sections import NANOGPT, setup
+from parity_tests.helpers import plan_of
 from shard_parity import explicit, typed
 from shard_parity.mesh import SEQ, make_mesh
 from shard_parity.model import attention, ring
@@ -93,8 +94,8 @@ def step_temp(twin, strategy, shape, t, batch_size, attention='naive'):
     config = dataclasses.replace(NANOGPT, seq_len=t, num_layers=1, attention=attention)
     graphdef, tx, state, loss, batch, _ = setup('transformer', batch_size, config)
     mesh = make_mesh(None, shape, mesh_axes(strategy), twin.AXIS_TYPE)
-    step = twin.STRATEGIES[strategy].train_step(graphdef, loss, tx, mesh)
-    placed = (place_state(state, mesh, strategy), place_batch(batch, mesh))
+    step = twin.STRATEGIES[strategy].train_step(graphdef, loss, tx, mesh, plan_of(mesh, strategy))
+    placed = (place_state(state, mesh, plan_of(mesh, strategy)), place_batch(batch, mesh, plan_of(mesh, 'dp')))
     return step.lower(*placed).compile().memory_analysis().temp_size_in_bytes / 2**20
 
 

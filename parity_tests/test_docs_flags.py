@@ -20,9 +20,9 @@ COMMAND = re.compile(
     r'|(?:tools|parity_tests)\.(compare))\b([^`\n|;&]*)'
 )
 FLAG = re.compile(r'(?<![\w-])--(?:\[no\])?([a-z]\w+)')
-# Not ours: absl's help flags, XLA's, SLURM's srun and sbatch, and the word in "every setting is a
-# --flag".
-FOREIGN = {'help', 'helpshort', 'helpfull', 'nodes', 'ntasks', 'signal', 'flag'}
+# Not ours: absl's help flags, XLA's, SLURM's srun and sbatch, and the word in "every setting is
+# a --flag".
+FOREIGN = {'help', 'helpshort', 'helpfull', 'nodes', 'ntasks', 'signal', 'requeue', 'flag'}
 
 
 def defined_in(path: str) -> set[str]:

@@ -24,6 +24,7 @@ from parity_tests.helpers import (
     logits,
     make_case,
     one_device_runs,
+    plan_of,
     read_metrics,
     run_cli,
     save_checkpoint,
@@ -34,10 +35,10 @@ from parity_tests.helpers import (
 from shard_parity import auto, explicit, typed
 from shard_parity.mesh import make_mesh
 from shard_parity.model import moe
-from shard_parity import plan as plans
+from shard_parity import checks
 from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.runtime import checkpoint, tasks
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.step import bind, one_device_loss_and_grads
 from shard_parity.tools.zoo import ep_swapped_axes
 
@@ -136,9 +137,9 @@ def test_all_to_alls_over_the_wrong_axis_are_caught(one_device):
     graphdef, _, state = fresh_state(case=case)
     batch = case.batches.batch(0)
     mesh = ep_mesh((2, 2))
-    fn = ep_swapped_axes.loss_and_grads(graphdef, case.loss_fn, mesh)
-    placed = place_state(state, mesh, 'ep').params
-    got, grads = fn(placed, place_batch(batch, mesh))
+    fn = ep_swapped_axes.loss_and_grads(graphdef, case.loss_fn, mesh, plan_of(mesh, ep_swapped_axes.STRATEGY))
+    placed = place_state(state, mesh, plan_of(mesh, 'ep')).params
+    got, grads = fn(placed, place_batch(batch, mesh, plan_of(mesh, 'dp')))
     assert_close(got['moe_aux_loss'], want_metrics['moe_aux_loss'], 'routing', **TOL)
     # at initialisation the experts add little to the residual stream (the loss moves by 4e-6
     # relative); their gradients show the wrong experts at once
@@ -179,7 +180,7 @@ def test_capacity_and_the_drop_order():
 
 
 def check_ep(config, mesh):  # the train CLI's checks of an ep run, batch 16
-    plans.check(plans.of(mesh, 'ep'), config, 16)
+    checks.check(plan_of(mesh, 'ep'), config, 16)
 
 
 def test_bad_expert_settings_are_refused():
@@ -229,14 +230,14 @@ def test_checkpoints_move_between_dp_and_ep(saved_as, saved_on, restored_as, sha
     config = moe_config(4, 2, True)
     case = make_case('transformer', config)
     graphdef, _, state = fresh_state(case=case)
-    state = place_state(state, make_mesh(shape=saved_on, axes=mesh_axes(saved_as)), saved_as)
+    on = make_mesh(shape=saved_on, axes=mesh_axes(saved_as))
+    state = place_state(state, on, plan_of(on, saved_as))
     save_checkpoint(tmp_path, state, case, config)
     tokens = case.batches.batch(0)['x']
     one = jax.devices()[0]  # logits on one device: both sides run the very same program
     before = logits(graphdef, state.params, tokens, one)
-    _, graphdef2, restored = checkpoint.restore(
-        tmp_path, make_mesh(shape=shape, axes=mesh_axes(restored_as)), restored_as
-    )
+    mesh = make_mesh(shape=shape, axes=mesh_axes(restored_as))
+    _, graphdef2, restored = checkpoint.restore(tmp_path, mesh, plan_of(mesh, restored_as))
     up = restored.params['blocks']['ffn']['experts']['up'][...]
     saved_up = state.params['blocks']['ffn']['experts']['up'][...]
     assert up.sharding.spec != saved_up.sharding.spec  # split over 'expert' on one side only

@@ -18,32 +18,20 @@ import numpy as np
 import pytest
 
 from parity_tests.helpers import (
-    CLI_MODELS,
+    FAULT_FLAGS,
     REPO,
     TINY_TRANSFORMER,
+    assert_same_params,
     fresh_state,
     make_case,
+    plan_of,
     run_cli,
     save_checkpoint,
 )
 from shard_parity import UsageError, auto
 from shard_parity.mesh import make_mesh
 from shard_parity.runtime import checkpoint, integrity, report, tasks
-from shard_parity.runtime.train import run
-
-FLAGS = [*CLI_MODELS['transformer'], '--cpu_devices=8', '--log_every=5', '--eval_every=10']
-FLAGS += ['--checkpoint_every=10', '--decay_steps=400']
-
-
-def params(workdir):
-    _, _, state = checkpoint.restore(workdir, make_mesh(1))
-    return [np.asarray(p) for p in jax.tree.leaves(state.params)]
-
-
-def assert_same_params(a, b):
-    for x, y in zip(params(a), params(b), strict=True):
-        np.testing.assert_array_equal(x, y)
-
+from shard_parity.runtime.training import Outputs, run
 
 def files(workdir):
     """Every file under `workdir` with its size and modification time."""
@@ -152,7 +140,7 @@ def test_a_failed_background_save_is_one_error_and_the_rerun_resumes(mesh8, tmp_
 
     monkeypatch.setattr(module, '_background_wait_for_commit_futures', disk_full)
     with pytest.raises(UsageError) as e:
-        run(auto, 'dp', task, config, mesh8, tmp_path, checkpoint_every=5)
+        run(auto, plan_of(mesh8, 'dp'), task, config, mesh8, tmp_path, Outputs(checkpoint_every=5))
     assert str(e.value) == (
         'could not save the checkpoint of step 10: No space left on device; '
         'the checkpoints of steps 5 are intact'
@@ -160,13 +148,13 @@ def test_a_failed_background_save_is_one_error_and_the_rerun_resumes(mesh8, tmp_
     monkeypatch.undo()  # space freed: the same run resumes from step 5
     for line in (tmp_path / 'metrics.jsonl').read_text().splitlines():
         json.loads(line)  # never torn
-    final = run(auto, 'dp', task, config, mesh8, tmp_path, checkpoint_every=5)
+    final = run(auto, plan_of(mesh8, 'dp'), task, config, mesh8, tmp_path, Outputs(checkpoint_every=5))
     assert final['step'] == 10 and checkpoint.reader(tmp_path).all_steps() == [5, 10]
 
 
 @pytest.mark.slow
 def test_finished_and_ahead_runs_touch_nothing(tmp_path):
-    flags = [*FLAGS, f'--workdir={tmp_path}']
+    flags = [*FAULT_FLAGS, f'--workdir={tmp_path}']
     assert run_cli('auto', *flags, '--steps=20').returncode == 0
     before = files(tmp_path)
     again = run_cli('auto', *flags, '--steps=20')
@@ -187,7 +175,7 @@ def test_six_generates_beside_a_trainer_change_nothing(tmp_path):
     steps = ['--steps=300', '--keep=2']
     calm, busy = tmp_path / 'calm', tmp_path / 'busy'
     trainer = subprocess.Popen(
-        [sys.executable, '-m', 'explicit.train', *FLAGS, *steps, f'--workdir={busy}'],
+        [sys.executable, '-m', 'explicit.train', *FAULT_FLAGS, *steps, f'--workdir={busy}'],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -196,14 +184,14 @@ def test_six_generates_beside_a_trainer_change_nothing(tmp_path):
     while not (busy / 'checkpoints' / '10').exists():
         assert trainer.poll() is None, trainer.stderr.read()[-2000:]
         time.sleep(0.1)
-    second = run_cli('auto', *FLAGS, *steps, f'--workdir={busy}')
+    second = run_cli('auto', *FAULT_FLAGS, *steps, f'--workdir={busy}')
     assert second.returncode == 2 and 'is in use by another trainer (pid' in second.stderr
     for _ in range(6):
         gen = run_cli('explicit', f'--workdir={busy}', '--max_new_bytes=8', program='generate')
         assert gen.returncode == 0 and 'Traceback' not in gen.stderr, gen.stderr[-2000:]
     _, err = trainer.communicate(timeout=600)
     assert trainer.returncode == 0, err[-2000:]
-    assert run_cli('explicit', *FLAGS, *steps, f'--workdir={calm}').returncode == 0
+    assert run_cli('explicit', *FAULT_FLAGS, *steps, f'--workdir={calm}').returncode == 0
     assert_same_params(busy, calm)
 
 
@@ -283,10 +271,11 @@ def test_a_finished_run_in_a_read_only_workdir_has_nothing_to_do(mesh8, tmp_path
         monkeypatch.setattr(report, name, read_only)
     monkeypatch.setattr(checkpoint, 'manager', read_only)
     task = tasks.shakespeare_task(config, TINY_TRANSFORMER)
-    assert run(auto, 'dp', task, config, mesh8, tmp_path) is None  # nothing to do
+    assert run(auto, plan_of(mesh8, 'dp'), task, config, mesh8, tmp_path) is None  # nothing to do
     assert files(tmp_path) == before
     with pytest.raises(UsageError, match='not writable'):  # the check can fail: one step more
-        run(auto, 'dp', task, dataclasses.replace(config, steps=21), mesh8, tmp_path)
+        more = dataclasses.replace(config, steps=21)
+        run(auto, plan_of(mesh8, 'dp'), task, more, mesh8, tmp_path)
 
 
 def test_a_dangling_link_or_a_folder_in_a_files_place_is_named(tmp_path):

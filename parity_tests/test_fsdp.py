@@ -20,6 +20,7 @@ from parity_tests.helpers import (
     device0_bytes,
     fresh_state,
     one_device_runs,
+    plan_of,
     read_metrics,
     run_cli,
     strategy_mesh,
@@ -44,8 +45,8 @@ def fsdp_mesh(twin):
 
 def test_state_per_device_falls_to_one_nth(fsdp8, case):
     _, _, state = fresh_state(case=case)
-    replicated = device0_bytes(place_state(jax.tree.map(np.array, state), fsdp8, 'dp'))
-    sharded = device0_bytes(place_state(jax.tree.map(np.array, state), fsdp8, 'fsdp'))
+    replicated = device0_bytes(place_state(jax.tree.map(np.array, state), fsdp8, plan_of(fsdp8, 'dp')))
+    sharded = device0_bytes(place_state(jax.tree.map(np.array, state), fsdp8, plan_of(fsdp8, 'fsdp')))
     # arrays with no dimension 8 divides (a stacked array's layer dimension is never split)
     leaves = jax.tree_util.tree_leaves_with_path(state)
     small = sum(x.nbytes for p, x in leaves if all(d % 8 for d in x.shape[layer_dims(p) :]))
@@ -90,9 +91,9 @@ def fsdp_step_bytes(twin, mnist_batches):
     the bytes of its weights that fsdp splits, of all its parameters)."""
     mesh = fsdp_mesh(twin)
     graphdef, tx, state = fresh_state()
-    step = twin.fsdp.train_step(graphdef, classification_loss, tx, mesh)
-    placed = place_state(state, mesh, 'fsdp')
-    found = collectives(compiled_text(step, placed, place_batch(mnist_batches.batch(0), mesh, 'fsdp')))
+    step = twin.fsdp.train_step(graphdef, classification_loss, tx, mesh, plan_of(mesh, 'fsdp'))
+    placed = place_state(state, mesh, plan_of(mesh, 'fsdp'))
+    found = collectives(compiled_text(step, placed, place_batch(mnist_batches.batch(0), mesh, plan_of(mesh, 'fsdp'))))
     by_kind = {}
     for c in found:
         by_kind[c.kind] = by_kind.get(c.kind, 0) + c.bytes

@@ -17,6 +17,7 @@ from parity_tests.helpers import (
     TINY_TRANSFORMER,
     fresh_state,
     make_case,
+    plan_of,
     run_cli,
     save_checkpoint,
 )
@@ -25,7 +26,7 @@ from shard_parity.mesh import make_mesh
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import place_state
 from shard_parity.runtime import checkpoint, generate
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 
 
 @pytest.fixture(scope='module')
@@ -200,7 +201,7 @@ def test_typed_generate_reads_every_twins_checkpoint(workdir, tmp_path):
         ('auto_mesh', make_mesh(8), 'dp'),
         ('typed_mesh', make_mesh(shape=(4, 2), axis_type=typed.AXIS_TYPE), 'fsdp_tp'),
     ]:
-        save_checkpoint(tmp_path / name, place_state(state, mesh, strategy), case)
+        save_checkpoint(tmp_path / name, place_state(state, mesh, plan_of(mesh, strategy)), case)
     prompt, n = 'ROMEO:', TINY_TRANSFORMER.seq_len - 6
     want = generator(workdir).generate(prompt.encode(), n)
     assert len(set(want)) > 1  # not one byte repeated: the comparison can fail

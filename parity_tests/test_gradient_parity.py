@@ -13,6 +13,7 @@ from parity_tests.helpers import (
     assert_close,
     assert_trees_close,
     fresh_state,
+    plan_of,
     strategy_mesh,
     twin_loss_and_grads,
 )
@@ -73,7 +74,7 @@ def test_gradient_without_the_varying_cast_is_the_sum(mesh8, case, one_device):
     def without_cast(params, batch):
         return jax.lax.pmean(grad_fn(params, batch), DATA)  # no pcast to 'varying' first
 
-    wrong = without_cast(state.params, place_batch(batch, mesh8))
+    wrong = without_cast(state.params, place_batch(batch, mesh8, plan_of(mesh8, 'dp')))
     assert_trees_close(wrong, jax.tree.map(lambda g: 8 * g, want_grads), rtol=1e-5, atol=8e-6)
     with pytest.raises(AssertionError):
         assert_trees_close(wrong, want_grads, **TOL)

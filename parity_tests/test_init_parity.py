@@ -4,7 +4,7 @@ for all twins: shard_parity/placement.py), under dp placed whole on every device
 import jax
 import numpy as np
 
-from parity_tests.helpers import fresh_state
+from parity_tests.helpers import fresh_state, plan_of
 from shard_parity.placement import place_state
 
 
@@ -21,7 +21,7 @@ def test_different_seeds_give_different_parameters(mesh8):
 def test_one_seed_initialises_identical_replicated_parameters(mesh8):
     _, _, state = fresh_state(seed=0)
     _, _, again = fresh_state(seed=0)
-    placed = place_state(jax.tree.map(np.array, state), mesh8, 'dp')
+    placed = place_state(jax.tree.map(np.array, state), mesh8, plan_of(mesh8, 'dp'))
     for x, y, z in zip(leaves(state), leaves(again), leaves(placed), strict=True):
         np.testing.assert_array_equal(x, y)
         np.testing.assert_array_equal(x, z)

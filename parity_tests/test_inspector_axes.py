@@ -32,7 +32,7 @@ from shard_parity.inspector.expect import expectation, program_totals, totals
 from shard_parity.mesh import mesh_for
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import rows
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.runtime.tasks import lm_loss
 from shard_parity.step import make_optimizer
 
@@ -110,8 +110,8 @@ COMPILED = {
 FAST = {'data:2,fsdp:2,model:2', 'fsdp:2,model:2,stage:2'}
 
 
-def plan_mesh(text):
-    plan = plans.parse(text, 'composed', jax.device_count())
+def plan_mesh(text, strategy='composed'):
+    plan = plans.parse(text, strategy, jax.device_count(), microbatches=MICROBATCHES)
     return plan, mesh_for(plan)
 
 
@@ -120,23 +120,21 @@ def abstract_params(config):
 
 
 def records(text, config=DENSE):
-    plan = plans.parse(text, 'composed', _devices(text))
+    plan = plans.parse(text, 'composed', _devices(text), microbatches=MICROBATCHES)
     mesh = AbstractMesh(plan.shape, plan.names, axis_types=(AxisType.Auto,) * len(plan.names))
-    e = expectation('composed', 'transformer', abstract_params(config), mesh, BATCH, config,
-                    MICROBATCHES)  # fmt: skip
+    e = expectation(plan, 'transformer', abstract_params(config), mesh, BATCH, config)
     return e['collectives']
 
 
-def explicit_program(text, config=DENSE, strategy=None, model='transformer'):
+def explicit_program(text, config=DENSE, strategy='composed', model='transformer'):
     """(the expectation's records, the explicit twin's analysed step {'ops', 'predicted'}) on
     the mesh `text`: only that twin is compiled."""
-    plan, mesh = plan_mesh(text)
-    strategy = strategy or plan.strategy
+    plan, mesh = plan_mesh(text, strategy)
     train = dataclasses.replace(cfg.TRAIN_DEFAULTS[model], batch_size=BATCH)
-    params, steps = twins.lowered_steps(model, train, mesh, strategy, config, MICROBATCHES, None)
-    read = twins.read_steps(((n, s) for n, s in steps if n == 'explicit'), [], strategy,
-                            'h100x8', False)  # fmt: skip
-    e = expectation(strategy, model, params, mesh, BATCH, config, MICROBATCHES)
+    params, steps = twins.lowered_steps(model, train, mesh, plan, config)
+    read = twins.read_steps(((n, s) for n, s in steps if n == 'explicit'), [], plan, 'h100x8',
+                            False)  # fmt: skip
+    e = expectation(plan, model, params, mesh, BATCH, config)
     return e['collectives'], read['explicit']
 
 
@@ -330,20 +328,20 @@ def test_the_cli_prices_over_hosts_and_says_which_axis_crosses():
 def state_and_arguments(text, config):
     """(the formula's state bytes per device, memory_analysis()'s argument bytes of the explicit
     composed step on `text` less its batch's, and the whole state's bytes)."""
-    _, mesh = plan_mesh(text)
-    sharding = NamedSharding(mesh, rows(mesh, 'composed'))
+    plan, mesh = plan_mesh(text)
+    sharding = NamedSharding(mesh, rows(plan))
     batch = {
         k: jax.ShapeDtypeStruct((BATCH, config.seq_len), jnp.int32, sharding=sharding)
         for k in ('x', 'y')
     }
     make_model = lambda rngs: Transformer(config, rngs=rngs)  # noqa: E731
     tx = make_optimizer(cfg.TrainConfig())
-    compiled = memory.compiled_step(explicit.composed, make_model, lm_loss, tx, mesh, batch)
-    _, state = memory.abstract_state(make_model, tx, mesh, 'composed')
+    compiled = memory.compiled_step(explicit.composed, make_model, lm_loss, tx, mesh, plan, batch)
+    _, state = memory.abstract_state(make_model, tx, mesh, plan)
     batch_bytes = sum(np.prod(x.sharding.shard_shape(x.shape)) * 4 for x in batch.values())
     whole = sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state))
     arguments = compiled.memory_analysis().argument_size_in_bytes - batch_bytes
-    return memory.state_bytes(state, mesh), arguments, whole
+    return memory.state_bytes(state, mesh, plan), arguments, whole
 
 
 @pytest.mark.parametrize('text', [

@@ -5,10 +5,12 @@ ecosystem: Hugging Face's `datasets` keeps its name, and every command runs from
     pip install -e . && python -m pytest parity_tests/test_install.py -m ''
 """
 
+import concurrent.futures
 import configparser
 import importlib.metadata
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -136,3 +138,81 @@ def test_the_wheel_holds_shard_parity_alone_with_every_subpackage(tmp_path):
         'shard_parity/tools/zoo/tp_pmean.py',
     ):
         assert path in names, path
+
+
+def readme_commands() -> list[str]:
+    """The modules of the README's tools table (`python -m auto.train` (`explicit.`, `typed.`)
+    is three), and tools.margins, which the README names beside the claims."""
+    text = (pathlib.Path(REPO) / 'README.md').read_text()
+    modules = []
+    for row in text.splitlines():
+        if row.startswith('| `python -m '):
+            first = row.split(' | ')[0]
+            module = re.match(r'\| `python -m ([\w.]+)', first)[1]
+            modules.append(module)
+            twins = re.findall(r'`(\w+)\.`', first)  # (`explicit.`, `typed.`)
+            modules += [twin + module[module.index('.') :] for twin in twins]
+    assert 'python -m tools.margins' in text
+    return modules + ['tools.margins']
+
+
+# The commands whose bare run is a refusal (the others start work: train, bisect and inspect at
+# their defaults, margins runs the fast tier's parity tests); margins too where pytest is missing.
+REFUSE_NO_ARGUMENTS = {'tools.compare', 'tools.launch', 'auto.generate', 'explicit.generate',
+                       'typed.generate'}  # fmt: skip
+BLOCK_PYTEST = """
+import sys
+
+
+class NoPytest:  # an environment without the `test` extra
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('pytest', '_pytest'):
+            raise ModuleNotFoundError(f'No module named {name!r}', name=name)
+
+
+sys.meta_path.insert(0, NoPytest())
+"""
+
+
+@pytest.mark.slow  # 33 runs, 2 s for each that imports JAX, two at a time: 40 s
+def test_every_readme_command_runs_from_any_directory_with_and_without_pytest(tmp_path):
+    """By its installed name from a folder outside the checkout: --help exits 0; a bare command
+    that is a refusal says so in one line, exit 2; the same where pytest cannot be imported
+    (a sitecustomize blocks it), where margins says what it needs in one line. No traceback."""
+    if installed(DIST) is None:
+        pytest.skip(f'{DIST} is not installed (pip install -e .): only a checkout can run it')
+    commands = readme_commands()
+    assert REFUSE_NO_ARGUMENTS <= set(commands) and len(commands) == 11, commands
+    elsewhere, blocker = tmp_path / 'elsewhere', tmp_path / 'no_pytest'
+    elsewhere.mkdir()
+    blocker.mkdir()
+    (blocker / 'sitecustomize.py').write_text(BLOCK_PYTEST)
+    no_pytest = {**outside_env(), 'PYTHONPATH': str(blocker)}
+
+    def run(env, *args):
+        return subprocess.run(
+            [sys.executable, *args], cwd=elsewhere, env=env, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+
+    assert run(outside_env(), '-c', 'import pytest').returncode == 0  # the block is the change
+    assert 'No module named' in run(no_pytest, '-c', 'import pytest').stderr
+    runs = []  # (env, command, arguments): --help, and no arguments where that is a refusal
+    for env, refusals in ((outside_env(), REFUSE_NO_ARGUMENTS),
+                          (no_pytest, REFUSE_NO_ARGUMENTS | {'tools.margins'})):  # fmt: skip
+        runs += [(env, c, ['--help']) for c in commands]
+        runs += [(env, c, []) for c in commands if c in refusals]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # a process a core: half the time
+        results = pool.map(lambda r: run(r[0], '-m', f'shard_parity.{r[1]}', *r[2]), runs)
+        for (env, command, args), result in zip(runs, results):
+            said = (command, args, result.stdout[-1000:] + result.stderr[-2000:])
+            assert 'Traceback' not in result.stderr, said
+            if args:  # --help: the docstring and the flags
+                assert result.returncode == 0 and len(result.stdout.splitlines()) > 10, said
+            else:
+                printed = [x for x in (result.stdout + result.stderr).splitlines() if x.strip()]
+                assert result.returncode == 2 and len(printed) == 1, said
+                assert printed[0].startswith('error: '), said
+    assert len(runs) == 33 and not list(elsewhere.iterdir())  # nothing written where they ran
+    margins = run(no_pytest, '-m', 'shard_parity.tools.margins')
+    assert 'pytest, which is not installed: pip install -e' in margins.stderr, margins.stderr

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from parity_tests.helpers import REPO, run_cli
-from parity_tests.test_faults import FLAGS, assert_same_params
+from parity_tests.helpers import FAULT_FLAGS as FLAGS
+from parity_tests.helpers import assert_same_params
 
 
 @pytest.mark.slow

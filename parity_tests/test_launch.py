@@ -148,12 +148,22 @@ def test_a_good_run_exits_0_and_leaves_no_folder(launcher):
 
 def test_a_failed_process_keeps_its_log_folder_and_names_it(launcher):
     done = launcher(plan='exit:0,exit:3').finish()
-    assert done.proc.returncode == 1
+    assert done.proc.returncode == 3  # the one failed process's own status
     [folder] = done.folders()
     assert (folder / 'process_1.log').exists()
     assert f'[launch] process 1 exited with 3; its log ({folder}/process_1.log) ends:' in done.err
     assert f'[launch] the logs stay in {folder}' in done.err
     assert done.err.strip().splitlines()[-1] == '[launch] error: processes [1] failed'
+
+
+@pytest.mark.parametrize('plan, code', [('exit:2,exit:2', 2), ('exit:2,exit:1', 1)])
+def test_the_processes_status_is_the_launchers_where_they_agree(launcher, plan, code):
+    """Every process refusing its input (exit 2) makes the launcher exit 2, as the command alone
+    would (docs/errors.md: each code means one thing in every CLI); processes that failed in
+    different ways make it 1, a failure while running (the check can fail: 2 is not passed on)."""
+    done = launcher(plan=plan).finish()
+    assert done.proc.returncode == code, done.err
+    assert done.err.strip().splitlines()[-1] == '[launch] error: processes [0, 1] failed'
 
 
 @pytest.mark.parametrize(
@@ -211,7 +221,7 @@ def test_a_forgotten_double_dash_is_named():
         [sys.executable, '-m', 'tools.launch', 'python', '-m', 'auto.train', '--steps=5'],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert result.returncode == 1 and 'Traceback' not in result.stderr
+    assert result.returncode == 2 and 'Traceback' not in result.stderr  # refused input
     assert result.stderr.strip().splitlines() == [
         'error: put -- before the command: python -m tools.launch [--num_processes=N] '
         '-- python -m auto.train --steps=5'

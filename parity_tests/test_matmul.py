@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from parity_tests.helpers import fresh_state
+from parity_tests.helpers import fresh_state, plan_of
 from shard_parity import auto
 from shard_parity.inspector.hlo import compiled_text
 from shard_parity.model.ops import matmul
@@ -34,8 +34,8 @@ def test_gradients_equal_jaxs_own(rows, transposed):
 
 def test_auto_step_does_not_transpose_weight_gradients(mesh8, mnist_batches):
     graphdef, tx, state = fresh_state()
-    step = auto.dp.train_step(graphdef, classification_loss, tx, mesh8)
-    args = place_state(state, mesh8, 'dp'), place_batch(mnist_batches.batch(0), mesh8)
+    step = auto.dp.train_step(graphdef, classification_loss, tx, mesh8, plan_of(mesh8, 'dp'))
+    args = place_state(state, mesh8, plan_of(mesh8, 'dp')), place_batch(mnist_batches.batch(0), mesh8, plan_of(mesh8, 'dp'))
     text = compiled_text(step, *args)
     weights = {tuple(p.shape) for p in jax.tree.leaves(state.params) if p.ndim == 2}
     transposed = {

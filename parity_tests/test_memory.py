@@ -16,9 +16,9 @@ from jax.sharding import NamedSharding
 from shard_parity import auto, explicit, memory, typed
 from shard_parity.mesh import make_mesh
 from shard_parity.model.transformer import Transformer
-from parity_tests.helpers import strategy_mesh
+from parity_tests.helpers import plan_of, strategy_mesh
 from shard_parity.placement import mesh_axes, rows
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.runtime.tasks import lm_loss
 from shard_parity.step import make_optimizer
 
@@ -33,7 +33,8 @@ def step_memory(twin, strategy, model_config, layers, shape=(8, 1), batch_size=8
     """(measured MiB, compiled) of `twin`'s `strategy` train step at `layers` layers."""
     mesh = make_mesh(shape=shape, axes=mesh_axes(strategy), axis_type=TWINS[twin].AXIS_TYPE)
     mc = cfg.TransformerConfig(**{**cfg.to_dict(model_config), 'num_layers': layers})
-    sharding = NamedSharding(mesh, rows(mesh, strategy))
+    plan = plan_of(mesh, strategy)
+    sharding = NamedSharding(mesh, rows(plan))
     batch = {
         k: jax.ShapeDtypeStruct((batch_size, mc.seq_len), jnp.int32, sharding=sharding)
         for k in ('x', 'y')
@@ -44,6 +45,7 @@ def step_memory(twin, strategy, model_config, layers, shape=(8, 1), batch_size=8
         lm_loss,
         make_optimizer(cfg.TrainConfig()),
         mesh,
+        plan,
         batch,
     )
     return memory.measured(compiled), compiled
@@ -80,7 +82,7 @@ CASES = [
 @pytest.mark.parametrize('twin, strategy', CASES)
 def test_fsdp_temp_grows_by_a_fraction_of_a_layer(twin, strategy):
     shape = (8, 1) if strategy == 'fsdp' else (4, 2)
-    layer = memory.expected(SMALL, strategy, strategy_mesh(strategy, shape), 8)['layer']
+    layer = memory.expected(SMALL, plan_of(strategy_mesh(strategy, shape), strategy), 8)['layer']
     per_layer, _, compiled = slope(twin, strategy, SMALL, 1, 2, shape=shape)
     assert per_layer <= layer / 4, f'{twin}: {per_layer:.3f} MiB per layer, one layer {layer:.3f}'
     # the layer's all-gathers inside the forward's loop and the backward's, 2 trips each
@@ -90,7 +92,7 @@ def test_fsdp_temp_grows_by_a_fraction_of_a_layer(twin, strategy):
 @pytest.mark.slow
 def test_gathering_everything_up_front_grows_by_a_whole_layer():
     """The measure can tell: dp holds the whole gradient, as FSDP did when it gathered all."""
-    layer = memory.expected(SMALL, 'dp', strategy_mesh('dp'), 8)['layer']
+    layer = memory.expected(SMALL, plan_of(strategy_mesh('dp'), 'dp'), 8)['layer']
     per_layer, _, _ = slope('auto', 'dp', SMALL, 1, 2)
     assert per_layer >= layer
 
@@ -101,6 +103,6 @@ def test_the_issue_configuration_holds_about_one_layer(twin):
     """The issue's figures: 8 layers of width 1024, --strategy=fsdp --mesh=8x1, global batch 8:
     temp at most 200 MiB at 8 layers (the whole model is 385 MiB), and a quarter layer per
     added layer (measured: explicit and typed 6.1 MiB, auto 10.1; one layer is 48 MiB)."""
-    layer = memory.expected(ISSUE, 'fsdp', strategy_mesh('fsdp'), 8)['layer']
+    layer = memory.expected(ISSUE, plan_of(strategy_mesh('fsdp'), 'fsdp'), 8)['layer']
     per_layer, at_8, _ = slope(twin, 'fsdp', ISSUE, 4, 8)
     assert per_layer <= layer / 4 and at_8['temp'] <= 200, (per_layer, at_8)

@@ -27,7 +27,7 @@ from parity_tests.helpers import (
 from shard_parity import auto, explicit, typed
 from shard_parity.mesh import MODEL, make_mesh
 from shard_parity.model import attention
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.step import one_device_loss_and_grads
 
 # TP_TRANSFORMER (helpers.py): 8 query and 8 key/value heads, split over up to 8 'model'

@@ -21,6 +21,7 @@ from parity_tests.helpers import (
     fresh_state,
     inspect_collectives,
     make_case,
+    plan_of,
     read_metrics,
     run_cli,
 )
@@ -57,9 +58,9 @@ def compiled_text(twin, mesh_text, strategy=None):
     mesh = mesh_for(plan, twin.AXIS_TYPE)
     case = make_case('mlp')
     graphdef, tx, state = fresh_state(case=case)
-    step = twin.STRATEGIES[plan.strategy].train_step(graphdef, case.loss_fn, tx, mesh)
-    batch = place_batch(case.batches.batch(0), mesh, plan.strategy)
-    text = step.lower(place_state(state, mesh, plan.strategy), batch).compile().as_text()
+    step = twin.STRATEGIES[plan.strategy].train_step(graphdef, case.loss_fn, tx, mesh, plan)
+    batch = place_batch(case.batches.batch(0), mesh, plan)
+    text = step.lower(place_state(state, mesh, plan), batch).compile().as_text()
     text = re.sub(r'(?ms)^(FileNames|FunctionNames|FileLocations|StackFrames)$.*?^$', '', text)
     return re.sub(r', metadata=\{[^}]*\}', '', text)
 
@@ -184,7 +185,7 @@ def test_each_process_loads_one_contiguous_block_of_rows(text, processes):
     """Each process (its devices, consecutive as jax.devices() lists them) loads one block of
     the rows, and together the blocks are exactly what each device holds."""
     mesh = mesh_for(plans.parse(text, 'composed', 8))
-    layout, batch = rows(mesh), 32
+    layout, batch = rows(plan_of(mesh)), 32
     held = jax.sharding.NamedSharding(mesh, layout).devices_indices_map((batch,))
     per = 8 // processes
     for p in range(processes):
@@ -198,18 +199,52 @@ def test_a_process_whose_rows_are_not_one_block_is_refused():
     mesh = mesh_for(plans.parse('data:8', None, 8))
     every_other = jax.devices()[::2]  # rows 0-3, 8-11, ...: a process can load only one block
     with pytest.raises(UsageError, match='not one block'):
-        local_rows(mesh, 32, rows(mesh), every_other)
-    assert local_rows(mesh, 32, rows(mesh), jax.devices()[:4]) == slice(0, 16)
+        local_rows(mesh, 32, rows(plan_of(mesh)), every_other)
+    assert local_rows(mesh, 32, rows(plan_of(mesh)), jax.devices()[:4]) == slice(0, 16)
 
 
 def test_the_rows_are_split_as_the_row_axes_say():
     """rows() names the row axes in mesh order: a device's block is its mixed-radix index."""
     mesh = mesh_for(plans.parse('data:2,fsdp:2,model:2', None, 8))
-    assert rows(mesh) == jax.sharding.PartitionSpec(('data', 'fsdp'))
+    assert rows(plan_of(mesh)) == jax.sharding.PartitionSpec(('data', 'fsdp'))
     x = np.arange(8)
-    placed = jax.device_put(x, jax.sharding.NamedSharding(mesh, rows(mesh)))
+    placed = jax.device_put(x, jax.sharding.NamedSharding(mesh, rows(plan_of(mesh))))
     for shard in placed.addressable_shards:
         d, f, _ = (int(i) for i in np.argwhere(mesh.devices == shard.device)[0])
         np.testing.assert_array_equal(
             np.asarray(shard.data), x[2 * (2 * d + f) : 2 * (2 * d + f) + 2]
         )
+
+
+REFUSED = {  # (--mesh, --strategy, options) -> the fragment of the one line that refuses it
+    'a semicolon': (('data:2;model:4', None, {}), "--mesh=data:2;model:4: 'data:2;model:4' "
+                    'is not name:size; expected name:size pairs separated by commas'),
+    'AxB inside a name': (('data:2x4', None, {}), "'data:2x4' is not name:size; expected"),
+    'composed without a mesh': ((None, 'composed', {}), 'and no --mesh was given'),
+    'experts on a dense model': (('expert:8', None, {}), 'the expert axis of --mesh=expert:8 '
+                                 'splits the experts of a mixture-of-experts transformer'),
+    'a schedule without stages': ((None, 'dp', {'schedule': '1f1b'}), '--pp_schedule=1f1b '
+                                  'orders the microbatches of a pipeline, and --strategy=dp has '
+                                  'no stage axis'),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize('given, fragment', REFUSED.values(), ids=REFUSED)
+def test_a_mesh_is_refused_naming_what_the_user_gave(given, fragment):
+    """Each refusal names the flags as given (never `--mesh=None`, nor a --strategy the user
+    did not give), and a malformed --mesh the syntax it expects."""
+    from shard_parity import checks
+    from shard_parity.config import TransformerConfig
+
+    text, strategy, options = given
+    with pytest.raises(UsageError) as e:
+        checks.check(plans.parse(text, strategy, 8, **options), TransformerConfig(), 16)
+    assert fragment in str(e.value), e.value
+    assert 'None' not in str(e.value)
+
+
+def test_a_mesh_is_read_in_any_order_any_case_with_spaces():
+    """The order of the axes is kept (it lays the devices out); case and spaces are not."""
+    assert plans.parse(' Data:2 , FSDP:4', None, 8) == plans.parse('data:2,fsdp:4', None, 8)
+    assert plans.parse('fsdp:4,data:2', None, 8).names == ('fsdp', 'data')
+    assert plans.parse('fsdp:4,data:2', None, 8) != plans.parse('data:2,fsdp:4', None, 8)

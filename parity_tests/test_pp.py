@@ -25,6 +25,7 @@ from parity_tests.helpers import (
     logits,
     make_case,
     one_device_runs,
+    plan_of,
     read_metrics,
     run_cli,
     save_checkpoint,
@@ -33,10 +34,10 @@ from parity_tests.helpers import (
 )
 from shard_parity import auto, explicit, typed
 from shard_parity.mesh import make_mesh
-from shard_parity import plan as plans
+from shard_parity import checks
 from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.runtime import checkpoint
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.step import one_device_loss_and_grads
 from shard_parity.tools import divergence as D
 from shard_parity.tools.zoo import pp_wrong_way
@@ -79,9 +80,10 @@ def one_device():
 def pp_loss_and_grads(module, case, stages, microbatches, twin=explicit):
     mesh = pp_mesh(stages, twin)
     graphdef, _, state = fresh_state(case=case)
-    fn = module.loss_and_grads(graphdef, case.loss_fn, mesh, microbatches)
-    placed = place_state(jax.tree.map(np.array, state), mesh, 'pp')
-    return fn(placed.params, place_batch(case.batches.batch(0), mesh))
+    plan = plan_of(mesh, 'pp', microbatches=microbatches)
+    fn = module.loss_and_grads(graphdef, case.loss_fn, mesh, plan)
+    placed = place_state(jax.tree.map(np.array, state), mesh, plan)
+    return fn(placed.params, place_batch(case.batches.batch(0), mesh, plan))
 
 
 @pytest.mark.parametrize(
@@ -141,7 +143,7 @@ def test_20_steps_of_pp_track_the_one_device_run(name, one_device_steps):
 
 
 def check_pp(config, mesh, batch_size, microbatches):  # the train CLI's checks of a pp run
-    plans.check(plans.of(mesh, 'pp'), config, batch_size, microbatches)
+    checks.check(plan_of(mesh, 'pp', microbatches=microbatches), config, batch_size)
 
 
 def test_a_stage_axis_of_1_warns_and_bad_inputs_are_refused(caplog):
@@ -165,13 +167,14 @@ MOVES = {'dp-to-pp': ('dp', (8, 1), 'pp', (2, 4)), 'pp-to-dp': ('pp', (2, 4), 'd
 def test_checkpoints_move_between_dp_and_pp(saved_as, saved_on, restored_as, shape, tmp_path):
     case = make_case('transformer', GQA)
     graphdef, _, state = fresh_state(case=case)
-    state = place_state(state, make_mesh(shape=saved_on, axes=mesh_axes(saved_as)), saved_as)
+    on = make_mesh(shape=saved_on, axes=mesh_axes(saved_as))
+    state = place_state(state, on, plan_of(on, saved_as))
     save_checkpoint(tmp_path, state, case, GQA)
     tokens = case.batches.batch(0)['x']
     one = jax.devices()[0]  # logits on one device: both sides run the very same program
     before = logits(graphdef, state.params, tokens, one)
     mesh = make_mesh(shape=shape, axes=mesh_axes(restored_as))
-    _, graphdef2, restored = checkpoint.restore(tmp_path, mesh, restored_as)
+    _, graphdef2, restored = checkpoint.restore(tmp_path, mesh, plan_of(mesh, restored_as))
     query = restored.params['blocks']['attn']['query']['kernel'][...]
     saved_query = state.params['blocks']['attn']['query']['kernel'][...]
     assert query.sharding.mesh.axis_names == mesh_axes(restored_as)  # on restored_as's mesh

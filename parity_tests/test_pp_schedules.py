@@ -33,6 +33,7 @@ from parity_tests.helpers import (
     logits,
     make_case,
     one_device_runs,
+    plan_of,
     read_metrics,
     run_cli,
 )
@@ -41,10 +42,11 @@ from shard_parity import auto, explicit, typed
 from shard_parity.memory import abstract_state
 from shard_parity.mesh import make_mesh
 from shard_parity.model.transformer import Transformer
-from shard_parity.pipeline import one_f_one_b, pieces, rest_of
+from shard_parity.pipeline import pieces, rest_of
+from shard_parity.schedules import one_f_one_b
 from shard_parity.placement import STACKED, mesh_axes, place_batch, place_state
 from shard_parity.runtime import checkpoint
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.runtime import tasks
 from shard_parity.step import make_optimizer, one_device_loss_and_grads
 from shard_parity.tools import divergence as D
@@ -94,12 +96,20 @@ def one_device():
     return get
 
 
+def schedule_plan(mesh, microbatches, virtual=1, schedule=None):
+    """pp's plan on `mesh` under 1f1b (V = 1), interleaved (V > 1) or `schedule`."""
+    schedule = schedule or ('interleaved' if virtual > 1 else '1f1b')
+    v = virtual if schedule == 'interleaved' else None
+    return plan_of(mesh, 'pp', microbatches=microbatches, schedule=schedule, virtual=v)
+
+
 def schedule_loss_and_grads(module, case, stages, microbatches, virtual, twin=explicit):
     mesh = pp_mesh(stages, twin)
     graphdef, _, state = fresh_state(case=case)
-    fn = module.loss_and_grads(graphdef, case.loss_fn, mesh, microbatches, virtual)
-    placed = place_state(jax.tree.map(np.array, state), mesh, 'pp')
-    return fn(placed.params, place_batch(case.batches.batch(0), mesh))
+    plan = schedule_plan(mesh, microbatches, virtual)
+    fn = module.loss_and_grads(graphdef, case.loss_fn, mesh, plan)
+    placed = place_state(jax.tree.map(np.array, state), mesh, plan)
+    return fn(placed.params, place_batch(case.batches.batch(0), mesh, plan))
 
 
 # --- The table: what each stage runs at each tick ---
@@ -255,16 +265,17 @@ def test_20_steps_track_the_one_device_run(schedule, name):
 MEMORY = cfg.TransformerConfig(seq_len=64, num_layers=8, num_heads=4, num_kv_heads=4, embed_dim=64)
 
 
-def temp_mib(module, stages, microbatches, rows=2, twin=explicit, **options):
+def temp_mib(module, stages, microbatches, rows=2, twin=explicit, virtual=None):
     """The compiled loss_and_grads' temporary MiB per device (memory_analysis: compiled, never
     run), with `rows` rows per microbatch on each 'data' device: M microbatches of the same
     size, so that a schedule keeping every microbatch's activations grows with M."""
     mesh = pp_mesh(stages, twin)
+    plan = schedule_plan(mesh, microbatches, virtual or 1, None if virtual else 'gpipe')
     tx = make_optimizer(cfg.TrainConfig())
-    graphdef, state = abstract_state(lambda r: Transformer(MEMORY, rngs=r), tx, mesh, 'pp')
+    graphdef, state = abstract_state(lambda r: Transformer(MEMORY, rngs=r), tx, mesh, plan)
     shape = (mesh.shape['data'] * microbatches * rows, MEMORY.seq_len)
     token = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=NamedSharding(mesh, P('data')))
-    fn = module.loss_and_grads(graphdef, tasks.lm_loss, mesh, microbatches, **options)
+    fn = module.loss_and_grads(graphdef, tasks.lm_loss, mesh, plan)
     compiled = fn.lower(state.params, {'x': token, 'y': token}).compile()
     return compiled.memory_analysis().temp_size_in_bytes / 2**20
 
@@ -284,7 +295,8 @@ def schedule_bound_mib(stages, virtual, rows=2):
     from jax._src.ad_checkpoint import saved_residuals
 
     tx = make_optimizer(cfg.TrainConfig())
-    graphdef, state = abstract_state(lambda r: Transformer(MEMORY, rngs=r), tx, pp_mesh(2), 'pp')
+    mesh = pp_mesh(2)
+    graphdef, state = abstract_state(lambda r: Transformer(MEMORY, rngs=r), tx, mesh, plan_of(mesh, 'pp'))
     blocks, layers = state.params[STACKED], MEMORY.num_layers // (stages * virtual)
     chunk = jax.tree.map(lambda a: jax.ShapeDtypeStruct((layers, *a.shape[1:]), a.dtype), blocks)
     x = jax.ShapeDtypeStruct((rows, MEMORY.seq_len, MEMORY.embed_dim), jnp.float32)
@@ -417,7 +429,7 @@ def test_the_cli_trains_each_schedule_and_checkpoints_move_between_them(tmp_path
         got = []
         for strategy, shape in (('pp', (4, 2)), ('dp', (8, 1))):
             mesh = make_mesh(shape=shape, axes=mesh_axes(strategy))
-            _, graphdef, state = checkpoint.restore(tmp_path, mesh, strategy, step)
+            _, graphdef, state = checkpoint.restore(tmp_path, mesh, plan_of(mesh, strategy), step)
             got.append(logits(graphdef, state.params, tokens, one))
         np.testing.assert_array_equal(got[0], got[1])
         seen.append(got[0])

@@ -21,6 +21,7 @@ from parity_tests.helpers import (
     fresh_state,
     logits,
     make_case,
+    plan_of,
     read_metrics,
     run_cli,
     save_checkpoint,
@@ -109,7 +110,7 @@ def _ls(folder):
 def test_checkpoint_restores_on_another_device_count(save_n, restore_n, tmp_path):
     case = make_case('transformer')
     graphdef, _, state = fresh_state(case=case)
-    state = place_state(state, make_mesh(save_n), 'dp')
+    state = place_state(state, make_mesh(save_n), plan_of(make_mesh(save_n), 'dp'))
     save_checkpoint(tmp_path, state, case)
     tokens = case.batches.batch(0)['x']
     before = logits(graphdef, state.params, tokens)

@@ -3,6 +3,7 @@ step, the twin, strategy, mesh and schedule, and a slot for the precision policy
 written before segments reads as one; compare and bisect pair two runs segment by segment and
 say where a comparison meets two plans (shard_parity/runtime/segments.py, tools/pairing.py)."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -10,38 +11,53 @@ import sys
 import pytest
 
 from parity_tests.helpers import CLI_MODELS, REPO, run_cli
+from shard_parity import plan as plans
 from shard_parity.runtime import segments
 from shard_parity.tools import pairing
 
-COMPOSED = {'twin': 'explicit', 'strategy': 'composed', 'mesh': {'data': 2, 'fsdp': 2, 'model': 2}}
-PP = {'twin': 'explicit', 'strategy': 'pp', 'mesh': {'data': 4, 'stage': 2}, 'microbatches': 4,
-      'pp_schedule': '1f1b', 'pp_virtual': 1}  # fmt: skip
+COMPOSED = plans.from_config({'strategy': 'composed', 'mesh': {'data': 2, 'fsdp': 2, 'model': 2}})
+PP = plans.from_config({'strategy': 'pp', 'mesh': {'data': 4, 'stage': 2}, 'microbatches': 4,
+                        'pp_schedule': '1f1b'})  # fmt: skip
 
 
-def config(**plan):
-    return {'model': 'transformer', 'model_config': {}, 'train': {'steps': 60}, **plan}
+def config(history=None, plan=COMPOSED):
+    """A config.json as the train CLI writes it, with `history` as its segments (none: one
+    written before segments were)."""
+    saved = {'model': 'transformer', 'model_config': {}, 'train': {'steps': 60}, 'twin': 'explicit'}
+    return {**saved, **plan.to_config(), **({'segments': history} if history else {})}
 
 
 def test_segments_record_each_plan_from_the_step_it_started():
-    first = segments.extend(None, config(**COMPOSED), 0)
-    assert first == [{'from_step': 0, **COMPOSED, 'precision': None}]
-    same = segments.extend(config(**COMPOSED, segments=first), config(**COMPOSED), 40)
+    first = segments.extend(None, segments.new('explicit', COMPOSED, 0))
+    assert [(s['from_step'], s['strategy'], s['mesh']) for s in first] == [
+        (0, 'composed', {'data': 2, 'fsdp': 2, 'model': 2})]  # fmt: skip
+    assert first[0]['precision'] == dataclasses.asdict(plans.Precision())  # the whole policy
+    same = segments.extend(config(first), segments.new('explicit', COMPOSED, 40))
     assert same == first  # resumed on the same plan: the same segment goes on
-    moved = segments.extend(config(**COMPOSED, segments=first), config(**PP), 40)
-    assert moved == first + [{'from_step': 40, **PP, 'precision': None}]
+    moved = segments.extend(config(first), segments.new('explicit', PP, 40))
+    assert [(s['from_step'], s['strategy'], s.get('pp_schedule')) for s in moved] == [
+        (0, 'composed', None), (40, 'pp', '1f1b')]  # fmt: skip
     # resumed from a checkpoint older than the move: the history of that checkpoint, moved again
-    back = segments.extend(config(**PP, segments=moved), config(**COMPOSED), 30)
-    assert back == first
-    old = config(**COMPOSED)  # a config.json written before segments: one from step 0
+    assert segments.extend(config(moved, PP), segments.new('explicit', COMPOSED, 30)) == first
+    old = config()  # a config.json written before segments: one from step 0
     assert segments.of(old) == first
-    assert segments.extend(old, config(**PP), 40) == moved
+    assert segments.extend(old, segments.new('explicit', PP, 40)) == moved
+    bf16 = dataclasses.replace(COMPOSED, precision=plans.Precision(compute='bfloat16'))
+    for other in (segments.new('explicit', bf16, 40), segments.new('auto', COMPOSED, 40)):
+        assert len(segments.extend(config(first), other)) == 2  # another policy, another twin
     assert [segments.at(moved, s) for s in (0, 1, 40, 41, 60)] == [0, 0, 0, 1, 1]
     assert segments.describe(moved[1]) == 'explicit pp (1f1b) on data:4,stage:2'
+    assert segments.describe(segments.new('explicit', bf16, 0)).endswith(
+        'on data:2,fsdp:2,model:2, params=float32,compute=bfloat16,reduce=float32,matmul=default')
+
+
+def moved_at_42():
+    history = segments.extend(config(), segments.new('explicit', PP, 42))
+    return config(history, PP)
 
 
 def test_the_stretches_pair_a_segment_of_each_run_and_name_their_plans():
-    a = config(**PP, segments=segments.extend(config(**COMPOSED), config(**PP), 42))
-    b = config(**COMPOSED)
+    a, b = moved_at_42(), config()
     parts = pairing.Stretches(a, b)
     assert parts.moved and parts.starts == [(0, 0, 0), (42, 1, 0)]
     assert parts.at(42) == (segments.of(a)[0], segments.of(b)[0])
@@ -68,9 +84,8 @@ def log(shift=0.0):
 
 @pytest.mark.slow  # a CLI in a subprocess
 def test_compare_shows_each_runs_segments_and_a_verdict_for_each_stretch(tmp_path):
-    moved = config(**PP, segments=segments.extend(config(**COMPOSED), config(**PP), 42))
-    a = with_segments(tmp_path / 'a', moved, log(1e-6))
-    b = with_segments(tmp_path / 'b', config(**COMPOSED), log())
+    a = with_segments(tmp_path / 'a', moved_at_42(), log(1e-6))
+    b = with_segments(tmp_path / 'b', config(), log())
     done = subprocess.run([sys.executable, '-m', 'tools.compare', str(a), str(b)], cwd=REPO,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -14,12 +14,12 @@ import sys
 
 import pytest
 
-from parity_tests.helpers import REPO
+from parity_tests.helpers import REPO, plan_of
 from shard_parity.inspector import html
 from shard_parity.inspector import target as targets
 from shard_parity.mesh import make_mesh
 from shard_parity.placement import mesh_axes
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 
 needs_libtpu = pytest.mark.skipif(
     not targets.libtpu_installed(),
@@ -36,7 +36,8 @@ def report(strategy, target='tpu-v5e-8', model='mlp', batch_size=None, **fields)
     mesh = make_mesh(shape=(len(devices), 1), axes=mesh_axes(strategy), devices=devices)
     config = cfg.TRAIN_DEFAULTS[model]
     config = dataclasses.replace(config, batch_size=batch_size or config.batch_size)
-    r = inspect(model, config, mesh, strategy, cfg.TransformerConfig(**fields), target=target)
+    plan = plan_of(mesh, strategy)
+    r = inspect(model, config, mesh, plan, cfg.TransformerConfig(**fields), target=target)
     return json.loads(json.dumps(r))
 
 
@@ -99,7 +100,8 @@ def test_a_v5p_slice_has_4_devices_and_a_named_mesh_compiles_there():
 
     devices = targets.devices('tpu-v5e-8')
     mesh = make_mesh(shape=(2, 4), axes=('data', 'fsdp'), devices=devices)
-    named = inspect('mlp', cfg.TRAIN_DEFAULTS['mlp'], mesh, 'composed', target='tpu-v5e-8')
+    plan = plan_of(mesh, 'composed')
+    named = inspect('mlp', cfg.TRAIN_DEFAULTS['mlp'], mesh, plan, target='tpu-v5e-8')
     assert set(named['programs']) == {'one_device', 'auto', 'explicit', 'typed'}
     assert {tuple(op['axes']) for op in named['programs']['explicit']} >= {('fsdp',)}
 

@@ -17,6 +17,7 @@ from parity_tests.helpers import (
     inspect_collectives,
     logits,
     make_case,
+    plan_of,
     read_metrics,
     run_cli,
     save_checkpoint,
@@ -30,7 +31,8 @@ from shard_parity.runtime import checkpoint
 def test_tp_gives_each_model_device_whole_heads():
     case = make_case('transformer', TP_TRANSFORMER)  # 8 heads of 4 dims, width 32
     _, _, state = fresh_state(case=case)
-    placed = place_state(state, strategy_mesh('tp', (4, 2)), 'tp')
+    mesh = strategy_mesh('tp', (4, 2))
+    placed = place_state(state, mesh, plan_of(mesh, 'tp'))
     attn = placed.params['blocks']['attn']  # stacked: [L, in, out], L = 1, never split
     shard = lambda x: x.addressable_shards[0].data.shape  # noqa: E731
     assert shard(attn['query']['kernel'][...]) == (1, 32, 16)  # column-parallel: 4 of 8 heads
@@ -56,7 +58,8 @@ def test_state_per_device_falls_with_each_axis(model):
         ('tp', (1, 8)),
         ('fsdp_tp', (4, 2)),
     ]:
-        placed = place_state(jax.tree.map(np.array, state), strategy_mesh(strategy, shape), strategy)
+        mesh = strategy_mesh(strategy, shape)
+        placed = place_state(jax.tree.map(np.array, state), mesh, plan_of(mesh, strategy))
         held[strategy, shape] = device0_bytes(placed)
     assert held['dp', (8, 1)] == total
     assert held['fsdp', (8, 1)] < total / 7
@@ -131,13 +134,14 @@ MOVES = {  # saved under, restored under, onto the mesh
 def test_checkpoints_move_between_strategies(saved_as, restored_as, shape, tmp_path):
     case = make_case('transformer', TP_TRANSFORMER)
     graphdef, _, state = fresh_state(case=case)
-    state = place_state(state, strategy_mesh(saved_as, (4, 2)), saved_as)
+    on = strategy_mesh(saved_as, (4, 2))
+    state = place_state(state, on, plan_of(on, saved_as))
     save_checkpoint(tmp_path, state, case, TP_TRANSFORMER)
     tokens = case.batches.batch(0)['x']
     one = jax.devices()[0]  # logits on one device: both sides run the very same program
     before = logits(graphdef, state.params, tokens, one)
     mesh = strategy_mesh(restored_as, shape)
-    _, graphdef2, restored = checkpoint.restore(tmp_path, mesh, restored_as)
+    _, graphdef2, restored = checkpoint.restore(tmp_path, mesh, plan_of(mesh, restored_as))
     query = restored.params['blocks']['attn']['query']['kernel'][...]
     assert query.sharding.spec == QUERY_SPEC[restored_as]  # placed as restored_as places it
     saved_query = state.params['blocks']['attn']['query']['kernel'][...]

@@ -9,12 +9,19 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from parity_tests.helpers import LOSS_TOL, TINY_TRANSFORMER, assert_close, fresh_state, make_case
+from parity_tests.helpers import (
+    LOSS_TOL,
+    TINY_TRANSFORMER,
+    assert_close,
+    fresh_state,
+    make_case,
+    plan_of,
+)
 from shard_parity import UsageError, auto, explicit
 from shard_parity.model import attention
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import place_batch, place_state
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.runtime.tasks import lm_loss
 from shard_parity.step import one_device_loss_and_grads
 
@@ -124,11 +131,11 @@ def test_each_head_layout_trains_in_both_twins(kv_heads, mesh8):
     losses = {}
     for twin in (auto, explicit):
         graphdef, tx, state = fresh_state(case=case)
-        step = twin.dp.train_step(graphdef, case.loss_fn, tx, mesh8)
-        state = place_state(state, mesh8, 'dp')
+        step = twin.dp.train_step(graphdef, case.loss_fn, tx, mesh8, plan_of(mesh8, 'dp'))
+        state = place_state(state, mesh8, plan_of(mesh8, 'dp'))
         losses[twin] = []
         for i in range(10):
-            state, metrics = step(state, place_batch(case.batches.batch(i), mesh8))
+            state, metrics = step(state, place_batch(case.batches.batch(i), mesh8, plan_of(mesh8, 'dp')))
             losses[twin].append(float(metrics['loss']))
     assert losses[auto][-1] < losses[auto][0] - 0.3
     assert_close(losses[auto], losses[explicit], 'losses', **LOSS_TOL)  # helpers.py's model

@@ -18,9 +18,10 @@ from parity_tests.helpers import (
     assert_trees_close,
     fresh_state,
     make_case,
+    plan_of,
+    strategy_mesh,
     train_twin,
     twin_loss_and_grads,
-    strategy_mesh,
 )
 from shard_parity import auto, explicit, typed
 from shard_parity.mesh import DATA, MODEL, make_mesh
@@ -156,9 +157,9 @@ def test_the_train_step_compiles_once(twin, strategy, shape):
     case = make_case('mlp')
     graphdef, tx, state = fresh_state(case=case)
     mesh = strategy_mesh(strategy, shape, twin)
-    step = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh)
-    state = place_state(state, mesh, strategy)
+    step = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh, plan_of(mesh, strategy))
+    state = place_state(state, mesh, plan_of(mesh, strategy))
     for i in range(3):
-        state, metrics = step(state, place_batch(case.batches.batch(i), mesh, strategy))
+        state, metrics = step(state, place_batch(case.batches.batch(i), mesh, plan_of(mesh, strategy)))
         jax.block_until_ready(metrics)
     assert step._cache_size() == 1

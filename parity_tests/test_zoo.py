@@ -160,8 +160,8 @@ def test_scatter_no_div_plants_the_missing_division_in_todays_fsdp():
     theirs = functions(open(fsdp.__file__).read())['scatter']
     ours = functions(open(scatter_no_div.__file__).read())['scatter']
     assert [s for s, bug in statements(ours) if bug] == [
-        '1: return ( jax . lax . psum_scatter ( grad , FSDP , scatter_dimension = spec . index ( '
-        'FSDP ) , tiled = True ) )'
+        '1: return ( jax . lax . psum_scatter ( as_dtype ( grad , plan . precision . reduce ) , '
+        'FSDP , scatter_dimension = spec . index ( FSDP ) , tiled = True ) )'
     ]
     code = [' '.join(s for s, _ in statements(f)) for f in (theirs, ours)]
     assert 'axis_size' in code[0] and 'axis_size' not in code[1]  # the division by n, gone

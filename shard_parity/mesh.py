@@ -44,6 +44,13 @@ def configure_jax(cpu_devices: int | None, *, cpu_fma: bool = False, libtpu_line
         os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {NO_FMA}".strip()
 
 
+def use_matmul_precision(name: str) -> None:
+    """The plan's --matmul_precision for every dot traced from now on (jax's
+    default_matmul_precision): 'default' leaves JAX's default (on a TPU one bfloat16 pass for
+    float32 operands; on a GPU, TF32 where allowed), 'high' and 'highest' ask for more."""
+    jax.config.update('jax_default_matmul_precision', None if name == 'default' else name)
+
+
 def make_mesh(
     num_devices: int | None = None,
     shape: tuple[int, ...] | None = None,

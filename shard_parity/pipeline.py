@@ -1,11 +1,19 @@
-"""What pipeline parallelism's twins share (<twin>/pp.py): the microbatches and the checks.
+"""What pipeline parallelism's twins share (<twin>/pp.py, pp_1f1b.py, and the composed step's
+'stage' axis): the microbatches, and the engine that runs a schedule tick by tick.
 
-A GPipe step on S stages and M microbatches runs M + S - 1 ticks. At tick t stage s works on
-microbatch t - s, when 0 <= t - s < M; otherwise it is in the bubble, and works on zeros whose
-result no later tick reads (docs/pipeline.md draws the schedule). The rows are dealt into
-microbatches round-robin (row r into microbatch r mod M), on the global batch (auto/, typed/) as
-on each 'data' device's rows (explicit/): both give microbatch m the same rows, and each
-microbatch stays split over 'data' with no data moved.
+Every schedule cuts each row device's rows into M microbatches, dealt round-robin (row r into
+microbatch r mod M), on the global batch (auto/, typed/) as on each 'data' device's rows
+(explicit/): both give microbatch m the same rows, and each microbatch stays split over 'data'
+with no data moved.
+
+GPipe (pp.py) runs M + S - 1 ticks on S stages: at tick t stage s works on microbatch t - s when
+0 <= t - s < M, otherwise on zeros whose result no later tick reads (the bubble), and `grad`
+runs the ticks backwards. 1F1B and interleaved (pp_1f1b.py) follow a table
+(shard_parity/schedules.py): each tick, each stage runs at most one forward unit and one
+backward unit (`tick`: a `jax.vjp` of one microbatch through one chunk, from its saved input),
+in three phases (`phases`: warm-up, steady state, cool-down). The model is cut where a pipeline
+cuts it (`pieces`: the embedding on the first stage, the blocks, the head and loss on the last).
+docs/pipeline.md draws each schedule.
 """
 
 import functools
@@ -13,13 +21,12 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity import UsageError
 from shard_parity.mesh import STAGE
+from shard_parity.schedules import Ticks
 from shard_parity.model.ops import typed, varying
 from shard_parity.placement import STACKED, activations
 
@@ -42,14 +49,14 @@ def feed(inputs, stages: int):
     return jnp.pad(inputs, [(0, stages - 1)] + [(0, 0)] * (inputs.ndim - 1))
 
 
-def in_first_slot(inputs, mesh):
+def in_first_slot(inputs, mesh, plan):
     """[M, b, ...] @ P(None, 'data') -> [M, S, b, ...] @ P(None, 'stage', 'data') (under the
-    composed step its rows' and positions': placement.activations): for a buffer
+    composed step its rows' and positions': placement.activations(plan)): for a buffer
     of S slots (auto/, typed/), microbatch m in slot 0, stage 0's, and zeros in the others. Laid
     out once, before the ticks' loop: each tick's microbatch then enters the buffer with no data
     moved, and their gradient, a sum over the slots, leaves stage 0 in one all-reduce after the
     loop. (`h.at[0].set(x)` at every tick made the compiler sum it over 'stage' at every tick.)"""
-    stages, sharding = mesh.shape[STAGE], NamedSharding(mesh, P(None, STAGE, *activations(mesh)))
+    stages, sharding = mesh.shape[STAGE], NamedSharding(mesh, P(None, STAGE, *activations(plan)))
     explicit = typed(inputs) is not None  # Explicit mode (typed/): the layout is the type
     xs = jnp.broadcast_to(inputs[:, None], (len(inputs), stages, *inputs.shape[1:]),
                           out_sharding=sharding if explicit else None)  # fmt: skip
@@ -70,165 +77,6 @@ def microbatch_means(stats, microbatches: int, stage):
         return jnp.where(valid[..., None], x, 0).sum(0) / microbatches
 
     return {name: mean(x) for name, x in stats.items()}
-
-
-# --- 1F1B and interleaved 1F1B: the schedule as a table, and one stage's work at one tick ---
-
-class Ticks(NamedTuple):
-    """A 1F1B schedule as data (`one_f_one_b`): what each of the S stages does at each tick.
-    `forward` and `backward` map 'on', 'mb', 'chunk', 'slot' to int32 [ticks, S]: whether the
-    stage runs a unit (one microbatch through one of its chunks) that tick, which microbatch,
-    which of its V chunks, and where it keeps (forward) or finds (backward) that unit's input."""
-
-    forward: dict
-    backward: dict
-    phases: tuple  # ticks of (the warm-up: forwards only, the steady state: both, the cool-down)
-    slots: int  # K: the stage inputs a stage keeps at most, the `saved` buffer's length
-
-
-def one_f_one_b(stages: int, microbatches: int, virtual: int = 1) -> Ticks:
-    """1F1B in lockstep: at every tick each stage runs at most one forward unit and one backward
-    unit, then hands its output to the next stage and its input's gradient to the previous one,
-    which use them the next tick. With V chunks per stage (`virtual`, interleaved), chunk v of
-    stage s is virtual stage vS + s (layers of chunk c: c L/(SV) .. (c+1) L/(SV) - 1), and a
-    microbatch goes round the stages V times (the last stage's output back to stage 0).
-
-    Stage s runs forward unit u = t - s at tick t: units in groups of S microbatches, each group
-    through chunk 0, then chunk 1, ...: u = g SV + v S + w is microbatch g S + w in chunk v.
-    Its backward unit is u = t - D - (S - 1 - s), D = VS - 1, the same order with the chunks
-    reversed. Each unit's input then arrives exactly one tick before it runs, and the last
-    chunk's backward runs at the tick of its forward (after the loss). In the first D ticks no
-    backward can run and in the last D no forward: three phases, so that the bubble costs no
-    compute that the formula does not count. Ticks: VM + S - 1 with a forward, as many with a
-    backward, (S - 1)/(VM + S - 1) of each stage's units idle. A stage keeps each unit's input
-    from its forward to its backward, at most 2VS - 1 (2(S - 1 - s) + 1 for V = 1): S-bound,
-    whatever M (GPipe keeps all M + S - 1 ticks' activations)."""
-    S, M, V = stages, microbatches, virtual
-    depth, slots = V * S - 1, 2 * V * S - 1
-    t, s = np.arange(V * M + V * S + S - 2)[:, None], np.arange(S)[None]
-
-    def units(u, reverse):
-        g, w = np.divmod(u, S * V)
-        v = V - 1 - w // S if reverse else w // S
-        on = (u >= 0) & (u < V * M)
-        slot = (g * S * V + v * S + w % S) % slots  # the forward unit's index, round the buffer
-        mb, chunk = np.where(on, g * S + w % S, 0), np.where(on, v, 0)
-        fields = dict(on=on, mb=mb, chunk=chunk, slot=slot)
-        return {k: a.astype(np.int32) for k, a in fields.items()}
-
-    forward, backward = units(t - s, False), units(t - depth - (S - 1 - s), True)
-    phases = (depth, V * M + S - 1 - depth, depth)
-    assert not backward['on'][:depth].any() and not forward['on'][len(t) - depth :].any()
-    return Ticks(forward, backward, phases, slots)
-
-
-def gpipe_ticks(stages: int, microbatches: int) -> Ticks:
-    """GPipe as the same table, for the pictures (`cells`): M + S - 1 forward ticks, then the
-    backward's, which are `grad`'s: the same ticks in reverse."""
-    S, M = stages, microbatches
-    t, s = np.arange(2 * (M + S - 1))[:, None], np.arange(S)[None]
-    f, b = t - s, 2 * (M + S - 1) - 1 - t - s
-
-    def units(m):
-        on = (m >= 0) & (m < M)
-        return {'on': on, 'mb': np.where(on, m, 0), 'chunk': 0 * m, 'slot': 0 * m}
-
-    return Ticks(units(f), units(b), (M + S - 1, 0, M + S - 1), M + S - 1)
-
-
-def ticks(schedule: str, stages: int, microbatches: int, virtual: int = 1) -> Ticks:
-    if schedule == 'gpipe':
-        return gpipe_ticks(stages, microbatches)
-    return one_f_one_b(stages, microbatches, virtual)
-
-
-def cells(table: Ticks, virtual: int = 1) -> list[list[str]]:
-    """Each tick's work per stage, drawn: 'F3' the forward of microbatch 3, 'B1' a backward,
-    'F3:1' microbatch 3 in the stage's chunk 1 (interleaved), '·' the bubble."""
-
-    def unit(kind, part, t, s):
-        if not part['on'][t, s]:
-            return ''
-        chunk = f":{part['chunk'][t, s]}" if virtual > 1 else ''
-        return f"{kind}{part['mb'][t, s]}{chunk}"
-
-    f, b = table.forward, table.backward
-    return [
-        [' '.join(x for x in (unit('F', f, t, s), unit('B', b, t, s)) if x) or '·'
-         for s in range(f['on'].shape[1])]
-        for t in range(len(f['on']))
-    ]  # fmt: skip
-
-
-def sends(stages: int, virtual: int) -> list[tuple[int, int]]:
-    """The (source, target) stages of a 1F1B hand-over: stage i to i + 1, and interleaved, the
-    last stage to stage 0 (its output is the input of stage 0's next chunk). The gradients
-    go the other way."""
-    return [(i, (i + 1) % stages) for i in range(stages - (virtual == 1))]
-
-
-def interleave_pairs(stages: int, virtual: int) -> dict:
-    """Where interleaving moves each chunk: the blocks are placed L/S consecutive layers per
-    stage (placement.py), chunks sV .. sV + V - 1 on stage s, and interleaved stage s runs
-    chunks s, s + S, ...: {(j, v): [(source, target), ...]}, stage `source`'s chunk j becoming
-    stage `target`'s chunk v (one ppermute each, in explicit/; their transposes bring the
-    gradients back)."""
-    S, V = stages, virtual
-    pairs = {}
-    for j in range(V):
-        for v in range(V):
-            moves = [(a, a * V + j - v * S) for a in range(S) if 0 <= a * V + j - v * S < S]
-            if moves:
-                pairs[j, v] = moves
-    return pairs
-
-
-def check_schedule(schedule, virtual, stages, layers, microbatches, strategy='pp') -> None:
-    """--pp_schedule and --pp_virtual against the strategy, the stage axis S, the layers and
-    the microbatches M: one line each (docs/errors.md), before anything compiles."""
-    if virtual is not None and schedule != 'interleaved':
-        raise UsageError(
-            f'--pp_virtual={virtual} needs --pp_schedule=interleaved (it is --pp_schedule='
-            f'{schedule}): only the interleaved schedule gives each stage several chunks'
-        )
-    if schedule == 'gpipe':
-        return
-    if strategy != 'pp':
-        raise UsageError(
-            f'--pp_schedule={schedule} runs under --strategy=pp only (this mesh runs '
-            f'{strategy}): the composed step pipelines with gpipe; use --mesh=data:D,stage:S, '
-            'or --pp_schedule=gpipe'
-        )
-    v = virtual_stages(schedule, virtual)
-    if schedule == 'interleaved' and v < 2:
-        raise UsageError(
-            f'--pp_virtual={v} must be 2 or more: each stage runs V chunks (V = 1 is '
-            '--pp_schedule=1f1b)'
-        )
-    if layers % (stages * v):
-        raise UsageError(
-            f'--num_layers={layers} is not divisible by the stage axis x --pp_virtual '
-            f'({stages} x {v} = {stages * v}): each stage runs {v} chunks of num_layers/'
-            f'{stages * v} layers; use a multiple of {stages * v}'
-        )
-    if schedule == '1f1b' and microbatches < stages:
-        raise UsageError(
-            f'--microbatches={microbatches} is fewer than the stage axis ({stages}): 1F1B '
-            'reaches its steady state, one forward and one backward per tick, only with a '
-            f'microbatch per stage in flight; use --microbatches={stages} or more, or '
-            '--pp_schedule=gpipe'
-        )
-    if schedule == 'interleaved' and microbatches % stages:
-        raise UsageError(
-            f'--microbatches={microbatches} is not a multiple of the stage axis ({stages}): '
-            'the interleaved schedule sends the microbatches round the stages in groups of '
-            f'{stages}; use {stages}, {2 * stages}, ...'
-        )
-
-
-def virtual_stages(schedule: str, virtual=None) -> int:
-    """V, the chunks each stage runs: --pp_virtual (2 when not given) under interleaved, else 1."""
-    return (2 if virtual is None else virtual) if schedule == 'interleaved' else 1
 
 
 class Pieces(NamedTuple):

@@ -8,8 +8,8 @@
 
 The rules apply in that order to each array (`spec`), each only where the plan uses its axis
 (shard_parity/plan.py): dp uses none (every array whole, P()), fsdp only fsdp's, fsdp_tp
-model's then fsdp's, and the composed step all of them. A strategy file asks for its layout with
-its own name (`state_specs(params, 'fsdp', mesh)`), which names the axes it uses.
+model's then fsdp's, and the composed step all of them. Every function here takes the plan the
+step runs (`state_specs(params, plan, mesh)`), never rebuilds it from a mesh.
 
 Tensor parallelism pairs a column-parallel layer (its output features split over 'model': each
 device computes some of them, no communication) with a row-parallel one (its input features
@@ -31,6 +31,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity import plan as plans
+from shard_parity.plan import Plan
 from shard_parity.model.mlp import TP_PLAN
 from shard_parity.plan import DATA, EXPERT, FSDP, MODEL, SEQ, STAGE, STRATEGIES  # noqa: F401
 
@@ -114,10 +115,9 @@ def spec(path, shape, plan) -> P:
     return P(*dims)
 
 
-def state_specs(state, strategy: str, mesh):
+def state_specs(state, plan: Plan, mesh):
     """The PartitionSpec of every array in `state` (params, optimizer state, step) under
-    `strategy`'s file on `mesh`."""
-    plan = plans.of(mesh, strategy)
+    `plan` on `mesh` (the plan's mesh, in the twin's axis types)."""
     return jax.tree_util.tree_map_with_path(
         lambda path, x: as_returned(spec(path, x.shape, plan), len(x.shape), mesh), state
     )
@@ -140,36 +140,36 @@ def mesh_axes(strategy: str) -> tuple[str, str]:
     return plans.TWO_AXES[strategy]
 
 
-def rows(mesh, strategy: str = 'composed') -> P:
-    """The batch's layout under `strategy` on `mesh`: its rows over the row axes it uses."""
-    axes = plans.of(mesh, strategy).rows
+def rows(plan: Plan) -> P:
+    """The batch's layout under `plan`: its rows over the row axes it uses."""
+    axes = plan.rows
     return P(axes[0] if len(axes) == 1 else axes or None)
 
 
-def activations(mesh) -> tuple:
-    """Where auto/ and typed/ keep a transformer's activations x [B, T, C] on `mesh` (a pp or ep
-    mesh, or a named one's every axis): the rows over the row axes, under 'seq' the positions."""
-    plan = plans.of(mesh)
+def activations(plan: Plan) -> tuple:
+    """Where auto/ and typed/ keep a transformer's activations x [B, T, C] under `plan` (a pp or
+    ep mesh, or a named one's every axis): the rows over the row axes, under 'seq' the
+    positions."""
     rows = plan.rows[0] if len(plan.rows) == 1 else plan.rows or None
     return (rows, SEQ) if plan.uses(SEQ) else (rows,)
 
 
-def expert_slots(mesh) -> P:
+def expert_slots(plan: Plan) -> P:
     """[E, B, cap, C], the experts' slots by expert: E/n experts' slots on each device of the
     expert axis, of the rows of its other row axes (ep's P('expert', 'data'))."""
-    others = tuple(a for a in plans.of(mesh).rows if a != EXPERT)
+    others = tuple(a for a in plan.rows if a != EXPERT)
     return P(EXPERT, others[0] if len(others) == 1 else others or None)
 
 
-def row_slots(mesh) -> P:
+def row_slots(plan: Plan) -> P:
     """[E, B, cap, C], the experts' slots by row: every expert's slots of this device's rows
     (ep's P(None, ('data', 'expert')))."""
-    return P(None, plans.of(mesh).rows)
+    return P(None, plan.rows)
 
 
-def state_shardings(state, mesh, strategy: str):
+def state_shardings(state, mesh, plan: Plan):
     """`state_specs` as NamedShardings on `mesh`: where Orbax restores and jit keeps each array."""
-    return named(mesh, state_specs(state, strategy, mesh))
+    return named(mesh, state_specs(state, plan, mesh))
 
 
 def named(mesh, specs):
@@ -177,8 +177,8 @@ def named(mesh, specs):
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
 
 
-def reduced_shardings(params, mesh, strategy: str, gathered: bool = False):
-    """typed/'s layout of the params inside a step (JAX's Explicit mode): `strategy`'s (with
+def reduced_shardings(params, mesh, plan: Plan, gathered: bool = False):
+    """typed/'s layout of the params inside a step (JAX's Explicit mode): `plan`'s (with
     `gathered`, without 'fsdp': FSDP's weights once gathered), with each matrix also `reduced`
     over the axes that split the batch. Reduced is a type, not a move: the array is whole on
     every such device, as replicated; but its gradient comes out `unreduced` (each device's
@@ -186,10 +186,9 @@ def reduced_shardings(params, mesh, strategy: str, gathered: bool = False):
     replicated: jax (0.10 to 0.12 at least) refuses a reduced operand beside one split on the
     same axis in an elementwise op (x + b), so their gradients are summed where they are formed.
     Not over an axis the array itself is split over (an expert's, over 'expert')."""
-    plan = plans.of(mesh, strategy)
     axes = set(plan.batch_axes)
     split = axes if any(mesh.shape[a] > 1 for a in axes) else set()
-    specs = state_specs(params, strategy, mesh)
+    specs = state_specs(params, plan, mesh)
     if gathered:
         specs = without(specs, FSDP)
 
@@ -216,21 +215,22 @@ def without(specs, axis: str):
     return jax.tree.map(lambda spec: P(*(None if d == axis else d for d in spec)), specs)
 
 
-def outside_layers(fn, tree, *rest):
-    """`fn(x, *r)` on every array of `tree` outside the stacked blocks (embeddings, final norm:
-    what FSDP gathers once per step); the blocks' arrays as they are (gathered per layer)."""
+def outside_layers(fn, tree, *rest, **options):
+    """`fn(x, *r, **options)` on every array of `tree` outside the stacked blocks (embeddings,
+    final norm: what FSDP gathers once per step); the blocks' arrays as they are (gathered per
+    layer)."""
     return jax.tree_util.tree_map_with_path(
-        lambda p, x, *r: x if layer_dims(p) else fn(x, *r), tree, *rest
+        lambda p, x, *r: x if layer_dims(p) else fn(x, *r, **options), tree, *rest
     )
 
 
-def place_state(state, mesh, strategy: str):
-    """Params and optimizer state to the devices, split as `strategy` splits them."""
-    return jax.device_put(state, state_shardings(state, mesh, strategy))
+def place_state(state, mesh, plan: Plan):
+    """Params and optimizer state to the devices, split as `plan` splits them."""
+    return jax.device_put(state, state_shardings(state, mesh, plan))
 
 
-def place_batch(batch, mesh, strategy: str = 'dp'):
+def place_batch(batch, mesh, plan: Plan):
     """This process's rows of a batch -> global arrays split over the row axes. With one process
     those rows are the whole batch; with several, each loads only its own part."""
-    sharding = NamedSharding(mesh, rows(mesh, strategy))
+    sharding = NamedSharding(mesh, rows(plan))
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)

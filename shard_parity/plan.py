@@ -1,10 +1,20 @@
-"""The mesh as a plan: named axes, each doing one thing, composed.
+"""The plan: everything that decides what a training step is, in one frozen object.
 
     --mesh=data:2,fsdp:2,model:2        a 3-D mesh: HSDP (data x fsdp) with tensor parallelism
     --strategy=fsdp_tp --mesh=4x2       the same as --mesh=fsdp:4,model:2: a strategy is a name
                                         for the mesh it runs on
 
-What each axis does, written once (the table below; docs/composition.md walks a step):
+A `Plan` is the mesh's named axes in order, the strategy file each twin runs on them, the
+pipeline's --microbatches, --pp_schedule and --pp_virtual, the context ring's --cp_layout, and
+the precision policy. It is built in two places only: from the flags
+(shard_parity/runtime/from_flags.py, `plan`) and from a run's saved config.json
+(`from_config`); `to_config` writes it there. Everything else is handed the plan whole: the
+train loop, placement (shard_parity/placement.py), memory, the step's choice of file
+(shard_parity/step.py, `strategy_file`), the bisector, the inspector, the benchmarks. What the
+plan must satisfy (heads, layers, experts, the sequence, the rows divisible by the axes that
+split them) is shard_parity/checks.py, the one place that refuses a plan.
+
+What each axis does, written once (docs/composition.md walks a step):
 
     data    the batch's rows split; the state whole; the gradients averaged (dp)
     fsdp    the rows split and the state too: each layer gathered where it runs, its gradient
@@ -14,18 +24,14 @@ What each axis does, written once (the table below; docs/composition.md walks a 
     stage   pipeline parallelism: the stacked layers split into stages, microbatches
     expert  expert parallelism: a mixture of experts' experts split, tokens exchanged
 
-A `Plan` is the ordered axes and the file each twin runs: a single-strategy file where one
-covers the named axes (`--mesh=data:4,model:2` runs <twin>/tp.py), else <twin>/composed.py.
-An axis a strategy does not use holds copies (`--strategy=dp --mesh=4x2`: each 'model' group's
-two devices compute the same thing, as they always did). Placement (shard_parity/placement.py),
-the checks below and the inspector's expectations read the plan; nothing else switches on a
-strategy's name.
+The strategy file is a single-strategy file where one covers the named axes
+(`--mesh=data:4,model:2` runs <twin>/tp.py), else <twin>/composed.py. An axis a strategy does
+not use holds copies (`--strategy=dp --mesh=4x2`: each 'model' group's two devices compute the
+same thing). This module and checks.py are the only places that switch on a strategy's name.
 """
 
 import dataclasses
 import math
-
-from absl import logging
 
 from shard_parity import UsageError
 
@@ -55,15 +61,45 @@ STRATEGY_AXES = {
 }
 STRATEGIES = tuple(STRATEGY_AXES)  # each twin has one file per name: <twin>/<name>.py
 TWO_AXES = {s: (axes + (MODEL,))[:2] for s, axes in STRATEGY_AXES.items() if s != 'composed'}
+MOE_STRATEGIES = ('dp', 'ep', 'composed')  # where a mixture of experts' parity is tested
+SCHEDULES = ('gpipe', '1f1b', 'interleaved')  # --pp_schedule
+LAYOUTS = ('zigzag', 'contiguous')  # --cp_layout
+MICROBATCHES = 4  # --microbatches' default: M
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """The mixed-precision policy, in the names FSDP2 and jmp use (docs/numerics.md): master
+    parameters and AdamW's state in `param`; the model's arithmetic in `compute` (--dtype,
+    Flax's `dtype`); what the gradients' collectives carry in `reduce`; the dots' precision in
+    `matmul` (DEFAULT: on a TPU one bf16 pass for float32 operands)."""
+
+    param: str = 'float32'
+    compute: str = 'float32'
+    reduce: str = 'float32'
+    matmul: str = 'default'
+
+    def text(self) -> str:
+        """jmp's spelling: 'params=float32,compute=bfloat16,reduce=float32,matmul=default'."""
+        return ','.join(f'{k}{"s" if k == "param" else ""}={v}'
+                        for k, v in dataclasses.asdict(self).items())  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The mesh's axes in order, (('data', 2), ('fsdp', 2), ('model', 2)), and the strategy
-    file that runs on them. An axis the strategy does not use is idle: it holds copies."""
+    """What a step is: the mesh's axes in order, (('data', 2), ('fsdp', 2), ('model', 2)), the
+    strategy file that runs on them, the options its axes take, and the precision. Hashable:
+    equal plans compile the same program (after `canonical`, which drops unused options).
+    `spelled`: how the user named the mesh, for messages only (not compared)."""
 
     axes: tuple[tuple[str, int], ...]
     strategy: str = 'composed'
+    microbatches: int = MICROBATCHES  # with a 'stage' axis: M microbatches per row device
+    schedule: str = 'gpipe'  # --pp_schedule
+    virtual: int | None = None  # --pp_virtual as given; `chunks` is V
+    layout: str = 'zigzag'  # --cp_layout, with a 'seq' axis
+    precision: Precision = Precision()
+    spelled: str = dataclasses.field(default='', compare=False)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -99,13 +135,83 @@ class Plan:
         """Every axis over which the loss is a mean of equal parts: rows and positions."""
         return tuple(a for a in self.names if a in BATCH_AXES and self.uses(a))
 
+    @property
+    def chunks(self) -> int:
+        """V, the chunks each stage runs: --pp_virtual (default 2) under interleaved, else 1."""
+        if self.schedule != 'interleaved':
+            return 1
+        return 2 if self.virtual is None else self.virtual
+
     def text(self) -> str:
         return ','.join(f'{a}:{n}' for a, n in self.axes)
 
+    def given(self) -> str:
+        """The mesh as the user gave it (--mesh=..., --strategy=...), for messages."""
+        return self.spelled or f'--mesh={self.text()}'
 
-def of(mesh, strategy: str = 'composed') -> Plan:
-    """The plan of a built mesh, for `strategy`'s file (the twins know only their mesh)."""
-    return Plan(tuple(mesh.shape.items()), strategy)
+    def in_float64(self) -> 'Plan':
+        """The same step in float64 throughout (the bisector's --x64, the tests' float64 runs):
+        master parameters, compute and every collective."""
+        wide = Precision('float64', 'float64', 'float64', self.precision.matmul)
+        return dataclasses.replace(self, precision=wide)
+
+    def canonical(self) -> 'Plan':
+        """The same step with the options its axes do not take at their defaults: two plans
+        that compile the same program are equal (the key a compile cache wants)."""
+        stage, seq = self.uses(STAGE), self.uses(SEQ)
+        return dataclasses.replace(
+            self,
+            microbatches=self.microbatches if stage else MICROBATCHES,
+            schedule=self.schedule if stage else 'gpipe',
+            virtual=self.chunks if stage and self.schedule == 'interleaved' else None,
+            layout=self.layout if seq else 'zigzag',
+        )
+
+    def to_config(self) -> dict:
+        """config.json's keys for the plan (`from_config` reads them back): the options only
+        where the axes take them, as runs saved before the plan was one object have them."""
+        return {
+            'strategy': self.strategy,
+            'devices': self.devices,
+            'mesh': dict(self.axes),
+            **({'cp_layout': self.layout} if self.uses(SEQ) else {}),
+            **({'microbatches': self.microbatches} if self.uses(STAGE) else {}),
+            # gpipe's runs record no schedule, as before there was a choice
+            **({'pp_schedule': self.schedule, 'pp_virtual': self.chunks}
+               if self.uses(STAGE) and self.schedule != 'gpipe' else {}),
+            # the compute and reduce dtypes are the model's own (model_config's), the rest here
+            **({'precision': {'matmul': self.precision.matmul}}
+               if self.precision.matmul != 'default' else {}),
+        }  # fmt: skip
+
+
+def from_config(saved: dict) -> Plan:
+    """A run's config.json -> its plan. Runs saved before named meshes called fsdp's axis
+    'data' ({'data': 4, 'model': 2} under fsdp is fsdp:4,model:2); runs saved before an option
+    existed take its default."""
+    strategy, mesh = saved.get('strategy'), saved.get('mesh')
+    if strategy not in STRATEGY_AXES or not isinstance(mesh, dict) or not all(
+        a in AXES and isinstance(n, int) and n > 0 for a, n in mesh.items()
+    ):
+        raise UsageError(
+            f'a config.json with strategy {strategy!r} and mesh {mesh!r}: expected one of '
+            f'{", ".join(STRATEGIES)} and a mesh of named axes ({", ".join(AXES)}) and sizes'
+        )
+    axes = tuple(mesh.items())
+    if strategy in ('fsdp', 'fsdp_tp') and FSDP not in mesh and DATA in mesh:
+        axes = tuple((FSDP if a == DATA else a, n) for a, n in axes)
+    model = saved.get('model_config') or {}
+    dtypes = {k: model.get(f, 'float32') for k, f in (('compute', 'dtype'), ('reduce', 'reduce_dtype'))}
+    plan = Plan(
+        axes,
+        strategy,
+        microbatches=saved.get('microbatches', MICROBATCHES),
+        schedule=saved.get('pp_schedule', 'gpipe'),
+        virtual=saved.get('pp_virtual'),
+        layout=saved.get('cp_layout', 'zigzag'),
+        precision=Precision(**dtypes, **saved.get('precision', {})),
+    )
+    return plan.canonical()
 
 
 def strategy_for(names) -> str:
@@ -116,16 +222,19 @@ def strategy_for(names) -> str:
     return 'composed'
 
 
-def parse(text: str | None, strategy: str | None, devices: int, experts: bool = False) -> Plan:
-    """--mesh (and --strategy) -> a Plan over `devices` devices.
+def parse(text: str | None, strategy: str | None, devices: int, experts: bool = False,
+          **options) -> Plan:  # fmt: skip
+    """--mesh (and --strategy) -> a Plan over `devices` devices, with `options` (microbatches,
+    schedule, virtual, layout, precision: the Plan's fields) as given.
 
-    'data:2,fsdp:2,model:2': named axes, in order; the strategy file is the one that covers
-    them (with `experts`, one that runs a mixture of experts: dp, ep, else the composed step),
-    or --strategy=composed to run the composed step on them anyway. 'AxB' (or none:
-    every device on the first axis): --strategy's two axes, as before named meshes.
+    'data:2,fsdp:2,model:2': named axes; the strategy file is the one that covers them (with
+    `experts`, one that runs a mixture of experts: dp, ep, else the composed step), or
+    --strategy=composed to run the composed step on them anyway. 'AxB' (or none: every device
+    on the first axis): --strategy's two axes, as before named meshes.
     """
     if text and ':' in text:
         plan = named(text, devices)
+        plan = dataclasses.replace(plan, spelled=f'--mesh={text}', **options)
         if strategy not in (None, 'composed', plan.strategy):
             raise UsageError(
                 f'--strategy={strategy} with --mesh={text}: a named mesh says what runs '
@@ -141,18 +250,31 @@ def parse(text: str | None, strategy: str | None, devices: int, experts: bool = 
     strategy = strategy or 'dp'
     if strategy == 'composed':
         raise UsageError(
-            f'--strategy=composed needs a named mesh such as --mesh=data:2,fsdp:2,model:2 '
-            f'(its product the {devices} devices); got --mesh={text}'
+            '--strategy=composed runs the named axes of a --mesh such as '
+            f'--mesh=data:2,fsdp:2,model:2 (their sizes multiplying to the {devices} devices), '
+            + (f'not --mesh={text}' if text else 'and no --mesh was given')
         )
     shape = two_numbers(text) if text else (devices, 1)
-    return Plan(tuple(zip(TWO_AXES[strategy], shape)), strategy)
+    spelled = f'--strategy={strategy}' + (f' --mesh={text}' if text else '')
+    return Plan(tuple(zip(TWO_AXES[strategy], shape)), strategy, spelled=spelled, **options)
+
+
+SYNTAX = (
+    'name:size pairs separated by commas, such as --mesh=data:2,fsdp:2,model:2, each axis '
+    f'once, in any order (the axes: {", ".join(AXES)})'
+)
 
 
 def named(text: str, devices: int) -> Plan:
+    """'data:2,fsdp:2,model:2' -> a Plan of those axes, in that order (the mesh's device
+    layout: the first axis varies slowest). Names are case-insensitive and spaces around them
+    are dropped; each axis at most once."""
     axes = []
     for part in text.split(','):
-        name, _, size = part.strip().partition(':')
-        name = name.strip().lower()
+        name, colon, size = (p.strip() for p in part.partition(':'))
+        name = name.lower()
+        if not colon or not size.isascii() or not size.isdigit():
+            raise UsageError(f'--mesh={text}: {part.strip()!r} is not name:size; expected {SYNTAX}')
         if name not in AXES:
             raise UsageError(
                 f'--mesh={text}: unknown axis {name!r}; the axes are {", ".join(AXES)} '
@@ -163,7 +285,7 @@ def named(text: str, devices: int) -> Plan:
                 f'--mesh={text}: the axis {name!r} is given twice; name each axis once, with the '
                 'size it splits by (e.g. --mesh=data:2,fsdp:2,model:2)'
             )
-        if not (size.strip().isascii() and size.strip().isdigit() and int(size) > 0):
+        if int(size) < 1:
             raise UsageError(f'--mesh={text}: the size of {name!r} must be a positive integer')
         axes.append((name, int(size)))
     plan = Plan(tuple(axes), strategy_for(dict(axes)))
@@ -182,154 +304,6 @@ def two_numbers(text: str) -> tuple[int, int]:
     if len(parts) != 2 or not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
         raise UsageError(
             f'--mesh={text}: expected DATAxMODEL, two positive integers such as 4x2, or named '
-            'axes such as data:2,fsdp:2,model:2'
+            f'axes: {SYNTAX}'
         )
     return int(parts[0]), int(parts[1])
-
-
-def from_saved(strategy: str, mesh: dict) -> Plan:
-    """A run's config.json (its 'strategy' and 'mesh') -> its plan. Runs saved before named
-    meshes called fsdp's axis 'data': {'data': 4, 'model': 2} under fsdp is fsdp:4,model:2."""
-    axes = tuple(mesh.items())
-    if strategy in ('fsdp', 'fsdp_tp') and FSDP not in mesh and DATA in mesh:
-        axes = tuple((FSDP if a == DATA else a, n) for a, n in axes)
-    return Plan(axes, strategy)
-
-
-# --- The checks, one per axis: what each must divide. Each raises one line (docs/errors.md).
-
-MOE_STRATEGIES = ('dp', 'ep', 'composed')  # where a mixture of experts' parity is tested
-
-
-def check(plan: Plan, model_config, batch_size: int, microbatches: int = 1, layout='zigzag'):
-    """Every used axis's check, then what the rows (and microbatches) must divide; warnings for
-    axes that split nothing. Before anything compiles."""
-    experts = getattr(model_config, 'num_experts', 0)
-    if experts and plan.strategy not in MOE_STRATEGIES:
-        named = ','.join(f'{a}:{n}' for a, n in plan.axes)
-        raise UsageError(
-            f'--strategy={plan.strategy} with --num_experts={experts}: the mixture of experts '
-            f'runs under --strategy=dp or ep, or on a named mesh (--mesh={named}: the composed '
-            'step); use one of those, or --num_experts=0'
-        )
-    for axis, check_axis in CHECKS.items():
-        if plan.uses(axis):
-            check_axis(plan, model_config, plan.size(axis), layout=layout, experts=experts)
-    check_rows(plan, batch_size, microbatches if plan.uses(STAGE) else 1)
-    for axis in plan.idle:
-        if dict(plan.axes)[axis] > 1:
-            logging.warning(
-                "--strategy=%s splits nothing over '%s': the %d devices of each %s group hold "
-                'the same shards and compute the same thing',
-                plan.strategy, axis, dict(plan.axes)[axis], axis,
-            )  # fmt: skip
-
-
-def who(plan: Plan, axis: str) -> str:
-    """How a message names what splits `axis`: the strategy, or the named mesh's axis."""
-    return f"the mesh's {axis} axis" if plan.strategy == 'composed' else f'--strategy={plan.strategy}'
-
-
-def divides(what: str, value: int, name: str, n: int, why: str, hint: str) -> None:
-    if value % n:
-        raise UsageError(
-            f"{what}={value} is not divisible by the mesh's {name} ({n}): {why}; use a {hint}"
-        )
-
-
-def check_model(plan, config, m, **_):
-    """Tensor parallelism splits heads and hidden features over 'model': they must divide."""
-    if hasattr(config, 'num_heads'):
-        sizes = {'--num_heads': config.num_heads, '--num_kv_heads': config.num_kv_heads}
-    else:
-        sizes = {'the hidden layer width': config.layer_sizes[1]}
-    for name, size in sizes.items():
-        divides(name, size, 'model axis', m, f'tensor parallelism gives each of the {m} '
-                'devices of a model group an equal share', f'mesh whose model axis divides {size}')  # fmt: skip
-    if m == 1 and plan.strategy in ('tp', 'fsdp_tp'):
-        logging.warning(
-            "--strategy=%s on a mesh whose 'model' axis is 1 splits nothing over it: it runs "
-            "as %s; give 'model' more than 1 device (--mesh=4x2, or model:2) to split the layers",
-            plan.strategy, 'fsdp' if plan.strategy == 'fsdp_tp' else 'dp',
-        )  # fmt: skip
-
-
-def check_seq(plan, config, n, layout='zigzag', experts=0, **_):
-    """Context parallelism splits a transformer's sequence over 'seq' into equal chunks: n of
-    them, or 2n in the zigzag layout (shard_parity/model/ring.py)."""
-    if not hasattr(config, 'seq_len'):
-        raise UsageError(
-            f'{who(plan, SEQ)} splits sequences, and --model=mlp has none: use '
-            '--model=transformer, or a mesh without a seq axis for the MLP'
-        )
-    if experts and n > 1:
-        raise UsageError(
-            f'--num_experts={experts} on a mesh whose seq axis is {n}: the experts\' capacity '
-            'is per sequence, and a sequence split over devices would route differently; '
-            'use a mesh without a seq axis with experts'
-        )
-    divides('--seq_len', config.seq_len, 'sequence axis', n, f'each of its devices holds '
-            f'seq_len/{n} positions', f'multiple of {n}, or a mesh whose seq axis divides it')  # fmt: skip
-    if layout == 'zigzag' and config.seq_len % (2 * n):
-        raise UsageError(
-            f'--seq_len={config.seq_len} is not divisible by 2 x the sequence axis '
-            f'({2 * n}): the zigzag layout gives each of the {n} devices two chunks of '
-            f'seq_len/{2 * n} positions; use a multiple of {2 * n}, or --cp_layout=contiguous'
-        )
-    if n == 1 and plan.strategy == 'cp':
-        logging.warning(
-            '--strategy=cp on a sequence axis of 1 (--mesh=%s) splits no sequence: it runs '
-            'as dp; give the second number of --mesh to split each sequence that many ways',
-            plan.text(),
-        )
-
-
-def check_stage(plan, config, s, **_):
-    """The stages take equal shares of a stack of equal layers."""
-    if not hasattr(config, 'num_layers'):
-        raise UsageError(
-            f'{who(plan, STAGE)} splits a stack of equal layers into stages, and --model=mlp '
-            'has none: use --model=transformer, or a mesh without a stage axis for the MLP'
-        )
-    divides('--num_layers', config.num_layers, 'stage axis', s, f'each stage holds '
-            f'num_layers/{s} consecutive layers', f'multiple of {s}, or a mesh whose stage axis '
-            f'divides {config.num_layers}')  # fmt: skip
-    if s == 1 and plan.strategy == 'pp':
-        logging.warning(
-            '--strategy=pp on a stage axis of 1 (--mesh=%s) makes no pipeline: one stage holds '
-            'every layer, and it runs as dp with microbatches; give the second number of --mesh '
-            'to split the layers that many ways',
-            plan.text(),
-        )
-
-
-def check_expert(plan, config, n, experts=0, **_):
-    """Expert parallelism gives each of the n devices of the 'expert' axis E/n whole experts."""
-    if not experts:
-        raise UsageError(
-            f'{who(plan, EXPERT)} splits the experts of a mixture-of-experts transformer: use '
-            "--model=transformer --num_experts=E (a multiple of the mesh's expert axis)"
-        )
-    divides('--num_experts', experts, 'expert axis', n, f'each of its devices holds '
-            f'num_experts/{n} whole experts', f'multiple of {n}, or a mesh whose expert axis '
-            f'divides {experts}')  # fmt: skip
-
-
-CHECKS = {MODEL: check_model, SEQ: check_seq, STAGE: check_stage, EXPERT: check_expert}
-
-
-def check_rows(plan: Plan, batch_size: int, microbatches: int = 1) -> None:
-    """Each device of the row axes takes batch_size / rows rows, cut into M microbatches."""
-    rows = math.prod(plan.size(a) for a in plan.rows)
-    axes = ' x '.join(f"'{a}'" for a in plan.rows) or 'no'
-    if batch_size % rows:
-        raise UsageError(
-            f"--batch_size={batch_size} is not divisible by the {rows} devices of the mesh's "
-            f'row axes ({axes}): each takes batch_size/{rows} examples; use a multiple of {rows}'
-        )
-    if microbatches < 1 or batch_size % (rows * microbatches):
-        raise UsageError(
-            f'--batch_size={batch_size} does not split into --microbatches={microbatches} on '
-            f"each of the {rows} devices of the mesh's row axes ({axes}): use a --batch_size "
-            f'divisible by {rows} x {microbatches} = {rows * microbatches}'
-        )

@@ -1,9 +1,12 @@
-"""The parts of a training step that do not depend on the parallelism, and the one-device run.
+"""The parts of a training step that do not depend on the parallelism, the choice of the file
+that runs a plan, and the one-device run.
 
 A twin's step is `loss_and_grads` (where the parallelism lives) followed by `apply_gradients`
 (elementwise, the same code everywhere: each device updates the arrays or shards it holds with
-the reduced gradient). `one_device_train_step` is the plain `jit` on one device (donating its
-state, as the twins do) that every twin and strategy is tested against.
+the reduced gradient). `strategy_file(twin, plan)` is the one rule for which of a twin's files
+runs a plan (the train loop, the bisector, the inspector and the benchmarks all ask it).
+`one_device_train_step` is the plain `jit` on one device (donating its state, as the twins do)
+that every twin and strategy is tested against.
 """
 
 import functools
@@ -14,8 +17,10 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from shard_parity import UsageError
 from shard_parity.placement import layer_dims, state_shardings
-from shard_parity.runtime.config import TrainConfig
+from shard_parity.plan import STAGE
+from shard_parity.config import TrainConfig
 
 
 class TrainState(NamedTuple):
@@ -83,12 +88,13 @@ def create_state(model: nnx.Module, tx: optax.GradientTransformation):
 
 
 def apply_gradients(state: TrainState, grads, tx) -> TrainState:
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)  # float32 masters
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
 
 
 def make_train_step(
-    grads_fn: Callable, tx, mesh, strategy: str, place: Callable = jax.lax.with_sharding_constraint
+    grads_fn: Callable, tx, mesh, plan, place: Callable = jax.lax.with_sharding_constraint
 ) -> Callable:
     """The train step every strategy file builds from its `loss_and_grads`: the gradients, then
     the update, which is elementwise and so the same code for every strategy (each device
@@ -100,9 +106,46 @@ def make_train_step(
         metrics, grads = grads_fn(state.params, batch)
         state = apply_gradients(state, grads, tx)
         metrics = with_grad_norm(metrics, state.opt_state)
-        return place(state, state_shardings(state, mesh, strategy)), metrics
+        return place(state, state_shardings(state, mesh, plan)), metrics
 
     return jax.jit(step, donate_argnums=0)
+
+
+def as_dtype(tree, dtype):
+    """Every floating array of `tree` as `dtype`: the precision policy's cast beside each
+    collective (the plan's `precision`: weights gathered in the compute dtype, gradients
+    reduced in the reduce dtype). Arrays already `dtype`, and integer ones, as they are."""
+
+    def cast(x):
+        floating = jnp.issubdtype(x.dtype, jnp.floating)
+        return x.astype(dtype) if floating and x.dtype != jnp.dtype(dtype) else x
+
+    return jax.tree.map(cast, tree)
+
+
+INTERFACE = ('loss_and_grads', 'train_step', 'eval_step')  # what a strategy file defines
+
+
+def strategy_file(twin, plan, module=None):
+    """The module that runs `plan` in `twin` (a twin package: auto, explicit, typed): the file
+    of its --pp_schedule under 1f1b and interleaved (SCHEDULES), else STRATEGIES[plan.strategy].
+    `module` overrides the choice: a twin package is chosen from in the same way; any other
+    module (a zoo entry, a file of yours) runs as it is, if it defines INTERFACE. Every file
+    takes the plan whole: `train_step(graphdef, loss_fn, tx, mesh, plan)`."""
+    chosen = module if module is not None else twin
+    if hasattr(chosen, 'STRATEGIES'):
+        if plan.schedule != 'gpipe' and plan.uses(STAGE):
+            return chosen.SCHEDULES[plan.schedule]
+        if plan.strategy not in chosen.STRATEGIES:
+            raise UsageError(f'{chosen.__name__} has no --strategy={plan.strategy}')
+        return chosen.STRATEGIES[plan.strategy]
+    missing = [f for f in INTERFACE if not callable(getattr(chosen, f, None))]
+    if missing:
+        raise UsageError(
+            f'{chosen.__name__} has no {", ".join(f + "()" for f in missing)}: a strategy module '
+            f'defines {", ".join(INTERFACE)} (as explicit/dp.py does)'
+        )
+    return chosen
 
 
 def bind(graphdef, fn: Callable, **call) -> Callable:

@@ -12,9 +12,10 @@ runs the file that covers its axes, else composed.py, as the train CLI), one_dev
 import path of a strategy module with loss_and_grads, train_step and eval_step (a copy of
 explicit/dp.py with one line changed, on PYTHONPATH). Both start from one initial state and take
 the same batches; tools/sides.py loads them, tools/divergence.py compares them. Exit 0: they
-agree for --steps steps; 1: they diverge (the report says where); 2: bad input (the train CLI's
-own checks, one line); 3: a side cannot run (`B (mypkg.my_dp) fails to trace at
-mypkg/my_dp.py:42: ...`).
+agree for --steps steps; 1: they diverge (the report says where; two runs that differ with no
+checkpoint to replay them from: one line), or the data is missing or unreadable (the train CLI's
+line); 2: bad input (the train CLI's own checks, one line); 3: a side cannot run (`B
+(mypkg.my_dp) fails to trace at mypkg/my_dp.py:42: ...`).
 docs/bisect.md walks through it.
 """
 
@@ -25,7 +26,8 @@ import traceback
 
 from absl import app, flags, logging
 
-from shard_parity import UsageError, refuse
+from shard_parity import UsageError, exit_status, refuse
+from shard_parity.datasets.root import DataError
 from shard_parity.runtime import declare_key_flags, parse_flags, plain_warnings
 from shard_parity.runtime import flags as F
 
@@ -65,10 +67,12 @@ def main(argv):
         if len(argv) not in (1, 3):
             raise UsageError(f'expected two run directories or none, got {argv[1:]}')
         report = from_runs(*argv[1:]) if len(argv) == 3 else from_flags()
-    except UsageError as e:
+    except (UsageError, DataError, OSError) as e:
         if F.VERBOSE.value:
             traceback.print_exc()
-        refuse(str(e))  # 2: a bad input
+        # 2: a bad input; 1: the data (the train CLI's line and status), or runs that differ
+        # where no checkpoint lets them be replayed (runs.Unreplayable)
+        refuse(str(e), exit_status(e))
     except Exception as e:  # sides.SideFailed: one side cannot run, which is no divergence
         if type(e).__name__ != 'SideFailed':
             raise
@@ -89,9 +93,9 @@ def from_flags():
     import jax
     from jax.sharding import AxisType
 
-    from shard_parity.runtime import config as cfg
-    from shard_parity.runtime import tasks
-    from shard_parity.runtime.train import mesh_from_flags
+    from shard_parity import config as cfg
+    from shard_parity.mesh import mesh_for, use_matmul_precision
+    from shard_parity.runtime import from_flags, tasks
     from shard_parity.step import create_state, make_optimizer
 
     from . import divergence as D
@@ -101,17 +105,21 @@ def from_flags():
     # --steps is how many steps to compare; the schedule stays the model's (not decayed over N)
     changes = {n: f.value for n, f in F.TRAIN.items() if f.value is not None and n != 'steps'}
     config = dataclasses.replace(cfg.TRAIN_DEFAULTS[model], **changes)
-    # the train CLI's own checks
-    plan, mesh = mesh_from_flags(AxisType.Auto, F.NUM_DEVICES.value or jax.device_count())
+    # the train CLI's plan and checks (a default batch that does not split: fewer devices)
+    plan = from_flags.plan(jax.device_count(), fit_default_batch=True)
+    mesh = mesh_for(plan, AxisType.Auto)  # each side takes its twin's axis types (sides.py)
+    use_matmul_precision(plan.precision.matmul)
     if len(TWINS.value) != 2:
         raise UsageError(f'--twins={",".join(TWINS.value)}: give two, such as auto,explicit')
-    a, b = (load_side(name, plan.strategy, mesh) for name in TWINS.value)
+    if X64.value:  # float64 throughout: the step's casts and collectives too
+        plan = plan.in_float64()
+    a, b = (load_side(name, plan, mesh) for name in TWINS.value)
+    shape = from_flags.model_config()
+    if X64.value:  # float64 throughout: the compute and the gradients
+        shape = dataclasses.replace(shape, dtype='float64', reduce_dtype='float64')
     if model == 'mlp':
-        task = tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value)
+        task = tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value, shape)
     else:
-        shape = F.transformer_config()
-        if X64.value:
-            shape = dataclasses.replace(shape, dtype='float64')
         task = tasks.shakespeare_task(config, shape, F.DATA_DIR.value, F.DOWNLOAD.value)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
@@ -183,7 +191,8 @@ def render(r) -> str:
 
 if __name__ == '__main__':
     declare_key_flags(  # the train CLI's flags it reads: listed by --help, which exits 0
-        [F.MODEL, F.STRATEGY, F.MESH, F.NUM_DEVICES, *F.TRAIN.values(), *F.TRANSFORMER_SHAPE]
+        [F.MODEL, F.STRATEGY, F.MESH, F.NUM_DEVICES, F.CP_LAYOUT, F.MICROBATCHES]
+        + [F.PP_SCHEDULE, F.PP_VIRTUAL, *F.TRAIN.values(), *F.TRANSFORMER_SHAPE, *F.PRECISION]
         + [F.CPU_DEVICES, F.CPU_FMA, F.DATA_DIR, F.DOWNLOAD, F.VERBOSE]
     )
     flags.FLAGS['steps'].help = f'How many steps to compare. Default: {DEFAULT_STEPS}.'

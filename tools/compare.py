@@ -18,7 +18,8 @@ partner. A train figure is the mean since the run's previous train line; where t
 previous train lines differ (different --log_every), the two means cover different steps, so
 their row is marked * and left out of the verdict. Unparsable (torn or garbled) lines are skipped
 with a warning; the workdirs are only read. Every error is one line, `error: ...`: exit 2 for a
-bad input (a workdir that is not a run, a flag), 1 where the runs disagree.
+bad input (a workdir that is not a run or not a finished one, runs of other settings, a flag),
+1 where the runs disagree (a final gap beyond the limit, a NaN or infinity).
 """
 
 import json
@@ -30,7 +31,7 @@ import sys
 from absl import app, flags
 
 from shard_parity import quiet_on_broken_pipe, refuse
-from shard_parity.runtime import declare_key_flags
+from shard_parity.runtime import declare_key_flags, parse_flags
 
 from . import pairing, settings
 
@@ -53,6 +54,7 @@ ALLOW = flags.DEFINE_bool(
     'instead of refusing them; the differences are still listed.',
 )
 KEYS = ('train_loss', 'eval_loss', 'eval_accuracy')
+DISAGREE = 1  # the exit status of runs that disagree; a refused input (refuse's default) is 2
 USAGE = 'usage: python -m tools.compare WORKDIR_A WORKDIR_B'
 
 
@@ -98,10 +100,10 @@ def read(workdir: str) -> list[dict]:
             '(torn or garbled)',
             file=sys.stderr,
         )
-    if not lines:
+    if not lines:  # not a run compare can read: refused input
         if skipped:
-            sys.exit(f'error: {path} has no readable line: all {skipped} are unparsable')
-        sys.exit(f'error: {path} is empty: the run logged nothing (did it fail at the start?)')
+            refuse(f'{path} has no readable line: all {skipped} are unparsable')
+        refuse(f'{path} is empty: the run logged nothing (did it fail at the start?)')
     return lines
 
 
@@ -228,22 +230,25 @@ def main(argv):
     if only := one_run_only(names, va, vb):
         print(only)
     if problem := non_finite(names, (a, b)):
-        sys.exit(f'error: {problem}')
+        refuse(problem, DISAGREE)
     fa, fb = a[-1], b[-1]
-    if not (fa.get('final') and fb.get('final')):
-        sys.exit('error: a run has no final line: did it finish?')
+    if unfinished := [n for n, f in zip(names, (fa, fb)) if not f.get('final')]:
+        refuse(  # an unfinished run has no final verdict to compare: refused input
+            f'{" and ".join(unfinished)} {"have" if len(unfinished) > 1 else "has"} no final '
+            'line: did it finish? (rerun its train command to resume it)'
+        )
     # The MLP's runs end on an accuracy; the transformer's, which has none, on a loss.
     key, limit = (
         ('eval_accuracy', MAX_GAP) if 'eval_accuracy' in fa else ('eval_loss', MAX_LOSS_GAP)
     )
     if ('eval_accuracy' in fa) != ('eval_accuracy' in fb):
-        sys.exit(
-            f'error: only one of {names[0]} and {names[1]} ends with an eval_accuracy: an MLP '
+        refuse(
+            f'only one of {names[0]} and {names[1]} ends with an eval_accuracy: an MLP '
             'run beside a transformer run? Compare runs of the same model.'
         )
     for name, f in zip(names, (fa, fb)):
         if key not in f:
-            sys.exit(f'error: the final line of {name}/metrics.jsonl has no {key}')
+            refuse(f'the final line of {name}/metrics.jsonl has no {key}')
     gap = abs(fa[key] - fb[key])
     if not compared:
         verdict = 'none in common'
@@ -259,14 +264,7 @@ def main(argv):
     if table := throughput_table(names, (fa, fb)):
         print('\n' + '\n'.join(table))
     if gap > limit.value:
-        sys.exit(f'error: final {key} values differ by {gap:.4f} > --{limit.name}={limit.value}')
-
-
-def parse_flags(argv):
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        refuse(str(e))
+        refuse(f'final {key} values differ by {gap:.4f} > --{limit.name}={limit.value}', DISAGREE)
 
 
 if __name__ == '__main__':

@@ -29,7 +29,6 @@ import jax
 import numpy as np
 from flax import nnx
 
-from shard_parity import plan as plans
 from shard_parity.mesh import MODEL
 from shard_parity.model.ops import varying
 from shard_parity.step import apply_gradients
@@ -136,15 +135,17 @@ class Runner:
     @functools.cached_property
     def forward(self):
         capture = recorded(self.loss_fn, self.names)
-        return self.side.module.eval_step(self.graphdef, capture, self.side.mesh)
+        return self.side.module.eval_step(self.graphdef, capture, self.side.mesh, self.side.plan)
 
     @functools.cached_property
     def grads(self):
-        return self.side.module.loss_and_grads(self.graphdef, self.loss_fn, self.side.mesh)
+        side = self.side
+        return side.module.loss_and_grads(self.graphdef, self.loss_fn, side.mesh, side.plan)
 
     @functools.cached_property
     def step(self):
-        return self.side.module.train_step(self.graphdef, self.loss_fn, self.tx, self.side.mesh)
+        side = self.side
+        return side.module.train_step(self.graphdef, self.loss_fn, self.tx, side.mesh, side.plan)
 
     @guarded
     def activations(self, state, batch) -> list:
@@ -164,7 +165,7 @@ class Runner:
 
 def _rows(a: Side, b: Side) -> int:
     """How many blocks of rows the batch is split into (the row axes' devices), at most."""
-    blocks = [plans.of(s.mesh, s.strategy) for s in (a, b) if s.mesh]
+    blocks = [s.plan for s in (a, b) if s.mesh]
     return max((math.prod(p.size(x) for x in p.rows) for p in blocks), default=1)
 
 

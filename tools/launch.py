@@ -14,11 +14,13 @@ all hang either), and none of the processes it started outlives it (unless the l
 killed with SIGKILL). As soon as any process exits, successfully or not, the others get
 --grace_seconds to exit too (a good run's processes finish together; after a failure the others
 stop after --heartbeat_timeout); then the launcher kills each that is left, names it, and exits
-non-zero. If a process fails, the launcher says which and how. SIGINT, SIGTERM and SIGHUP to the
-launcher are passed on to every process, which again get --grace_seconds before they are killed;
-the launcher then exits 128 + the signal (130 for SIGINT, 143 for SIGTERM). A second signal kills
-them at once. A program that cannot be started is named in one line (exit 127 if it does not
-exist, 126 otherwise).
+non-zero: the processes' own status where every one that failed exited alike (each refused a
+bad input: 2), else 1. If a process fails, the launcher says which and how. SIGINT, SIGTERM and
+SIGHUP to the launcher are passed on to every process, which again get --grace_seconds before
+they are killed; the launcher then exits 128 + the signal (130 for SIGINT, 143 for SIGTERM). A
+second signal kills them at once. A program that cannot be started is named in one line (exit
+127 if it does not exist, 126 otherwise); a bad launcher flag, or no `--` before the command,
+too (exit 2).
 
 The log folder is removed at the end, except when a process other than 0 failed: then it is
 kept, and named, so that the whole of that process's log can be read. After a signal it is
@@ -38,6 +40,7 @@ import time
 
 from absl import app, flags
 
+from shard_parity import refuse, runtime
 from shard_parity.runtime import declare_key_flags
 
 from .net import free_port
@@ -210,7 +213,16 @@ def supervise(procs, logs: pathlib.Path, grace: int, timeout: int | None = None)
         shutil.rmtree(logs, ignore_errors=True)
     if bad:
         say(f'error: processes {bad} failed')
-    return 1 if bad else 0
+    return status_of([codes[i] for i in bad])
+
+
+def status_of(failed: list[int]) -> int:
+    """The launcher's exit status for the exit statuses of the processes that failed: theirs
+    where they all exited alike (each refused a bad input: 2), so that it means what the
+    command's would (docs/errors.md); else 1, a failure while running (killed, or mixed)."""
+    if not failed:
+        return 0
+    return failed[0] if len(set(failed)) == 1 and failed[0] > 0 else 1
 
 
 def on_signal(signum, frame):
@@ -220,8 +232,8 @@ def on_signal(signum, frame):
 def main(argv):
     command = argv[1:]
     if not command:
-        sys.exit(
-            'usage: python -m tools.launch [--num_processes=N] '
+        refuse(
+            'no command after --: python -m tools.launch [--num_processes=N] '
             '[--cpu_devices_per_process=K] -- python -m auto.train ...'
         )
     for s in FORWARDED:
@@ -248,17 +260,15 @@ def main(argv):
 
 
 def parse_flags(argv):
-    """The launcher's flags, before `--`; forgetting the `--` is one line saying so."""
+    """The launcher's flags, before `--`; forgetting the `--` is one line saying so; a flag
+    absl refuses is one line too, exit 2, as in every CLI (shard_parity.runtime.parse_flags)."""
     helping = any(a.split('=')[0] in ('--help', '--helpshort', '--helpfull') for a in argv[1:])
     if '--' not in argv[1:] and not helping:
-        sys.exit(
-            'error: put -- before the command: python -m tools.launch [--num_processes=N] '
+        refuse(
+            'put -- before the command: python -m tools.launch [--num_processes=N] '
             f'-- {" ".join(argv[1:]) or "python -m auto.train ..."}'
         )
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        sys.exit(f'error: {e}')
+    return runtime.parse_flags(argv)
 
 
 if __name__ == '__main__':

@@ -32,6 +32,7 @@ class Stretches:
     segment of A meets one of B."""
 
     def __init__(self, saved_a: dict | None, saved_b: dict | None):
+        self.saved = (saved_a or {}, saved_b or {})
         self.runs = [S.of(s) if s else [] for s in (saved_a, saved_b)]
         self.moved = any(len(r) > 1 for r in self.runs)
         a, b = (r or [{'from_step': 0}] for r in self.runs)
@@ -44,9 +45,10 @@ class Stretches:
         return max(i for i, (f, _, _) in enumerate(self.starts) if f < max(step, 1))
 
     def at(self, step: int) -> tuple[dict, dict]:
-        """The segments of A and of B that trained `step`."""
+        """The segments of A and of B that trained `step` (a config that records no plan: the
+        config itself, which segments.plan_of refuses in one line)."""
         _, ia, ib = self.starts[self.index(step)]
-        return self.runs[0][ia], self.runs[1][ib]
+        return tuple(r[i] if r else s for r, i, s in zip(self.runs, (ia, ib), self.saved))
 
     def span(self, i: int) -> str:
         ends = [e for e in self.ends if e]
@@ -57,7 +59,7 @@ class Stretches:
         """'A explicit pp on stage:2,model:4, B explicit composed on ...: different plans'."""
         _, ia, ib = self.starts[i]
         if not all(self.runs):
-            return 'a run without config.json: plans unknown'
+            return 'a run whose config.json records no plan: plans unknown'
         sa, sb = self.runs[0][ia], self.runs[1][ib]
         if S.same_plan(sa, sb):
             return f'A and B {S.describe(sa)}: the same plan'

@@ -12,10 +12,9 @@ import pathlib
 import sys
 
 from shard_parity import UsageError
-from shard_parity import plan as plans
 from shard_parity.mesh import mesh_for
-from shard_parity.runtime import checkpoint, tasks
-from shard_parity.runtime import config as cfg
+from shard_parity.runtime import checkpoint, segments, tasks
+from shard_parity import config as cfg
 from shard_parity.step import make_optimizer
 
 from . import divergence as D
@@ -23,6 +22,13 @@ from . import leaves, pairing
 from .sides import Side, load_side
 
 SAME = ('model', 'model_config', 'train')  # what two runs must share to be replayed together
+
+
+class Unreplayable(UsageError):
+    """The runs differ, but share no checkpoint to replay them from: the answer is that they
+    disagree (exit 1, with the step where their logs part), not a refused input."""
+
+    exit_code = 1
 
 
 def read_run(workdir: str) -> tuple[dict, dict]:
@@ -119,7 +125,7 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
     common = sorted(set(checkpoint.steps(run_a)) & set(checkpoint.steps(run_b)))
     before = [s for s in common if s <= agreed] or [s for s in common if s < step]
     if not before:
-        raise UsageError(
+        raise Unreplayable(
             f'the runs first differ at logged step {step}, but they share no checkpoint before it '
             f'(A: {checkpoint.steps(run_a) or "none"}, B: {checkpoint.steps(run_b) or "none"}): '
             'train with --save_initial (a step-0 checkpoint) and a smaller --checkpoint_every'
@@ -128,9 +134,10 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
     _, graphdef, state_a = checkpoint.read_numpy(run_a, start)
     _, _, state_b = checkpoint.read_numpy(run_b, start)
     config = cfg.TrainConfig(**saved_a['train'])
-    parts = pairing.Stretches(saved_a, saved_b)
-    sides = [side(seg, run) for seg, run in zip(parts.at(step), (run_a, run_b))]
-    task = make_task(saved_a, config)
+    x64 = tolerance == 'x64'
+    parts = pairing.Stretches(saved_a, saved_b)  # each side: the segment of the first difference
+    sides = [side(seg, run, x64) for seg, run in zip(parts.at(step), (run_a, run_b))]
+    task = make_task(saved_a, config, x64)
     report = D.bisect(
         *sides,
         graphdef,
@@ -177,18 +184,24 @@ def segment_notes(parts: pairing.Stretches, start: int = 0, step: int | None = N
     return notes
 
 
-def side(segment: dict, run: str) -> Side:
-    """A run's side: the twin, strategy and mesh of `segment` (shard_parity/runtime/segments.py;
-    a config.json written before segments is one)."""
-    plan = plans.from_saved(segment['strategy'], segment['mesh'])  # runs before named meshes too
-    found = load_side(segment['twin'], plan.strategy, mesh_for(plan))
+def side(segment: dict, run: str, x64: bool = False) -> Side:
+    """A run's side: the twin and plan of `segment` (shard_parity/runtime/segments.py; a
+    config.json written before segments is one), its options and precision included."""
+    plan = segments.plan_of(segment)  # runs before named meshes too
+    plan = plan.in_float64() if x64 else plan
+    found = load_side(segment['twin'], plan, mesh_for(plan))
     return found._replace(name=f"{run} ({segment['twin']} {plan.strategy} {plan.text()})")
 
 
-def make_task(saved: dict, config):
+def make_task(saved: dict, config, x64: bool = False):
+    """The run's task, its model as config.json built it (a run saved before the MLP took
+    --dtype: float32); under --x64 in float64 throughout."""
+    wide = {'dtype': 'float64', 'reduce_dtype': 'float64'} if x64 else {}
+    shape = dict(saved['model_config'], **wide)
     if saved['model'] == 'mlp':
-        return tasks.mnist_task(config)
-    return tasks.shakespeare_task(config, cfg.TransformerConfig(**saved['model_config']))
+        shape['layer_sizes'] = tuple(shape.get('layer_sizes', cfg.MLPConfig().layer_sizes))
+        return tasks.mnist_task(config, model_config=cfg.MLPConfig(**shape))
+    return tasks.shakespeare_task(config, cfg.TransformerConfig(**shape))
 
 
 class _Widened:

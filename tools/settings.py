@@ -10,9 +10,8 @@ a run saved before named meshes, fsdp's axis then called 'data', as today's woul
 
 import json
 import pathlib
-import sys
 
-from shard_parity import refuse
+from shard_parity import UsageError, refuse
 
 from . import pairing
 
@@ -43,7 +42,7 @@ def other_settings(a: dict, b: dict) -> list[str]:
     for group in defaults:
         keys = sorted((set(a[group]) ^ set(b[group])) - set(LOGGING_ONLY))
         if keys:  # an older run: the defaults of today's TrainConfig (a heavier import)
-            from shard_parity.runtime import config as cfg
+            from shard_parity import config as cfg
 
             defaults['train'] = cfg.to_dict(cfg.TrainConfig())
             defaults['model_config'] = cfg.to_dict(cfg.TransformerConfig())  # num_experts...
@@ -62,7 +61,10 @@ def where(saved: dict) -> str | None:
         return None
     from shard_parity import plan as plans
 
-    plan = plans.from_saved(saved['strategy'], saved['mesh'])
+    try:
+        plan = plans.from_config(saved)
+    except UsageError:
+        return None
     return f"{saved.get('twin', '?')} {plan.strategy} on {plan.text()}"
 
 
@@ -82,9 +84,9 @@ def check_settings(names, allow: bool) -> None:
     diffs = other_settings(a, b)
     if not diffs:
         return
-    if not allow:
-        sys.exit(
-            f'error: {names[0]} (A) and {names[1]} (B) were trained with other settings: '
+    if not allow:  # a different experiment: refused input (2), not a disagreement (1)
+        refuse(
+            f'{names[0]} (A) and {names[1]} (B) were trained with other settings: '
             + '; '.join(diffs)
             + '. Pass --allow_other_settings to compare them anyway'
         )

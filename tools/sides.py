@@ -1,15 +1,19 @@
 """A side of the bisector (tools/divergence.py): what is compared, how it is found and placed,
 and how its failure is named.
 
-A side is a twin package (auto, explicit, typed: its STRATEGIES[strategy]), the import path of a
-strategy module of yours (loss_and_grads, train_step and eval_step, as explicit/dp.py defines
-them), or 'one_device'; with the mesh it runs on (None: one device) and the strategy that places
-its state. A side whose own code raises, while tracing, compiling or running, cannot be
-compared: SideFailed names it and the line, which is no divergence.
+A side is a twin package (auto, explicit, typed: its file for the plan, step.strategy_file), the
+import path of a strategy module of yours (loss_and_grads, train_step and eval_step, as
+explicit/dp.py defines them), or 'one_device'; with the mesh it runs on (None: one device) and
+the plan that places its state and that its functions take. A module of yours written before
+plans (`train_step(graphdef, loss_fn, tx, mesh)`) is called without one. A side whose own code
+raises, while tracing, compiling or running, cannot be compared: SideFailed names it and the
+line, which is no divergence.
 """
 
+import dataclasses
 import functools
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -23,24 +27,49 @@ import numpy as np
 from shard_parity import UsageError
 from shard_parity.mesh import with_axis_type
 from shard_parity.placement import place_batch, place_state
-from shard_parity.step import bind, one_device_loss_and_grads, one_device_train_step
-
-INTERFACE = ('loss_and_grads', 'train_step', 'eval_step')
+from shard_parity.step import (
+    INTERFACE,
+    bind,
+    one_device_loss_and_grads,
+    one_device_train_step,
+    strategy_file,
+)
 
 
 class Side(NamedTuple):
     name: str  # as given: 'auto', 'one_device', 'tools.zoo.no_pcast', ...
-    module: Any  # loss_and_grads, train_step, eval_step
+    module: Any  # loss_and_grads, train_step, eval_step, each taking (..., mesh, plan)
     mesh: Any  # None: one device, no mesh
-    strategy: str  # how its state is placed (shard_parity/placement.py)
+    plan: Any  # the plan it runs (its state placed by it: shard_parity/placement.py)
 
 
 def _one_device():
     return types.SimpleNamespace(
-        loss_and_grads=lambda graphdef, loss_fn, mesh: one_device_loss_and_grads(graphdef, loss_fn),
-        train_step=lambda graphdef, loss_fn, tx, mesh: one_device_train_step(graphdef, loss_fn, tx),
-        eval_step=lambda graphdef, eval_fn, mesh: jax.jit(bind(graphdef, eval_fn)),
+        loss_and_grads=lambda graphdef, loss_fn, mesh, plan: one_device_loss_and_grads(
+            graphdef, loss_fn
+        ),
+        train_step=lambda graphdef, loss_fn, tx, mesh, plan: one_device_train_step(
+            graphdef, loss_fn, tx
+        ),
+        eval_step=lambda graphdef, eval_fn, mesh, plan: jax.jit(bind(graphdef, eval_fn)),
     )
+
+
+def without_plan(module):
+    """A strategy module of yours whose functions take no plan (written before plans: their
+    last parameter is the mesh), called as the others are: each such function is given
+    everything but the plan."""
+
+    def called(fn):
+        if 'plan' in inspect.signature(fn).parameters:
+            return fn
+        return functools.wraps(fn)(lambda *args: fn(*args[:-1]))
+
+    functions = {name: called(getattr(module, name)) for name in INTERFACE}
+    if all(functions[name] is getattr(module, name) for name in INTERFACE):
+        return module
+    return types.SimpleNamespace(**functions, __file__=getattr(module, '__file__', None),
+                                 __name__=module.__name__)  # fmt: skip
 
 
 def module_name(name: str) -> str:
@@ -55,11 +84,11 @@ def module_name(name: str) -> str:
     return name
 
 
-def load_side(name: str, strategy: str, mesh) -> Side:
-    """A twin package (its STRATEGIES[strategy]), a strategy module's import path, or
-    'one_device'."""
+def load_side(name: str, plan, mesh) -> Side:
+    """A twin package (its file for `plan`: step.strategy_file), a strategy module's import
+    path, or 'one_device'."""
     if name == 'one_device':
-        return Side(name, _one_device(), None, strategy)
+        return Side(name, _one_device(), None, plan)
     full = module_name(name)
     try:
         module = importlib.import_module(full)
@@ -72,17 +101,13 @@ def load_side(name: str, strategy: str, mesh) -> Side:
     package = module if hasattr(module, 'STRATEGIES') else sys.modules.get(full.rpartition('.')[0])
     if getattr(package, 'AXIS_TYPE', None) is not None and mesh is not None:
         mesh = with_axis_type(mesh, package.AXIS_TYPE)
-    if hasattr(module, 'STRATEGIES'):
-        if strategy not in module.STRATEGIES:
-            raise UsageError(f'--twins: {name} has no --strategy={strategy}')
-        module = module.STRATEGIES[strategy]
-    missing = [f for f in INTERFACE if not callable(getattr(module, f, None))]
-    if missing:
-        raise UsageError(
-            f'--twins: {name} has no {", ".join(f + "()" for f in missing)}: a strategy module '
-            f'defines {", ".join(INTERFACE)} (as explicit/dp.py does)'
-        )
-    return Side(name, module, mesh, getattr(module, 'STRATEGY', strategy))
+    try:
+        module = strategy_file(None, plan, module)
+    except UsageError as e:
+        raise UsageError(f'--twins: {e}') from e
+    # a module of yours places its state as its own STRATEGY says, on the same axes
+    own = getattr(module, 'STRATEGY', plan.strategy)
+    return Side(name, without_plan(module), mesh, dataclasses.replace(plan, strategy=own))
 
 
 def place(side: Side, tree, batch=False):
@@ -90,9 +115,7 @@ def place(side: Side, tree, batch=False):
     if side.mesh is None:
         return jax.device_put(tree, jax.devices()[0])
     return (
-        place_batch(tree, side.mesh, side.strategy)
-        if batch
-        else place_state(tree, side.mesh, side.strategy)
+        place_batch(tree, side.mesh, side.plan) if batch else place_state(tree, side.mesh, side.plan)
     )
 
 

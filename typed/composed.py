@@ -33,76 +33,74 @@ from shard_parity.placement import (
     state_specs,
     without,
 )
-from shard_parity.plan import of
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
-from .cp import LAYOUT, ring
+from .cp import ring
 from .ep import exchange
 from .fsdp import gather_layer
-from .pp import MICROBATCHES, pipeline
+from .pp import pipeline
 from .tp import sum_partials
 
 STRATEGY = 'composed'  # a named mesh: every axis the mesh names does its job
 
 
-def hooks(plan, specs, mesh, batch, microbatches, layout):
+def hooks(plan, specs, mesh, batch):
     """The model call's keywords: the piece of each axis the plan uses."""
     call = {}
     if plan.uses(FSDP):  # each layer gathered where it runs, reduced over every batch axis
-        call.update(gather_layer(layer_specs(specs), mesh, plan.batch_axes))
+        call.update(gather_layer(layer_specs(specs), mesh, plan, plan.batch_axes))
     if plan.uses(MODEL):
         call['sum_partials'] = sum_partials
     if plan.uses(SEQ):  # the positions, i32[T], and the ring's attention: heads over 'model'
         heads = MODEL if plan.uses(MODEL) else None
-        call.update(ring(batch['x'].shape[1], mesh, layout, P(*activations(mesh), heads)))
+        call.update(ring(batch['x'].shape[1], mesh, plan.layout, P(*activations(plan), heads)))
     if plan.uses(EXPERT):
-        call['experts'] = lambda xe, experts: exchange(xe, experts, mesh)
+        call['experts'] = lambda xe, w: exchange(xe, w, mesh, plan)
     if plan.uses(STAGE):
-        call['pipeline'] = pipeline(microbatches, mesh)
+        call['pipeline'] = pipeline(plan, mesh)
     return call
 
 
-def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
-    plan = of(mesh)
-
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     def fn(params, batch):  # params: f32[in@fsdp, out@model] etc.; batch: x i32[B@rows, T]
-        specs = state_specs(params, STRATEGY, mesh)
-        call = hooks(plan, specs, mesh, batch, microbatches, layout)
+        specs = state_specs(params, plan, mesh)
+        call = hooks(plan, specs, mesh, batch)
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         # under 'seq' the positions in the layout's order first: a local gather of whole rows
-        batch = reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch
-        batch = jax.reshard(batch, NamedSharding(mesh, P(*activations(mesh))))
+        batch = reorder(batch, plan.size(SEQ), plan.layout) if plan.uses(SEQ) else batch
+        batch = jax.reshard(batch, NamedSharding(mesh, P(*activations(plan))))
         # Free (and the all-gather over 'fsdp'): reduced over the batch axes, so the gradients
         # come out unreduced. Not the blocks under 'fsdp' (gather_layer's, per layer) nor under
         # 'stage': vmap refuses a reduced operand (a JAX bug, docs/pipeline.md; typed/pp.py).
-        reduced = reduced_shardings(params, mesh, STRATEGY, gathered=plan.uses(FSDP))
+        reduced = reduced_shardings(params, mesh, plan, gathered=plan.uses(FSDP))
+        if plan.uses(FSDP):  # what the all-gathers carry: --dtype
+            params = outside_layers(as_dtype, params, dtype=plan.precision.compute)
         cast = outside_layers if plan.uses(FSDP) or plan.uses(STAGE) else jax.tree.map
         params = cast(jax.reshard, params, reduced)
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:(data, ...)}
         # unreduced -> the state's layout: the all-reduces (over 'fsdp' the reduce-scatters)
-        return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
+        return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
 
 
-def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates the shards it holds
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches, layout)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY, place=jax.reshard)  # moves: reshard
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan, place=jax.reshard)  # moves: reshard
 
 
-def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, layout=LAYOUT):
-    plan = of(mesh)
-
+def eval_step(graphdef, eval_fn, mesh, plan):
     def evaluate(params, batch):  # per-example outputs f32[B@rows]
-        specs = state_specs(params, STRATEGY, mesh)
-        call = hooks(plan, specs, mesh, batch, microbatches, layout)
+        specs = state_specs(params, plan, mesh)
+        call = hooks(plan, specs, mesh, batch)
         call.pop('layer_weights', None)  # all the all-gathers up front, below
-        batch = reorder(batch, plan.size(SEQ), layout) if plan.uses(SEQ) else batch
-        batch = jax.reshard(batch, NamedSharding(mesh, P(*activations(mesh))))
+        batch = reorder(batch, plan.size(SEQ), plan.layout) if plan.uses(SEQ) else batch
+        batch = jax.reshard(batch, NamedSharding(mesh, P(*activations(plan))))
         if plan.uses(FSDP):  # every weight gathered over 'fsdp', as typed/fsdp.py's eval
             params = jax.reshard(params, named(mesh, without(specs, FSDP)))
         out = bind(graphdef, eval_fn, **call)(params, batch)
-        return jax.reshard(out, NamedSharding(mesh, P(activations(mesh)[0])))
+        return jax.reshard(out, NamedSharding(mesh, P(activations(plan)[0])))
 
     return jax.jit(evaluate)

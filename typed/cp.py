@@ -17,10 +17,9 @@ from jax.sharding import NamedSharding
 from shard_parity.mesh import SEQ
 from shard_parity.model.ring import attention_on, order, reorder
 from shard_parity.placement import BATCH, SEQUENCE, reduced_shardings, state_shardings
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'cp'  # --strategy=cp: each sequence split over 'seq', the rows over 'data'
-LAYOUT = 'zigzag'  # --cp_layout: the positions each device holds (shard_parity/model/ring.py)
 
 
 def pass_on(blocks):  # (k, v, ...), f32[B/d, T/n, K, D] each: device i's go to device i + 1
@@ -44,27 +43,28 @@ def in_order(batch, mesh, layout):
     return batch, ring(batch['x'].shape[1], mesh, layout)
 
 
-def loss_and_grads(graphdef, loss_fn, mesh, layout=LAYOUT):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     def fn(params, batch):  # params: f32[in, out] (whole); batch: x i32[B@data, T]
-        batch, call = in_order(batch, mesh, layout)  # x: i32[B@data, T@seq]
+        batch, call = in_order(batch, mesh, plan.layout)  # x: i32[B@data, T@seq]
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         # Free: reduced over both axes, so the gradients come out unreduced over both.
-        params = jax.reshard(params, reduced_shardings(params, mesh, STRATEGY))
+        params = jax.reshard(params, reduced_shardings(params, mesh, plan))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out]{U:(data, seq)}
-        return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))  # all-reduce
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
+        return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
 
 
-def train_step(graphdef, loss_fn, tx, mesh, layout=LAYOUT):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: the same on every device (replicated)
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, layout)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY, place=jax.reshard)  # moves: reshard
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan, place=jax.reshard)  # moves: reshard
 
 
-def eval_step(graphdef, eval_fn, mesh, layout=LAYOUT):
+def eval_step(graphdef, eval_fn, mesh, plan):
     def evaluate(params, batch):  # per-sequence outputs f32[B@data]: summed over 'seq'
-        batch, call = in_order(batch, mesh, layout)
+        batch, call = in_order(batch, mesh, plan.layout)
         return jax.reshard(
             bind(graphdef, eval_fn, **call)(params, batch), NamedSharding(mesh, BATCH)
         )

@@ -13,31 +13,32 @@ import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.placement import BATCH, reduced_shardings, state_shardings
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'dp'  # --strategy=dp: every array whole on every device
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
     def fn(params, batch):  # params: f32[784, 512] (whole); batch: x f32[B@data, 784]
         # Free: reduced weights get unreduced gradients, left for us to add (parity_tests/
         # test_typed.py reads these types while the step is traced).
-        params = jax.reshard(params, reduced_shardings(params, mesh, STRATEGY))
+        params = jax.reshard(params, reduced_shardings(params, mesh, plan))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[784, 512]{U:data}
-        return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))  # all-reduce
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
+        return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: the same on every device (replicated)
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY, place=jax.reshard)  # moves: reshard
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan, place=jax.reshard)  # moves: reshard
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # per-example outputs f32[B@data, ...]: no collective

@@ -20,39 +20,40 @@ from shard_parity.placement import (
     row_slots,
     state_shardings,
 )
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
-def exchange(xe, experts, mesh):  # xe: f32[E, B@(data,expert), cap, C]
+def exchange(xe, experts, mesh, plan):  # xe: f32[E, B@(data,expert), cap, C]
     # to the experts' devices: f32[E@expert, B@data, cap, C], an all-to-all over 'expert'
-    x = jax.reshard(xe, NamedSharding(mesh, expert_slots(mesh)))
+    x = jax.reshard(xe, NamedSharding(mesh, expert_slots(plan)))
     y = experts(x)  # each device runs its E/n experts on their slots
     # back to the tokens' devices: the second exchange
-    return jax.reshard(y, NamedSharding(mesh, row_slots(mesh)))
+    return jax.reshard(y, NamedSharding(mesh, row_slots(plan)))
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
-    hook = bind(graphdef, loss_fn, experts=lambda xe, experts: exchange(xe, experts, mesh))
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
+    hook = bind(graphdef, loss_fn, experts=lambda xe, w: exchange(xe, w, mesh, plan))
     grad_fn = jax.value_and_grad(hook, has_aux=True)
 
     def fn(params, batch):  # params: whole, experts f32[L, E@expert, ...]; batch: x[B@data, T]
         batch = jax.reshard(batch, NamedSharding(mesh, EXPERT_BATCH))
         # Free: reduced (experts over 'data' only), so the gradients come out unreduced.
-        params = jax.reshard(params, reduced_shardings(params, mesh, STRATEGY))
+        params = jax.reshard(params, reduced_shardings(params, mesh, plan))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[C, E]{U:(data, expert)}
-        return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))  # all-reduce
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
+        return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates the arrays or experts it holds
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY, place=jax.reshard)  # moves: reshard
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan, place=jax.reshard)  # moves: reshard
 
 
-def eval_step(graphdef, eval_fn, mesh):
-    fn = bind(graphdef, eval_fn, experts=lambda xe, experts: exchange(xe, experts, mesh))
+def eval_step(graphdef, eval_fn, mesh, plan):
+    fn = bind(graphdef, eval_fn, experts=lambda xe, w: exchange(xe, w, mesh, plan))
 
     def evaluate(params, batch):  # per-example outputs f32[B@(data,expert)]
         batch = jax.reshard(batch, NamedSharding(mesh, EXPERT_BATCH))

@@ -25,7 +25,7 @@ from shard_parity.placement import (
     state_specs,
     without,
 )
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'fsdp'
 
@@ -40,44 +40,50 @@ def reduced(w, spec, axes=(FSDP,)):  # f32[C@fsdp, 4C] -> f32[C, 4C]{R:fsdp}; a 
     return P(*whole, reduced=over) if w.ndim >= 2 and over else whole
 
 
-def gather_layer(specs, mesh, axes=(FSDP,)):
+def gather_layer(specs, mesh, plan, axes=(FSDP,)):
     """`layer_weights` for the model (none without stacked layers): one layer's shards -> its
-    whole weights, where the layer runs; their gradient -> the shards' sum, in the backward.
-    `axes`: what the whole weights are `reduced` over (HSDP's too: typed/composed.py)."""
+    whole weights, where the layer runs; their gradient -> the shards' sum, in the backward
+    (in the shards' float32). `axes`: what the whole weights are `reduced` over (HSDP's too:
+    typed/composed.py)."""
 
     @jax.custom_vjp
     def layer_weights(shards):  # the layer's all-gathers
+        shards = as_dtype(shards, plan.precision.compute)  # what the all-gather carries: --dtype
         return jax.tree.map(lambda w, s: reshard(w, mesh, reduced(w, s, axes)), shards, specs)
 
     def backward(_, grads):  # {U:fsdp} -> split: the layer's reduce-scatters, in the backward
-        return (jax.tree.map(lambda g, s: reshard(g, mesh, s), grads, specs),)
+        grads = as_dtype(grads, plan.precision.reduce)  # what the reduce-scatter carries
+        scattered = jax.tree.map(lambda g, s: reshard(g, mesh, s), grads, specs)
+        return (as_dtype(scattered, plan.precision.param),)
 
     layer_weights.defvjp(lambda shards: (layer_weights(shards), None), backward)
     return {} if specs is None else {'layer_weights': layer_weights}
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params: f32[784@fsdp, 512] (1/n of each); batch: x f32[B@fsdp, 784]
-        specs = state_specs(params, STRATEGY, mesh)
-        call = gather_layer(layer_specs(specs), mesh)  # the per-layer gather, if stacked layers
+        specs = state_specs(params, plan, mesh)
+        call = gather_layer(layer_specs(specs), mesh, plan)  # the per-layer gather, if stacked
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
-        # the all-gather of every weight outside the stacked layers (all of the MLP's)
-        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, STRATEGY, gathered=True))
+        # the all-gather of every weight outside the stacked layers (all of the MLP's), in --dtype
+        params = outside_layers(as_dtype, params, dtype=plan.precision.compute)
+        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, plan, gathered=True))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[784, 512]{U:fsdp}
         # unreduced -> split over 'fsdp': the reduce-scatter, each device keeps its shard's sum
-        return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))
+        grads = as_dtype(grads, plan.precision.reduce)  # what the reduce-scatter carries
+        return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates its own shards
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY, place=jax.reshard)  # moves: reshard
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan, place=jax.reshard)  # moves: reshard
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # gather the weights; per-example outputs stay split

@@ -20,7 +20,7 @@ from shard_parity.placement import (
     state_shardings,
     state_specs,
 )
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 from .fsdp import gather_layer
 from .tp import sum_partials
@@ -28,29 +28,31 @@ from .tp import sum_partials
 STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'fsdp'
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params: f32[in@fsdp, out@model] etc.; batch: x f32[B@fsdp, ...]
-        specs = state_specs(params, STRATEGY, mesh)
-        call = gather_layer(layer_specs(specs), mesh)  # over 'fsdp' per layer, if stacked layers
+        specs = state_specs(params, plan, mesh)
+        call = gather_layer(layer_specs(specs), mesh, plan)  # over 'fsdp' per layer, if stacked
         model_fn = bind(graphdef, loss_fn, sum_partials=sum_partials, **call)
         grad_fn = jax.value_and_grad(model_fn, has_aux=True)
-        # the all-gather over 'fsdp' of every weight outside the stacked layers
-        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, STRATEGY, gathered=True))
+        # the all-gather of every weight outside the stacked layers (all of the MLP's), in --dtype
+        params = outside_layers(as_dtype, params, dtype=plan.precision.compute)
+        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, plan, gathered=True))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:fsdp}
         # unreduced -> split over 'fsdp': the reduce-scatter, each device keeps its shard's sum
-        return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))
+        grads = as_dtype(grads, plan.precision.reduce)  # what the reduce-scatter carries
+        return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
 
 
-def train_step(graphdef, loss_fn, tx, mesh):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates its own shards
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY, place=jax.reshard)  # moves: reshard
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan, place=jax.reshard)  # moves: reshard
 
 
-def eval_step(graphdef, eval_fn, mesh):
+def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn, sum_partials=sum_partials)
 
     def evaluate(params, batch):  # gather over 'fsdp'; all-reduce activations; outputs split

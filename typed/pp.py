@@ -27,18 +27,17 @@ from shard_parity.placement import (
     reduced_shardings,
     state_shardings,
 )
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'pp'  # --strategy=pp: the stacked layers split into stages over 'stage'
-MICROBATCHES = 4  # --microbatches: M, the rows of each 'data' device cut into M pieces
 
 
-def pass_on(y, mesh):  # f32[S@stage, B/M@data, T, C]: slot i's output goes to slot i + 1
+def pass_on(y, mesh, plan):  # f32[S@stage, B/M@data, T, C]: slot i's output goes to slot i + 1
     def shift(y):  # Manual mode: f32[1, B/dM, T, C], my slot
         n = jax.lax.axis_size(STAGE)
         return jax.lax.ppermute(y, STAGE, [(i, i + 1) for i in range(n - 1)])  # collective-permute
 
-    spec = P(STAGE, *activations(mesh))
+    spec = P(STAGE, *activations(plan))
     return jax.shard_map(shift, mesh=mesh, in_specs=spec, out_specs=spec)(y)
 
 
@@ -47,9 +46,10 @@ def behind(w, mesh, *lead):  # f32[L@stage, ...]'s layout after L (the other axe
     return NamedSharding(mesh, P(*lead, *spec.partitions[1:], reduced=spec.reduced))
 
 
-def pipeline(microbatches, mesh):
+def pipeline(plan, mesh):
     """The model's `pipeline`: x f32[B@data, T, C] (its `layout`) through all L layers, S
     stages."""
+    microbatches = plan.microbatches  # --microbatches: M, each row device's rows cut into M
 
     def run(x, run_stack, weights):  # weights: f32[L@stage, ...]
         s, n = jnp.arange(mesh.shape[STAGE]), mesh.shape[STAGE]  # every slot's stage
@@ -62,11 +62,11 @@ def pipeline(microbatches, mesh):
             weights,
         )
         stages = jax.vmap(run_stack, spmd_axis_name=STAGE)  # stage s on slot s, on its device
-        inputs = in_first_slot(split(x, microbatches), mesh)  # f32[M, S@stage, B/M@data, T, C]
+        inputs = in_first_slot(split(x, microbatches), mesh, plan)  # [M, S@stage, B/M@data, T, C]
 
         def tick(h, x):  # h, x: f32[S@stage, B/M@data, T, C]; h shifted, x slot 0's
             y, stats = stages(weights, h + x)  # stage 0: a new one (h's slot 0: the shift's zeros)
-            return pass_on(y, mesh), (y, stats)  # every slot: a slice of one needs its dim whole
+            return pass_on(y, mesh, plan), (y, stats)  # every slot: a slice of one needs it whole
 
         h = jnp.zeros_like(inputs[0])  # bubbles: zeros
         _, (ys, stats) = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, S@stage, ...]
@@ -78,29 +78,30 @@ def pipeline(microbatches, mesh):
     return run
 
 
-def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES):
-    call = {'pipeline': pipeline(microbatches, mesh)}
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
+    call = {'pipeline': pipeline(plan, mesh)}
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
 
     def fn(params, batch):  # params: blocks f32[L@stage, ...], the rest whole; x i32[B@data, T]
         # Free: reduced over 'data', so the gradients come out unreduced over 'data'. Not the
         # blocks: vmap refuses a reduced operand (a bug in jax 0.10 to 0.12, docs/pipeline.md),
         # so their gradients are summed over 'data' where they are formed, at every tick.
-        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, STRATEGY))
+        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, plan))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[...]{U:data}
-        return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))  # all-reduce
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
+        return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
 
 
-def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each stage updates its own layers
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY, place=jax.reshard)  # moves: reshard
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan, place=jax.reshard)  # moves: reshard
 
 
-def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES):
-    fn = bind(graphdef, eval_fn, pipeline=pipeline(microbatches, mesh))
+def eval_step(graphdef, eval_fn, mesh, plan):
+    fn = bind(graphdef, eval_fn, pipeline=pipeline(plan, mesh))
 
     def evaluate(params, batch):  # per-sequence outputs f32[B@data]
         return jax.reshard(fn(params, batch), NamedSharding(mesh, BATCH))

@@ -24,27 +24,26 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import STAGE
-from shard_parity.pipeline import one_f_one_b, phases, pieces, rest_of, sends
-from shard_parity.pipeline import joined, split, start, tick
+from shard_parity.pipeline import joined, phases, pieces, rest_of, split, start, tick
+from shard_parity.schedules import one_f_one_b, sends
 from shard_parity.placement import STACKED, activations, named, state_shardings
-from shard_parity.step import make_train_step
+from shard_parity.step import as_dtype, make_train_step
 
 from . import pp
 
 STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
-MICROBATCHES = pp.MICROBATCHES  # --microbatches: M
 
 
-def pass_on(y, mesh, virtual):  # f32[S@stage, B/M@data, T, C]: slot i's output to slot i + 1
-    spec = P(STAGE, *activations(mesh))  # Manual mode: my slot; interleaved: the last's to 0
-    shift = lambda y: jax.lax.ppermute(y, STAGE, sends(mesh.shape[STAGE], virtual))  # noqa: E731
+def pass_on(y, mesh, plan):  # f32[S@stage, B/M@data, T, C]: slot i's output to slot i + 1
+    spec = P(STAGE, *activations(plan))  # Manual mode: my slot; interleaved: the last's to 0
+    shift = lambda y: jax.lax.ppermute(y, STAGE, sends(plan.size(STAGE), plan.chunks))  # noqa: E731
     return jax.shard_map(shift, mesh=mesh, in_specs=spec, out_specs=spec)(y)
 
 
-def pass_back(dx, mesh, virtual):  # the gradient of slot i's input, to slot i - 1
-    spec = P(STAGE, *activations(mesh))  # Manual mode: my slot; interleaved: slot 0's to the last
+def pass_back(dx, mesh, plan):  # the gradient of slot i's input, to slot i - 1
+    spec = P(STAGE, *activations(plan))  # Manual mode: my slot; interleaved: slot 0's to the last
     shift = lambda dx: jax.lax.ppermute(  # noqa: E731
-        dx, STAGE, [(j, i) for i, j in sends(mesh.shape[STAGE], virtual)]
+        dx, STAGE, [(j, i) for i, j in sends(mesh.shape[STAGE], plan.chunks)]
     )
     return jax.shard_map(shift, mesh=mesh, in_specs=spec, out_specs=spec)(dx)
 
@@ -59,8 +58,10 @@ def interleave(blocks, mesh, virtual):  # f32[L@stage, ...] -> the chunks f32[S@
     return jax.tree.map(lambda w: w.swapaxes(0, 1), chunks)
 
 
-def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     stages = mesh.shape[STAGE]
+    microbatches, virtual = plan.microbatches, plan.chunks  # M; V chunks per stage
+    reduce = plan.precision.reduce  # what the gradients' collectives carry (--reduce_dtype)
     table = one_f_one_b(stages, microbatches, virtual)
 
     def fn(params, batch):  # params: blocks f32[L@stage, ...], the rest whole; x i32[B@data, T]
@@ -75,9 +76,9 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
             row = jax.reshard(row, named(mesh, P(STAGE)))  # each stage its own: no data moved
             state, y, dx = jax.vmap(run, spmd_axis_name=STAGE)(s, chunks, state, row)
             if fwd:
-                state = state._replace(h=pass_on(y, mesh, virtual))  # a collective-permute
+                state = state._replace(h=pass_on(y, mesh, plan))  # a collective-permute
             if bwd:
-                state = state._replace(g=pass_back(dx, mesh, virtual))  # a collective-permute
+                state = state._replace(g=pass_back(dx, mesh, plan))  # a collective-permute
             return state
 
         begin = jax.vmap(  # zeros; the metrics [S] split over 'stage' too, as vmap wants:
@@ -87,9 +88,9 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
         state = phases(table, begin, step)
         # each slot's embedding and head gradients (stage 0's, the last's): summed over 'stage'
         rest, metrics = jax.tree.map(lambda a: a.sum(0), (state.rest, state.metrics))
-        grads = joined(params, back(state.grads)[0], rest)
+        grads = as_dtype(joined(params, back(state.grads)[0], rest), reduce)
         metrics = jax.tree.map(lambda m: m / microbatches, metrics)
-        return metrics, jax.reshard(grads, state_shardings(grads, mesh, STRATEGY))  # all-reduce
+        return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 
     def in_mesh(params, batch):  # the mesh as context: without it jax 0.12's zeros_like (the
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # stages' zeros before the
@@ -98,12 +99,12 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
     return jax.jit(in_mesh)  # the inputs' placement (place_state, place_batch) is their type
 
 
-def train_step(graphdef, loss_fn, tx, mesh, microbatches=MICROBATCHES, virtual=1):
+def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each stage updates its own layers
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, microbatches, virtual)
-    return make_train_step(grads_fn, tx, mesh, STRATEGY, place=jax.reshard)  # moves: reshard
+    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan, place=jax.reshard)  # moves: reshard
 
 
-def eval_step(graphdef, eval_fn, mesh, microbatches=MICROBATCHES, virtual=1):
+def eval_step(graphdef, eval_fn, mesh, plan):
     # A forward alone has no backward to interleave: every schedule evaluates as GPipe does
-    return pp.eval_step(graphdef, eval_fn, mesh, microbatches)
+    return pp.eval_step(graphdef, eval_fn, mesh, plan)

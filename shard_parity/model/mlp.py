@@ -12,7 +12,7 @@ import dataclasses
 import jax
 from flax import nnx
 
-from shard_parity.model.ops import dot_general, product
+from shard_parity.model.ops import Dot, product
 
 TP_PLAN = {0: 'column', 1: 'row'}  # 784-512 column-parallel, 512-512 row-parallel, 512-10 whole
 
@@ -22,16 +22,21 @@ class MLPConfig:
     """A ReLU multi-layer perceptron classifier for 28x28 MNIST digits."""
 
     layer_sizes: tuple[int, ...] = (784, 512, 512, 10)
+    dtype: str = 'float32'  # compute dtype (--dtype); parameters stay float32
+    reduce_dtype: str = 'float32'  # each weight gradient's, as its dot forms it (--reduce_dtype)
 
 
 def linear(layer: nnx.Linear, x, sum_partials=None):
     """layer(x); with `sum_partials`, x and the layer's kernel rows are this device's share, and
-    the product is a partial sum that `sum_partials` adds over devices."""
+    the product is a partial sum that `sum_partials` adds over devices, before the bias goes on
+    once. Either way in the layer's compute dtype, its weight gradient in the layer's (Dot's)."""
     if sum_partials is None:
         return layer(x)
     if layer.bias is None:
         return sum_partials(layer(x))
-    return sum_partials(product(x, layer.kernel[...])) + layer.bias[...]
+    dtype = layer.dtype or x.dtype  # as layer(x) casts its operands
+    y = product(x.astype(dtype), layer.kernel[...].astype(dtype), grad=layer.dot_general.grad)
+    return sum_partials(y) + layer.bias[...].astype(dtype)
 
 
 class MLP(nnx.Module):
@@ -41,8 +46,9 @@ class MLP(nnx.Module):
         sizes = config.layer_sizes
         self.layers = nnx.List(
             [
-                nnx.Linear(i, o, dot_general=dot_general, rngs=rngs)
-                for i, o in zip(sizes[:-1], sizes[1:])
+                nnx.Linear(i, o, dtype=config.dtype, rngs=rngs,
+                           dot_general=Dot(config.reduce_dtype, logits=k == len(sizes) - 2))
+                for k, (i, o) in enumerate(zip(sizes[:-1], sizes[1:]))
             ]
         )
 
@@ -50,4 +56,4 @@ class MLP(nnx.Module):
         for i, layer in enumerate(self.layers[:-1]):
             row = TP_PLAN.get(i) == 'row'
             x = jax.nn.relu(linear(layer, x, sum_partials if row else None))
-        return self.layers[-1](x)
+        return self.layers[-1](x)  # float32 logits whatever the compute dtype (Dot's `logits`)

@@ -26,6 +26,7 @@ dtype; in bfloat16 LayerNorm multiplies its scale in float32 where nnx.LayerNorm
 bfloat16 first. What each saved is measured in docs/benchmarks.md.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -36,19 +37,31 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def matmul(x, w, transposed: bool = False):
-    """x[..., K] @ w[K, N] -> [..., N]; with `transposed`, x[..., K] @ w[N, K]^T."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def matmul(x, w, transposed: bool = False, out=None, grad=None):
+    """x[..., K] @ w[K, N] -> [..., N]; with `transposed`, x[..., K] @ w[N, K]^T. `out`: the
+    product's element type, `grad`: the weight gradient's (the dots accumulate in float32
+    either way); None keeps the operands' (the precision policy: the head asks float32 logits
+    of bfloat16 operands, and the weight gradient comes out in --reduce_dtype, which is what
+    the compiler's all-reduce of it then carries in auto/ and typed/)."""
     dims = (((x.ndim - 1,), (1 if transposed else 0,)), ((), ()))
-    return jax.lax.dot_general(x, w, dims, out_sharding=typed_partials(x, w, transposed))
+    partials, dtype = typed_partials(x, w, transposed), other(out, x)
+    return jax.lax.dot_general(x, w, dims, out_sharding=partials, preferred_element_type=dtype)
 
 
-def _fwd(x, w, transposed):
-    return matmul(x, w, transposed), (x, w)
+def other(dtype, x):
+    """`dtype` where it is not x's own (a dot's preferred_element_type), else None: a float32
+    step's program is what it was before the policy."""
+    return None if dtype is None or jnp.dtype(dtype) == x.dtype else jnp.dtype(dtype)
 
 
-def _bwd(transposed, saved, g):  # g: [..., N]
+def _fwd(x, w, transposed, out, grad):
+    return matmul(x, w, transposed, out, grad), (x, w)
+
+
+def _bwd(transposed, out, grad, saved, g):  # g: [..., N]
     x, w = saved
+    g = g.astype(x.dtype)  # float32 logits' gradient back into the bfloat16 layers
     dx = jax.lax.dot_general(
         g, w, (((g.ndim - 1,), (0 if transposed else 1,)), ((), ())), out_sharding=typed_ct(x)
     )
@@ -59,26 +72,41 @@ def _bwd(transposed, saved, g):  # g: [..., N]
     lead = tuple(range(x.ndim - 1))
     if typed(x) is None:
         x, g, lead = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1]), (0,)
-    rows, out = ((lead, lead), ((), ())), typed_ct(w)
-    dw = jax.lax.dot_general(*((g, x) if transposed else (x, g)), rows, out_sharding=out)
-    return dx, dw  # dw: [N, K] or [K, N], as w
+    rows, where = ((lead, lead), ((), ())), typed_ct(w)
+    dw = jax.lax.dot_general(
+        *((g, x) if transposed else (x, g)), rows, out_sharding=where,
+        preferred_element_type=other(grad, x),
+    )  # fmt: skip
+    return dx, dw.astype(w.dtype)  # dw: [N, K] or [K, N], as w
 
 
 matmul.defvjp(_fwd, _bwd)
 
 
-def dot_general(x, w, dimension_numbers, precision=None, **kwargs):
-    """nnx.Linear's `dot_general=` hook: its one contraction, through `matmul`."""
-    assert dimension_numbers == (((x.ndim - 1,), (0,)), ((), ())), dimension_numbers
-    return product(x, w)
+@dataclasses.dataclass(frozen=True)
+class Dot:
+    """nnx.Linear's `dot_general=` hook: its one contraction, through `matmul`, the weight
+    gradient formed in `grad` (the policy's reduce dtype; None: the operands'). `logits`: the
+    model's head, whose product comes out in float32 (float64 under x64) whatever the compute
+    dtype, for the softmax and the loss."""
+
+    grad: str | None = None
+    logits: bool = False
+
+    def __call__(self, x, w, dimension_numbers, precision=None, **kwargs):
+        assert dimension_numbers == (((x.ndim - 1,), (0,)), ((), ())), dimension_numbers
+        return product(x, w, out=wide(x.dtype) if self.logits else None, grad=self.grad)
 
 
-def product(x, w, transposed: bool = False):
+dot_general = Dot()  # the weight gradient in the operands' dtype
+
+
+def product(x, w, transposed: bool = False, out=None, grad=None):
     """`matmul`, after giving both operands the same varying mesh axes inside shard_map, as
     JAX's own dot_general does implicitly: a custom backward must return gradients of its
     operands' own types. Under explicit tensor parallelism the cast of the (model-invariant)
     input then transposes into the psum of its gradient."""
-    return matmul(vary_like(x, w), vary_like(w, x), transposed)
+    return matmul(vary_like(x, w), vary_like(w, x), transposed, out, grad)
 
 
 def varying(x) -> frozenset:
@@ -138,14 +166,18 @@ def typed_partials(x, w, transposed: bool):
 
 
 def lookup(embed: nnx.Embed, ids):
-    """embed(ids): rows of the table, f32[*ids.shape, C]. In Explicit mode `jnp.take` has no
-    sharding rule for a table indexed by a split array of ids (jax#28111), so the gather says
-    its output's sharding itself: the ids', with the features whole."""
-    sharding = typed(ids)
+    """embed(ids): rows of the table, [*ids.shape, C] in the compute dtype. The rows are taken
+    from the float32 table and then cast (nnx.Embed casts the whole table first), so that the
+    table's gradient, a scatter-add of the rows', adds in float32 (the precision policy; in
+    float32 the same program as embed(ids)). In Explicit mode `jnp.take` has no sharding rule
+    for a table indexed by a split array of ids (jax#28111), so the gather says its output's
+    sharding itself: the ids', with the features whole."""
+    table, sharding = embed.embedding[...], typed(ids)
+    dtype = embed.dtype or table.dtype
     if sharding is None:
-        return embed(ids)
+        return jnp.take(table, ids, axis=0).astype(dtype)
     out = NamedSharding(sharding.mesh, P(*sharding.spec.partitions, None))
-    return embed.embedding[...].astype(embed.dtype).at[ids].get(out_sharding=out)
+    return table.at[ids].get(out_sharding=out).astype(dtype)
 
 
 def cross_entropy(logits, labels):

@@ -24,7 +24,7 @@ from shard_parity import UsageError
 from shard_parity.model.attention import ATTENTION
 from shard_parity.model.mlp import linear
 from shard_parity.model.moe import MoE, check_experts
-from shard_parity.model.ops import LayerNorm, dot_general, gelu, lookup, product, typed, wide
+from shard_parity.model.ops import Dot, LayerNorm, gelu, lookup, product, typed, wide
 
 normal = nnx.initializers.normal
 
@@ -41,6 +41,9 @@ class TransformerConfig:
     embed_dim: int = 128
     attention: str = 'naive'  # 'naive' or 'fused' (shard_parity/model/attention.py)
     dtype: str = 'float32'  # compute dtype; parameters stay float32
+    # each weight gradient's dtype as its dot forms it (--reduce_dtype: what auto/ and typed/
+    # then all-reduce; explicit/ casts to it beside each collective): docs/numerics.md
+    reduce_dtype: str = 'float32'
     # Mixture of experts (shard_parity/model/moe.py): 0 experts is the dense feed-forward.
     num_experts: int = 0
     experts_per_token: int = 1  # K: each token's top-K experts
@@ -78,7 +81,7 @@ def dense(din, dout, cfg, rngs, std=0.02):
         use_bias=False,
         kernel_init=normal(std),
         dtype=cfg.compute_dtype,
-        dot_general=dot_general,
+        dot_general=Dot(cfg.reduce_dtype),
         rngs=rngs,
     )
 
@@ -106,7 +109,7 @@ class CausalSelfAttention(nnx.Module):
             use_bias=False,
             kernel_init=per_head(normal(0.02), cfg.num_kv_heads, hd),
             dtype=cfg.compute_dtype,
-            dot_general=dot_general,
+            dot_general=Dot(cfg.reduce_dtype),
             rngs=rngs,
         )
         # nanoGPT scales the residual projections' init by 1/sqrt(2 * num_layers)
@@ -239,8 +242,8 @@ class Transformer(nnx.Module):
                 new_caches.append(cache)
         x = self.norm(x)
         table = self.embed.embedding[...].astype(x.dtype)
-        logits = product(x, table, transposed=True)  # the head, tied to the embedding
-        logits = logits.astype(wide(logits.dtype))  # float64 only under the bisector's --x64
+        # the head, tied to the embedding: float32 logits (float64 under the bisector's --x64)
+        logits = product(x, table, True, wide(x.dtype), self.cfg.reduce_dtype)
         return logits, (None if caches is None else new_caches)
 
     def embedding(self, tokens, index=0, positions=None):

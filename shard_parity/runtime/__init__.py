@@ -24,16 +24,17 @@ def declare_key_flags(holders) -> None:
 
 
 def parse_flags(argv):
-    """absl's flag parsing (app.run's flags_parser), but a flag it refuses exits 2, as every
-    other bad input does (docs/errors.md); absl's own parser exits 1."""
+    """absl's flag parsing (app.run's flags_parser), but a flag it refuses is one line,
+    `error: ...`, exit 2, as every other bad input in every CLI (docs/errors.md); absl's own
+    parser prints two lines and exits 1."""
     from absl.flags import Error
+
+    from shard_parity import refuse
 
     try:
         return FLAGS(argv)
     except Error as e:
-        print(f'FATAL Flags parsing error: {e}', file=sys.stderr)
-        print('Pass --helpshort or --helpfull to see help on flags.', file=sys.stderr)
-        sys.exit(2)
+        refuse(' '.join(f'{e} (--help lists the flags)'.split()))
 
 
 def _exit_zero(parse, arg):

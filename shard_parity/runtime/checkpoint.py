@@ -29,13 +29,16 @@ from shard_parity import UsageError
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import state_shardings
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.runtime import legacy
 from shard_parity.runtime.integrity import Damaged, verify, write_checksums
 from shard_parity.step import TrainState, make_optimizer
 
 RESUMABLE = ('steps', 'log_every', 'eval_every')  # train settings a resumed run may change
 ITEMS = ('state', 'config', 'window')  # a checkpoint saved before the window has no 'window'
+# the precision policy: the state is float32 whatever the compute and reduce dtypes, so a run
+# resumes under another policy as it does on another mesh (config.json records each)
+POLICY = ('dtype', 'reduce_dtype')
 
 
 class SaveError(UsageError):
@@ -239,7 +242,7 @@ def check_compatible(saved: dict, requested: dict) -> None:
         if saved['model'] != requested['model']
         else []
     )
-    for group, skip in (('model_config', ()), ('train', RESUMABLE)):
+    for group, skip in (('model_config', POLICY), ('train', RESUMABLE)):
         for key, value in requested[group].items():
             old = saved[group].get(
                 key, DEFAULTS[group].get(key)
@@ -272,10 +275,10 @@ def target_for(state_like, shardings) -> TrainState:
     )
 
 
-def restore(workdir, mesh, strategy: str = 'dp', step: int | None = None):
-    """(saved config, graphdef, TrainState placed as `strategy` places it on `mesh`): step `step`,
-    or the newest complete one; if a trainer's --keep deletes that one while it is read, the
-    next newest."""
+def restore(workdir, mesh, plan=None, step: int | None = None):
+    """(saved config, graphdef, TrainState placed as `plan` places it on `mesh`, or whole on
+    every device of `mesh` without a plan): step `step`, or the newest complete one; if a
+    trainer's --keep deletes that one while it is read, the next newest."""
     if not (pathlib.Path(workdir) / 'checkpoints').is_dir():
         raise UsageError(
             f'no checkpoint in {pathlib.Path(workdir) / "checkpoints"}: train '
@@ -287,7 +290,7 @@ def restore(workdir, mesh, strategy: str = 'dp', step: int | None = None):
             raise UsageError(f'no complete checkpoint in {mngr.directory}')
         for s in steps:
             try:
-                return _restore_step(mngr, s, mesh, strategy)
+                return _restore_step(mngr, s, mesh, plan)
             except UsageError:
                 if (mngr.directory / str(s)).exists() or s == steps[-1]:
                     raise  # corrupt, not deleted under us
@@ -304,10 +307,12 @@ def _abstract_state(saved: dict):
     return graphdef, abstract
 
 
-def _restore_step(mngr, step: int, mesh, strategy: str):
+def _restore_step(mngr, step: int, mesh, plan):
     saved = read_config(mngr, step)
     graphdef, abstract = _abstract_state(saved)
-    target = target_for(abstract, state_shardings(abstract, mesh, strategy))
+    whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    shardings = jax.tree.map(lambda _: whole, abstract) if plan is None else None
+    target = target_for(abstract, shardings or state_shardings(abstract, mesh, plan))
     return saved, graphdef, restore_state(mngr, step, target)
 
 

@@ -1,12 +1,13 @@
 """Every CLI flag, defined once: the train and generate CLIs of every twin take these, and the
 two sets coexist in one process.
 
-The training flags are made from shard_parity/runtime/config.py's TrainConfig, one per field
+The training flags are made from shard_parity/config.py's TrainConfig, one per field
 (its help and bounds come from the field); left unset, they take the model's defaults
 (TRAIN_DEFAULTS: the MLP's MNIST recipe, or nanoGPT's shakespeare_char CPU recipe). Each CLI
 lists its own flags under --help (TRAIN_CLI, GENERATE_CLI: absl's key flags of the program run);
 --helpfull lists every flag of every module. What the parsed flags make (the plan, the
-configurations) is shard_parity/runtime/from_flags.py.
+configurations) is shard_parity/runtime/from_flags.py, the one module that reads these flags'
+values to build the plan (shard_parity/plan.py).
 """
 
 import dataclasses
@@ -17,7 +18,7 @@ from absl import flags
 
 from shard_parity import plan as plans
 from shard_parity.plan import STRATEGIES
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 
 MODEL = flags.DEFINE_enum('model', 'mlp', ['mlp', 'transformer'], 'Which model to train.')
 STRATEGY_HELP = {
@@ -47,10 +48,13 @@ STRATEGY = flags.DEFINE_enum('strategy', 'dp', list(STRATEGIES), _strategy_help(
 MESH = flags.DEFINE_string(
     'mesh',
     None,
-    'The mesh: named axes, e.g. data:2,fsdp:2,model:2, each once, in order (any of '
-    + '; '.join(f'{a}: {d}' for a, d in plans.DOES.items())
-    + '); the sizes multiply to the device count (or --num_devices); the file that covers the '
-    'axes runs, else <twin>/composed.py. Or the legacy AxB: --strategy\'s two axes, '
+    'The mesh: named axes as name:size pairs separated by commas, e.g. data:2,fsdp:2,model:2 '
+    '(any of ' + '; '.join(f'{a}: {d}' for a, d in plans.DOES.items()) + '). Each axis at most '
+    'once, in any order: the order lays the devices out, the first axis varying slowest, so '
+    'the last axis\'s groups are neighbouring devices (put the busiest axis last); names are '
+    'case-insensitive and spaces around them are ignored. The sizes multiply to the device '
+    'count (or --num_devices); the file that covers the axes runs, else <twin>/composed.py. '
+    'Or the legacy AxB: --strategy\'s two axes, '
     'DATAxMODEL for dp and tp, FSDPxMODEL for fsdp and fsdp_tp, DATAxSEQ for cp, DATAxSTAGE '
     'for pp, DATAxEXPERT for ep (--strategy=fsdp_tp --mesh=4x2 is --mesh=fsdp:4,model:2). '
     'Default: all devices (or --num_devices) on --strategy\'s first axis.',
@@ -109,11 +113,30 @@ ATTENTION = flags.DEFINE_enum(
     'scan over key blocks with an online softmax), memory linear in --seq_len '
     '(shard_parity/model/attention.py).',
 )
+# The precision policy (docs/numerics.md; FSDP2's param_dtype/reduce_dtype, jmp's compute).
 DTYPE = flags.DEFINE_enum(
     'dtype',
     _T.dtype,
     ['float32', 'bfloat16'],
-    'Compute dtype; parameters and the optimizer stay float32.',
+    "Compute dtype (Flax's dtype, FSDP2's param_dtype, jmp's compute): the layers' arithmetic "
+    'and, under fsdp, the weights each all-gather moves. Master parameters and the AdamW state '
+    'stay float32; logits, softmax, the loss and the router compute in float32.',
+)
+REDUCE_DTYPE = flags.DEFINE_enum(
+    'reduce_dtype',
+    'float32',
+    ['float32', 'bfloat16'],
+    "The dtype the gradients' collectives carry (FSDP2's reduce_dtype): the all-reduces and "
+    "reduce-scatters of the weight gradients over the batch's axes. Needs a mesh that reduces "
+    'something (an axis over the batch of 2 or more devices).',
+)
+MATMUL_PRECISION = flags.DEFINE_enum(
+    'matmul_precision',
+    'default',
+    ['default', 'high', 'highest'],
+    "jax's default_matmul_precision for float32 dots: on a TPU, default is one bfloat16 pass "
+    '(high: three, highest: six); GPUs may use TF32 at default. The CPU computes float32 dots '
+    'in float32 at every setting.',
 )
 NUM_EXPERTS = flags.DEFINE_integer(
     'num_experts',
@@ -250,8 +273,9 @@ def offer_strategies(names) -> None:
     flag.help = f'<{"|".join(names)}>: {_strategy_help(names)}'
 
 
-TRANSFORMER_SHAPE = [SEQ_LEN, NUM_LAYERS, NUM_HEADS, NUM_KV_HEADS, EMBED_DIM, ATTENTION, DTYPE]
+TRANSFORMER_SHAPE = [SEQ_LEN, NUM_LAYERS, NUM_HEADS, NUM_KV_HEADS, EMBED_DIM, ATTENTION]
 TRANSFORMER_SHAPE += [NUM_EXPERTS, EXPERTS_PER_TOKEN, CAPACITY_FACTOR]
+PRECISION = [DTYPE, REDUCE_DTYPE, MATMUL_PRECISION]
 
 
 # Generation (python -m <twin>.generate): it also reads --workdir, --seed (the sampling's),
@@ -274,7 +298,7 @@ KV_CACHE = flags.DEFINE_bool('kv_cache', False, 'Decode with a KV cache (one pos
 # What each CLI's --help lists; --helpfull lists everything.
 TRAIN_CLI = [
     MODEL, STRATEGY, MESH, CP_LAYOUT, MICROBATCHES, PP_SCHEDULE, PP_VIRTUAL, *TRAIN.values(),
-    *TRANSFORMER_SHAPE,
+    *TRANSFORMER_SHAPE, *PRECISION,
     CPU_DEVICES, CPU_FMA,
     NUM_DEVICES, DATA_DIR, DOWNLOAD, WORKDIR, CHECKPOINT_EVERY, SAVE_INITIAL, KEEP, DEBUG_NANS,
     VERBOSE, COORDINATOR, NUM_PROCESSES, PROCESS_ID, DISTRIBUTED_AUTO, HEARTBEAT_TIMEOUT,
@@ -284,24 +308,3 @@ GENERATE_CLI = [
     WORKDIR, PROMPT, MAX_NEW_BYTES, TEMPERATURE, TOP_K, KV_CACHE, TRAIN['seed'], CPU_DEVICES,
     VERBOSE,
 ]  # fmt: skip
-
-
-# What the flags make (the plan, the model's and the training's configurations) is
-# shard_parity/runtime/from_flags.py's; its functions stay readable here by their old names. Read
-# when asked for, as from_flags.py imports this module's flags.
-FROM_FLAGS = (
-    'plan',
-    'batch_size',
-    'model_config',
-    'train_config',
-    'warn_ignored_flags',
-    'transformer_config',
-)
-
-
-def __getattr__(name):
-    if name in FROM_FLAGS:
-        from shard_parity.runtime import from_flags
-
-        return getattr(from_flags, name)
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

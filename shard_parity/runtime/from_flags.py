@@ -1,28 +1,39 @@
-"""What the flags make: the plan of --mesh and --strategy, the model's and the training's
-configurations, read from the flags shard_parity/runtime/flags.py defines (and still readable
-there by these names). The train CLI, the inspector and the bisector call them after parsing.
+"""What the flags make: the plan (shard_parity/plan.py), the model's and the training's
+configurations. The one module that reads the values of the flags shard_parity/runtime/flags.py
+defines; the train CLI, the inspector, the bisector and the benchmarks call it after parsing.
+
+The plan is built here once, from --mesh, --strategy, --num_devices, --microbatches,
+--pp_schedule, --pp_virtual, --cp_layout and the precision flags, and checked
+(shard_parity/checks.py) before anything compiles; everything after takes it whole.
 """
 
 import dataclasses
+import sys
 
 from absl import flags, logging
 
-from shard_parity import UsageError
+from shard_parity import UsageError, checks
+from shard_parity import config as cfg
 from shard_parity import plan as plans
-from shard_parity.runtime import config as cfg
 from shard_parity.runtime.flags import (
     ATTENTION,
     CAPACITY_FACTOR,
+    CP_LAYOUT,
     DTYPE,
     EMBED_DIM,
     EXPERTS_PER_TOKEN,
+    MATMUL_PRECISION,
     MESH,
+    MICROBATCHES,
     MODEL,
     NUM_DEVICES,
     NUM_EXPERTS,
     NUM_HEADS,
     NUM_KV_HEADS,
     NUM_LAYERS,
+    PP_SCHEDULE,
+    PP_VIRTUAL,
+    REDUCE_DTYPE,
     SEQ_LEN,
     STRATEGY,
     TRAIN,
@@ -30,18 +41,52 @@ from shard_parity.runtime.flags import (
 )
 
 
-def plan(devices: int) -> plans.Plan:
-    """--mesh and --strategy as a plan (shard_parity/plan.py) over `devices` devices: a named
-    mesh's sizes multiply to that; AxB gives --strategy's two axes (at most that many)."""
+def plan(available: int, fit_default_batch: bool = False) -> plans.Plan:
+    """The flags' plan over at most `available` devices (this process's, or a --target's),
+    checked: a named mesh's sizes multiply to --num_devices (default: all of them); AxB gives
+    --strategy's two axes. `fit_default_batch` (the train CLI): with neither --mesh nor
+    --batch_size given, the most devices the default batch splits over (`devices`)."""
+    count = devices(available, fit_default_batch)
     strategy = STRATEGY.value if flags.FLAGS[STRATEGY.name].present else None
     experts = MODEL.value == 'transformer' and NUM_EXPERTS.value > 0
-    result = plans.parse(MESH.value, strategy, devices, experts)
+    result = plans.parse(
+        MESH.value, strategy, count, experts,
+        microbatches=MICROBATCHES.value, schedule=PP_SCHEDULE.value, virtual=PP_VIRTUAL.value,
+        layout=CP_LAYOUT.value, precision=precision(),
+    )  # fmt: skip
     if MESH.value and NUM_DEVICES.value is not None and NUM_DEVICES.value != result.devices:
         raise UsageError(
             f'--num_devices={NUM_DEVICES.value} and --mesh={MESH.value} '
             f'({result.devices} devices) disagree: give one of them'
         )
+    checks.check(result, model_config(), batch_size())
     return result
+
+
+def devices(available: int, fit_default_batch: bool = False) -> int:
+    """--num_devices; else, with `fit_default_batch`, when neither --mesh nor --batch_size is
+    given and the default batch does not split over every device (the transformer's 12 on 8
+    emulated CPU devices), the most devices it splits over, said in one warning; else all."""
+    if NUM_DEVICES.value is not None:
+        return NUM_DEVICES.value
+    size = batch_size()
+    if not fit_default_batch or MESH.value or TRAIN['batch_size'].value or size % available == 0:
+        return available
+    fits = max(k for k in range(1, available + 1) if size % k == 0)
+    print(
+        f'warning: the default --batch_size={size} does not split over {available} devices: '
+        f'training on {fits} (give --num_devices, --mesh or --batch_size to choose)',
+        file=sys.stderr,
+    )
+    return fits
+
+
+def precision() -> plans.Precision:
+    """The precision policy (docs/numerics.md): --dtype, --reduce_dtype, --matmul_precision;
+    the master parameters float32."""
+    return plans.Precision(
+        compute=DTYPE.value, reduce=REDUCE_DTYPE.value, matmul=MATMUL_PRECISION.value
+    )
 
 
 def batch_size() -> int:
@@ -50,8 +95,11 @@ def batch_size() -> int:
 
 
 def model_config():
-    """The model's configuration from the flags: the transformer's shape, or the MLP's."""
-    return transformer_config() if MODEL.value == 'transformer' else cfg.MLPConfig()
+    """The model's configuration from the flags: the transformer's shape, or the MLP's; each
+    with the policy's compute and reduce dtypes."""
+    if MODEL.value == 'transformer':
+        return transformer_config()
+    return cfg.MLPConfig(dtype=DTYPE.value, reduce_dtype=REDUCE_DTYPE.value)
 
 
 def train_config(resumed: dict | None = None) -> cfg.TrainConfig:
@@ -83,6 +131,7 @@ def transformer_config() -> cfg.TransformerConfig:
         embed_dim=EMBED_DIM.value,
         attention=ATTENTION.value,
         dtype=DTYPE.value,
+        reduce_dtype=REDUCE_DTYPE.value,
         num_experts=NUM_EXPERTS.value,
         experts_per_token=EXPERTS_PER_TOKEN.value,
         capacity_factor=CAPACITY_FACTOR.value,

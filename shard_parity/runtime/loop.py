@@ -40,6 +40,7 @@ from shard_parity.mesh import local_rows
 from shard_parity.placement import place_batch, rows
 from shard_parity.runtime import checkpoint, tasks
 from shard_parity.runtime.averaging import means, window_from_record, window_record
+from shard_parity.step import strategy_file
 
 
 class Diverged(UsageError):
@@ -96,13 +97,13 @@ def stop_requested(step: int) -> bool:
     return True
 
 
-def evaluate(eval_step, params, task: tasks.Task, mesh, strategy: str) -> tuple[dict, dict]:
+def evaluate(eval_step, params, task: tasks.Task, mesh, plan) -> tuple[dict, dict]:
     """Runs every fixed eval batch; returns the task's metrics and the per-example outputs,
     gathered from every process (each placed and evaluated only its own rows)."""
     outs = []
     for b in task.eval_batches:
-        mine = local_rows(mesh, len(next(iter(b.values()))), rows(mesh, strategy))  # B rows each
-        batch = place_batch({k: v[mine] for k, v in b.items() if k != 'mask'}, mesh, strategy)
+        mine = local_rows(mesh, len(next(iter(b.values()))), rows(plan))  # B rows each
+        batch = place_batch({k: v[mine] for k, v in b.items() if k != 'mask'}, mesh, plan)
         outs.append(eval_step(params, batch))
         if len(outs) > 1:  # at most two in flight, as in training: FSDP's eval all-gathers
             jax.block_until_ready(outs[-2])
@@ -154,25 +155,17 @@ class Stopwatch:
         return self.seconds + (time.perf_counter() - self.t0)
 
 
-# config.json's key: the argument (--pp_virtual: V, the chunks per stage of pp_1f1b.py)
-OPTIONS = {'cp_layout': 'layout', 'microbatches': 'microbatches', 'pp_virtual': 'virtual'}
-
-
 class Loop:
-    """The step loop of `twin.STRATEGIES[strategy]`, with a stopwatch for the throughput."""
+    """The step loop of the twin's file for `plan` (step.strategy_file), with a stopwatch for
+    the throughput."""
 
-    def __init__(self, twin, strategy, task, config, mesh, graphdef, tx, log, mngr, saved):
-        parallel = twin.STRATEGIES[strategy]  # the strategy file, e.g. explicit/fsdp.py
-        if 'pp_schedule' in saved:  # 1f1b or interleaved: the twin's SCHEDULES' file
-            parallel = twin.SCHEDULES[saved['pp_schedule']]
+    def __init__(self, twin, plan, task, config, mesh, graphdef, tx, log, mngr, saved):
+        parallel = strategy_file(twin, plan)  # e.g. explicit/fsdp.py, or pp_1f1b.py
         self.name, self.task, self.config, self.mesh = twin.NAME, task, config, mesh
-        self.strategy = strategy
+        self.plan = plan
         self.log, self.mngr, self.saved = log, mngr, saved
-        # what the plan's axes take, as config.json saves them (runtime/train.py): a 'seq' axis
-        # --cp_layout (cp.py, composed.py), a 'stage' axis --microbatches (pp.py, composed.py)
-        options = {arg: saved[key] for key, arg in OPTIONS.items() if key in saved}
-        self.train_step = parallel.train_step(graphdef, task.loss_fn, tx, mesh, **options)
-        self.eval_step = parallel.eval_step(graphdef, task.eval_fn, mesh, **options)
+        self.train_step = parallel.train_step(graphdef, task.loss_fn, tx, mesh, plan)
+        self.eval_step = parallel.eval_step(graphdef, task.eval_fn, mesh, plan)
         self.clock = Stopwatch()
 
     def run(self, state, start, checkpoint_every, sharding, workdir) -> dict:
@@ -183,7 +176,7 @@ class Loop:
         unknown = window is None  # a checkpoint saved before windows were: see the docstring
         window = window or []
         main = jax.process_index() == 0
-        mine = local_rows(mesh, c.batch_size, rows(mesh, self.strategy))
+        mine = local_rows(mesh, c.batch_size, rows(self.plan))
         bar = tqdm(
             range(start, c.steps),
             initial=start,
@@ -198,7 +191,7 @@ class Loop:
             if i > start and SIGNALS and jax.process_count() == 1:  # came after the last check
                 bar.close()  # (during an evaluation, a save): stop before another step
                 self.stop(state, i, saved_step, pending, self.window(window, i, unknown))
-            batch = place_batch(self.task.train_batches.batch(i, mine), mesh, self.strategy)
+            batch = place_batch(self.task.train_batches.batch(i, mine), mesh, self.plan)
             if sharding and i == start and main:
                 show_sharding(state, batch)
             state, metrics = self.train_step(state, batch)
@@ -222,7 +215,7 @@ class Loop:
                 )
             if step % c.eval_every == 0 or step == c.steps:
                 self.clock.stop()
-                evals, out = evaluate(self.eval_step, state.params, self.task, mesh, self.strategy)
+                evals, out = evaluate(self.eval_step, state.params, self.task, mesh, self.plan)
                 self.log.write(step=step, **evals)
                 if main:
                     tqdm.write(

@@ -1,66 +1,76 @@
-"""A run's history of plans: which twin, strategy, mesh and schedule trained which steps.
+"""A run's history of plans: which twin and plan (mesh, strategy file, schedule, precision)
+trained which steps.
 
-A checkpoint restores onto any twin, mesh and schedule, so one run may take 40 steps on
-data:2,fsdp:2,model:2 and, resumed with another --mesh, 20 more on stage:2,model:4. config.json
-(and the config of every checkpoint) keeps the whole history as `segments`, one per stretch of
-steps under one plan, oldest first:
+A checkpoint restores onto any twin, mesh, schedule and precision policy, so one run may take 40
+steps on data:2,fsdp:2,model:2 and, resumed with another --mesh, 20 more on stage:2,model:4.
+config.json (and the config of every checkpoint) keeps the whole history as `segments`, one per
+stretch of steps under one plan, oldest first, each the plan's own config.json keys
+(shard_parity/plan.py's to_config) and the whole precision policy:
 
     "segments": [
-      {"from_step": 0, "twin": "explicit", "strategy": "composed",
-       "mesh": {"data": 2, "fsdp": 2, "model": 2}, "precision": null},
-      {"from_step": 40, "twin": "explicit", "strategy": "pp", "mesh": {"stage": 2, "model": 4},
-       "microbatches": 4, "pp_schedule": "1f1b", "pp_virtual": 1, "precision": null}
+      {"from_step": 0, "twin": "explicit", "strategy": "composed", "devices": 8,
+       "mesh": {"data": 2, "fsdp": 2, "model": 2}, "precision": {"param": "float32", ...}},
+      {"from_step": 40, "twin": "explicit", "strategy": "pp", "devices": 8,
+       "mesh": {"stage": 2, "model": 4}, "microbatches": 4, "pp_schedule": "1f1b",
+       "pp_virtual": 1, "precision": {...}}
     ]
 
 Segment i trained steps from_step + 1 to the next segment's from_step (a step numbers the state
-after it). A resume under the same plan continues its segment; 'precision' is the slot of the
-precision policy to come (null: the model's dtype throughout). A config.json written before
-segments reads as one segment from step 0 (`of`). compare and bisect (tools/) pair two runs
-segment by segment (`pairs`).
+after it). A resume under the same plan continues its segment. A config.json written before
+segments reads as one segment from step 0 (`of`). compare and bisect (tools/pairing.py) pair two
+runs segment by segment.
 """
 
-# What a segment records of config.json: the plan, the options its axes take, and the precision
-PLAN = ('twin', 'strategy', 'mesh', 'cp_layout', 'microbatches', 'pp_schedule', 'pp_virtual')
+import dataclasses
+
+from shard_parity import UsageError
+from shard_parity import plan as plans
 
 
-def segment(saved: dict, from_step: int) -> dict:
-    """The segment a run with config `saved` starts at `from_step`."""
-    plan = {k: saved[k] for k in PLAN if k in saved}
-    return {'from_step': from_step, **plan, 'precision': saved.get('precision')}
+def new(twin: str, plan: plans.Plan, from_step: int) -> dict:
+    """The segment `twin` starts at `from_step` on `plan`."""
+    precision = dataclasses.asdict(plan.precision)
+    return {'from_step': from_step, 'twin': twin, **plan.to_config(), 'precision': precision}
+
+
+def plan_of(segment: dict) -> plans.Plan:
+    """The plan a segment (or a config.json) records; UsageError if it records none."""
+    p = segment.get('precision') or {}
+    dtypes = {'dtype': p.get('compute', 'float32'), 'reduce_dtype': p.get('reduce', 'float32')}
+    model = segment.get('model_config') or dtypes  # a config.json: the model's own dtypes
+    matmul = {'matmul': p['matmul']} if 'matmul' in p else {}
+    return plans.from_config({**segment, 'model_config': model, 'precision': matmul})
 
 
 def of(saved: dict) -> list[dict]:
-    """A config's segments; one from step 0 for a config written before segments were."""
+    """A config's segments; one from step 0 for a config written before segments were; none
+    for one that records no plan (no strategy and mesh)."""
     found = saved.get('segments')
     if isinstance(found, list) and found and all(isinstance(s, dict) for s in found):
         return found
-    return [segment(saved, 0)]
+    try:
+        return [new(saved.get('twin', '?'), plan_of(saved), 0)]
+    except UsageError:
+        return []
 
 
 def same_plan(a: dict, b: dict) -> bool:
-    """Whether two segments ran one plan (a mesh saved before named meshes, fsdp's axis then
-    called 'data', is the same as today's name for it)."""
-    return _plan(a) == _plan(b)
+    """Whether two segments ran one twin on one plan (a mesh saved before named meshes, fsdp's
+    axis then called 'data', is today's, and options the axes do not take are dropped)."""
+    try:
+        return a.get('twin') == b.get('twin') and plan_of(a) == plan_of(b)
+    except UsageError:
+        return False
 
 
-def _plan(s: dict) -> dict:
-    from shard_parity import plan as plans
-
-    plan = {k: v for k, v in s.items() if k != 'from_step'}
-    if isinstance(s.get('strategy'), str) and isinstance(s.get('mesh'), dict):
-        plan['mesh'] = plans.from_saved(s['strategy'], s['mesh']).axes
-    return plan
-
-
-def extend(previous: dict | None, saved: dict, start: int) -> list[dict]:
-    """The segments of a run resumed at `start` with config `saved` from a checkpoint whose config
-    is `previous` (None: a fresh run): the history up to `start`, and a new segment from `start`
-    if the plan changed."""
-    new = segment(saved, start)
-    if previous is None:
-        return [new]
-    history = [s for s in of(previous) if s['from_step'] < start] or of(previous)[:1]
-    return history + ([] if same_plan(history[-1], new) else [new])
+def extend(previous: dict | None, segment: dict) -> list[dict]:
+    """The segments of a run resumed with `segment` from a checkpoint whose config is
+    `previous` (None: a fresh run): the history up to its step, and `segment` if the plan
+    changed."""
+    history = [s for s in of(previous or {}) if s['from_step'] < segment['from_step']]
+    if not history:  # a fresh run
+        return [segment]
+    return history + ([] if same_plan(history[-1], segment) else [segment])
 
 
 def at(segments: list[dict], step: int) -> int:
@@ -69,16 +79,15 @@ def at(segments: list[dict], step: int) -> int:
 
 
 def describe(s: dict) -> str:
-    """'explicit pp (1f1b) on stage:2,model:4': the twin, the strategy file, its schedule, and
-    the mesh as --mesh names it (a run saved before named meshes as today's would be)."""
-    from shard_parity import plan as plans
-
-    if not (isinstance(s.get('strategy'), str) and isinstance(s.get('mesh'), dict)):
-        return f"{s.get('twin', '?')} (no mesh recorded)"
-    plan = plans.from_saved(s['strategy'], s['mesh'])
-    schedule = f" ({s['pp_schedule']})" if s.get('pp_schedule') else ''
-    precision = f", precision {s['precision']}" if s.get('precision') else ''
-    return f"{s.get('twin', '?')} {plan.strategy}{schedule} on {plan.text()}{precision}"
+    """'explicit pp (1f1b) on stage:2,model:4': the twin, the strategy file, its schedule, the
+    mesh as --mesh names it, and a precision policy other than float32 throughout."""
+    try:
+        plan = plan_of(s)
+    except UsageError:
+        return f"{s.get('twin', '?')} (no plan recorded)"
+    schedule = f' ({plan.schedule})' if plan.schedule != 'gpipe' else ''
+    policy = f', {plan.precision.text()}' if plan.precision != plans.Precision() else ''
+    return f"{s.get('twin', '?')} {plan.strategy}{schedule} on {plan.text()}{policy}"
 
 
 def pairs(a: list[dict], b: list[dict]) -> list[tuple[int, int, int]]:

@@ -19,7 +19,7 @@ from shard_parity.model.mlp import MLP
 from shard_parity.model.moe import AUX_WEIGHT
 from shard_parity.model.ops import cross_entropy
 from shard_parity.model.transformer import Transformer
-from shard_parity.runtime import config as cfg
+from shard_parity import config as cfg
 from shard_parity.runtime import report
 
 
@@ -52,7 +52,8 @@ def classification_eval(model, batch):
     return {'loss': losses, 'pred': jnp.argmax(logits, -1)}
 
 
-def mnist_task(config: cfg.TrainConfig, data_dir: str | None = None, download=True) -> Task:
+def mnist_task(config: cfg.TrainConfig, data_dir: str | None = None, download=True,
+               model_config: cfg.MLPConfig = cfg.MLPConfig()) -> Task:  # fmt: skip
     data = mnist.load(data_root(data_dir), download=download)
     if config.batch_size > len(data['train'][1]):
         raise UsageError(
@@ -73,7 +74,6 @@ def mnist_task(config: cfg.TrainConfig, data_dir: str | None = None, download=Tr
         pixels = images * mnist.STD + mnist.MEAN  # back to [0, 1] for the pictures
         report.write_classification_report(workdir, pixels, labels, out['pred'][keep])
 
-    model_config = cfg.MLPConfig()
     return Task(
         name='mlp',
         model_config=model_config,

@@ -20,17 +20,12 @@ from absl import flags, logging
 
 from shard_parity import UsageError, exit_status, refuse
 from shard_parity.datasets.root import DataError
-from shard_parity.mesh import configure_jax
-from shard_parity.runtime import checkpoint, declare_key_flags, plain_warnings, tasks
+from shard_parity.mesh import configure_jax, mesh_for, use_matmul_precision
+from shard_parity.runtime import checkpoint, declare_key_flags, from_flags, plain_warnings, tasks
 from shard_parity.runtime import flags as F
 from shard_parity.runtime.loop import SIGNALS, Interrupted, stop_on_signals
 from shard_parity.runtime.processes import start_processes
-from shard_parity.runtime.training import (  # noqa: F401  (all importable from here, as before)
-    check_strategy,
-    mesh_from_flags,
-    restore_latest,
-    run,
-)
+from shard_parity.runtime.training import Outputs, run, warn_unused_attention
 
 
 def quiet_save_errors(record) -> bool:
@@ -55,25 +50,6 @@ def quiet_failed_save() -> None:
     sys.unraisablehook = hook
 
 
-def default_devices(batch_size: int) -> int:
-    """--num_devices; else, when neither --mesh nor --batch_size is given and the default batch
-    does not split over every device (the transformer's 12 on 8 emulated CPU devices), the most
-    devices it splits over, said in one warning; else every device."""
-    given = F.MESH.value or F.TRAIN['batch_size'].value
-    n = jax.device_count()
-    if F.NUM_DEVICES.value is not None:
-        return F.NUM_DEVICES.value
-    if given or jax.process_count() > 1 or batch_size % n == 0:
-        return n
-    fits = max(k for k in range(1, n + 1) if batch_size % k == 0)
-    print(
-        f'warning: the default --batch_size={batch_size} does not split over {n} devices: '
-        f'training on {fits} (give --num_devices, --mesh or --batch_size to choose)',
-        file=sys.stderr,
-    )
-    return fits
-
-
 def make_task(config):
     if F.DATA_DIR.value and pathlib.Path(F.DATA_DIR.value).is_file():
         raise UsageError(
@@ -81,9 +57,11 @@ def make_task(config):
             'mnist/ and tinyshakespeare/'
         )
     if F.MODEL.value == 'mlp':
-        return tasks.mnist_task(config, F.DATA_DIR.value, F.DOWNLOAD.value)
+        return tasks.mnist_task(
+            config, F.DATA_DIR.value, F.DOWNLOAD.value, from_flags.model_config()
+        )
     return tasks.shakespeare_task(
-        config, F.transformer_config(), F.DATA_DIR.value, F.DOWNLOAD.value
+        config, from_flags.transformer_config(), F.DATA_DIR.value, F.DOWNLOAD.value
     )
 
 
@@ -118,32 +96,22 @@ def main(twin):
             )
             jax.config.update('jax_debug_nans', F.DEBUG_NANS.value)
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{twin.NAME}_{F.MODEL.value}')
-            # the mesh and what its axes need first: a short --steps's warm-up check after
-            devices = default_devices(F.batch_size())
-            plan, mesh = mesh_from_flags(twin.AXIS_TYPE, devices, twin.RING, schedules=True)
-            F.warn_ignored_flags()
-            config = F.train_config(checkpoint.latest_train_config(workdir))
-            final = run(
-                twin,
-                plan.strategy,
-                make_task(config),
-                config,
-                mesh,
-                workdir,
-                F.SHOW_SHARDING.value,
-                F.CHECKPOINT_EVERY.value,
-                F.KEEP.value,
-                F.SAVE_INITIAL.value,
-                F.CP_LAYOUT.value,
-                F.MICROBATCHES.value,
-                checked=True,
-                schedule=F.PP_SCHEDULE.value,
-                virtual=F.PP_VIRTUAL.value,
+            # the plan and what its axes need first: a short --steps's warm-up check after
+            plan = from_flags.plan(jax.device_count(), fit_default_batch=jax.process_count() == 1)
+            mesh = mesh_for(plan, twin.AXIS_TYPE)
+            use_matmul_precision(plan.precision.matmul)
+            warn_unused_attention(twin, plan, from_flags.model_config())
+            from_flags.warn_ignored_flags()
+            config = from_flags.train_config(checkpoint.latest_train_config(workdir))
+            outputs = Outputs(
+                F.CHECKPOINT_EVERY.value, F.KEEP.value, F.SAVE_INITIAL.value, F.SHOW_SHARDING.value
             )
+            final = run(twin, plan, make_task(config), config, mesh, workdir, outputs)
         except FloatingPointError as e:  # raised by JAX's checks under --debug_nans
             if F.VERBOSE.value:
                 traceback.print_exc()
-            sys.exit(f'error: --debug_nans stopped training at the first NaN: {str(e)[:300]}')
+            first = ' '.join(str(e)[:300].split())  # one line
+            refuse(f'--debug_nans stopped training at the first NaN: {first}', 1)
         except (UsageError, DataError, OSError) as e:
             if F.VERBOSE.value:
                 traceback.print_exc()

@@ -1,9 +1,10 @@
-"""What the train CLI runs (shard_parity/runtime/train.py), and the inspector's and the
-bisector's checks of a mesh: `run` trains a task with a twin's strategy file, resuming from the
-workdir's latest checkpoint; `mesh_from_flags` and `check_strategy` build and check the mesh
-before anything compiles. The step loop itself is in shard_parity/runtime/loop.py.
+"""What the train CLI runs (shard_parity/runtime/train.py): `run` trains a task on a plan with
+the twin's file for it (shard_parity/step.py, `strategy_file`), resuming from the workdir's
+latest checkpoint. The plan comes checked (shard_parity/runtime/from_flags.py); the step loop
+itself is in shard_parity/runtime/loop.py.
 """
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -13,62 +14,38 @@ from absl import logging
 from flax import nnx
 
 from shard_parity import UsageError
-from shard_parity import plan as plans
-from shard_parity.mesh import SEQ, mesh_for
-from shard_parity.pipeline import check_schedule, virtual_stages
+from shard_parity import config as cfg
 from shard_parity.placement import place_state, state_shardings
+from shard_parity.plan import SEQ, Plan
 from shard_parity.runtime import checkpoint, report, segments, tasks
-from shard_parity.runtime import config as cfg
-from shard_parity.runtime import flags as F
 from shard_parity.runtime.loop import Loop
 from shard_parity.step import create_state, make_optimizer
 
 
-def check_strategy(
-    strategy: str, model_config, mesh, batch_size: int, microbatches=4, layout='zigzag', ring=False,
-    schedule='gpipe', virtual=None,
-) -> None:
-    """What each of the mesh's axes needs (shard_parity/plan.py: heads, layers, experts, the
-    sequence, the rows and microbatches divisible), and the pipeline's schedule
-    (shard_parity/pipeline.py), before anything compiles. `ring`: the twin runs its own ring
-    attention under 'seq' (its RING), and ignores --attention."""
-    plan = plans.of(mesh, strategy)
-    plans.check(plan, model_config, batch_size, microbatches, layout)
-    if plan.uses(plans.STAGE) or schedule != 'gpipe' or virtual is not None:
-        layers = getattr(model_config, 'num_layers', 0)
-        stages = plan.size(plans.STAGE) if plan.uses(plans.STAGE) else 1
-        check_schedule(schedule, virtual, stages, layers, microbatches, plan.strategy)
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+    """What a run writes besides its metrics: when it saves, how many it keeps, whether it
+    saves step 0 (for tools.bisect RUN_A RUN_B), whether it shows where one batch lives."""
+
+    checkpoint_every: int | None = None  # default: at each evaluation
+    keep: int = 3
+    save_initial: bool = False
+    show_sharding: bool = False
+
+
+def warn_unused_attention(twin, plan: Plan, model_config) -> None:
+    """Under 'seq' explicit/ and typed/ run their own ring attention (the twin's RING), and
+    ignore --attention=fused: say so."""
     fused = getattr(model_config, 'attention', None) == 'fused'
-    if plan.uses(SEQ) and fused and ring:
+    if plan.uses(SEQ) and fused and twin.RING:
         logging.warning(
             "--attention=fused is ignored: this twin's %s.py runs its own ring attention in "
             "place of the model's",
-            strategy,
+            plan.strategy,
         )
 
 
-def mesh_from_flags(axis_type, devices: int, ring=False, on=None, schedules=False):
-    """(plan, mesh) of --mesh and --strategy over `devices` devices, checked before anything
-    compiles: the train CLI's, the inspector's and the bisector's. `ring`: as check_strategy's.
-    `on`: the devices to build it from (the inspector's --target), default this process's.
-    `schedules`: whether the caller runs --pp_schedule's files (the train CLI, the inspector);
-    the bisector runs each twin's STRATEGIES, GPipe's pp.py, and refuses another schedule."""
-    if not schedules and F.PP_SCHEDULE.value != 'gpipe':
-        raise UsageError(
-            f'--pp_schedule={F.PP_SCHEDULE.value}: this tool runs the twins\' pp.py (gpipe); '
-            'the train CLIs and the inspector run the other schedules, and the bisector takes '
-            'their module: --twins=explicit,explicit.pp_1f1b'
-        )
-    plan = F.plan(devices)
-    mesh = mesh_for(plan, axis_type, devices=on)
-    check_strategy(
-        plan.strategy, F.model_config(), mesh, F.batch_size(), F.MICROBATCHES.value,
-        F.CP_LAYOUT.value, ring, F.PP_SCHEDULE.value, F.PP_VIRTUAL.value,
-    )  # fmt: skip
-    return plan, mesh
-
-
-def restore_latest(mngr, state, saved: dict, mesh, steps: int):
+def restore_latest(mngr, state, saved: dict, mesh, plan: Plan, steps: int):
     """(state, step): the latest complete checkpoint if this workdir has one, else (state, 0).
     Refuses a checkpoint of other settings, or one beyond --steps."""
     step = mngr.latest_step()
@@ -82,72 +59,45 @@ def restore_latest(mngr, state, saved: dict, mesh, steps: int):
         )
     if step == steps:
         return None, step  # nothing to do
-    target = checkpoint.target_for(state, state_shardings(state, mesh, saved['strategy']))
+    target = checkpoint.target_for(state, state_shardings(state, mesh, plan))
     if jax.process_index() == 0:
         print(f'resuming from {mngr.directory / str(step)}', file=sys.stderr, flush=True)
     return checkpoint.restore_state(mngr, step, target), step
 
 
-def run(
-    twin,
-    strategy: str,
-    task: tasks.Task,
-    config: cfg.TrainConfig,
-    mesh,
-    workdir: pathlib.Path,
-    sharding=False,
-    checkpoint_every=None,
-    keep=3,
-    save_initial=False,
-    cp_layout='zigzag',
-    microbatches=4,
-    checked=False,
-    schedule='gpipe',
-    virtual=None,
-) -> dict | None:
-    """Trains `task` with `twin.STRATEGIES[strategy]` (e.g. auto's dp.py); returns the last line,
-    or None when `workdir` already holds step --steps (then nothing is written). Saves a
-    checkpoint every `checkpoint_every` steps (default: at each evaluation) and at the end (and
-    at step 0 with `save_initial`), and resumes from the latest one in `workdir`, which it locks
-    for its lifetime."""
-    plan = plans.of(mesh, strategy)
-    if not checked:  # the CLI checked before reading the warm-up (mesh_from_flags)
-        check_strategy(
-            strategy, task.model_config, mesh, config.batch_size, microbatches, cp_layout,
-            twin.RING, schedule, virtual,
-        )  # fmt: skip
+def run(twin, plan: Plan, task: tasks.Task, config: cfg.TrainConfig, mesh,
+        workdir: pathlib.Path, outputs: Outputs = Outputs()) -> dict | None:  # fmt: skip
+    """Trains `task` on `plan` (checked) with `twin`'s file for it (e.g. auto's dp.py) on `mesh`
+    (the plan's, in the twin's axis types); returns the last line, or None when `workdir`
+    already holds step --steps (then nothing is written). Saves a checkpoint every
+    `outputs.checkpoint_every` steps (default: at each evaluation) and at the end, and resumes
+    from the latest one in `workdir`, which it locks for its lifetime."""
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
-    state = place_state(state, mesh, strategy)
+    state = place_state(state, mesh, plan)
     saved = {
         'model': task.name,
         'model_config': cfg.to_dict(task.model_config),
         'train': cfg.to_dict(config),
         'twin': twin.NAME,
-        'strategy': strategy,
-        'devices': mesh.size,
-        'mesh': dict(mesh.shape),
-        **({'cp_layout': cp_layout} if plan.uses(SEQ) else {}),
-        **({'microbatches': microbatches} if plan.uses(plans.STAGE) else {}),
-        # gpipe's runs record no schedule, as before there was a choice
-        **({'pp_schedule': schedule, 'pp_virtual': virtual_stages(schedule, virtual)}
-           if schedule != 'gpipe' else {}),
-    }  # fmt: skip
+        **plan.to_config(),
+    }
     if checkpoint.finished(workdir, saved, config.steps):  # read-only: nothing to write
         return None
     report.ensure_writable(workdir)
     main = jax.process_index() == 0  # with several processes, process 0 writes and prints
-    with report.hold_workdir(workdir, main), checkpoint.manager(workdir, keep) as mngr:
-        state, start = restore_latest(mngr, state, saved, mesh, config.steps)
+    with report.hold_workdir(workdir, main), checkpoint.manager(workdir, outputs.keep) as mngr:
+        state, start = restore_latest(mngr, state, saved, mesh, plan, config.steps)
         if state is None:
             return None
         previous = checkpoint.read_config(mngr, start) if start else None
-        saved['segments'] = segments.extend(previous, saved, start)  # the plans so far
-        if save_initial and start == 0:  # step 0, for python -m tools.bisect RUN_A RUN_B
+        saved['segments'] = segments.extend(previous, segments.new(twin.NAME, plan, start))
+        if outputs.save_initial and start == 0:  # step 0, for tools.bisect RUN_A RUN_B
             checkpoint.save(mngr, state, saved)
         text = json.dumps(saved, indent=2) + '\n'
         if main:
             report.atomic_write(workdir / 'config.json', lambda f: f.write(text.encode()))
         log = report.MetricsLog(workdir / 'metrics.jsonl', resume_from=start, enabled=main)
-        loop = Loop(twin, strategy, task, config, mesh, graphdef, tx, log, mngr, saved)
-        return loop.run(state, start, checkpoint_every or config.eval_every, sharding, workdir)
+        loop = Loop(twin, plan, task, config, mesh, graphdef, tx, log, mngr, saved)
+        every = outputs.checkpoint_every or config.eval_every
+        return loop.run(state, start, every, outputs.show_sharding, workdir)

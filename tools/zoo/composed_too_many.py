@@ -7,6 +7,7 @@ from shard_parity.explicit import composed
 from shard_parity.explicit.composed import averaged_over
 from shard_parity.mesh import EXPERT, MODEL, STAGE
 from shard_parity.placement import is_expert
+from shard_parity.step import as_dtype
 
 from . import planted
 
@@ -19,7 +20,9 @@ def reduce(grads, specs, plan):
 
     def one(path, g, spec):  # the all-reduce over 'data' (and 'seq', the rows of 'expert')
         wrong = tuple(a for a in (MODEL, STAGE) if a in spec)  # BUG: axes it is split over
-        g = jax.lax.pmean(g, averaged_over(plan, spec) + wrong)  # BUG: averaged over them too
+        g = jax.lax.pmean(  # BUG: averaged over them too
+            as_dtype(g, plan.precision.reduce), averaged_over(plan, spec) + wrong
+        )
         return g / plan.size(EXPERT) if is_expert(path) else g
 
     return jax.tree_util.tree_map_with_path(one, grads, specs)

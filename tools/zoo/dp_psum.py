@@ -5,19 +5,20 @@ import jax
 from shard_parity.explicit import dp
 from shard_parity.mesh import DATA
 from shard_parity.placement import BATCH, REPLICATED
-from shard_parity.step import bind
+from shard_parity.step import as_dtype, bind
 
 from . import planted
 
 planted(globals(), dp)
 
 
-def loss_and_grads(graphdef, loss_fn, mesh):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
     def local(params, batch):  # params: the full arrays; batch: x[B/n, ...], this device's rows
         params = jax.lax.pcast(params, DATA, to='varying')
         (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of the local rows
+        grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return jax.lax.pmean(metrics, DATA), jax.lax.psum(grads, DATA)  # BUG: psum, not pmean
 
     # the step: `local` on each device's shard (the specs are fixed: nothing to build first)

@@ -5,18 +5,22 @@ forward is untouched, so the loss is right and only the gradients are wrong (the
 import jax
 
 from shard_parity.explicit import pp_1f1b
-from shard_parity.explicit.pp_1f1b import MICROBATCHES, STRATEGY, interleave, pass_back, pass_on
+from shard_parity.explicit.pp_1f1b import interleave, pass_back, pass_on
 from shard_parity.mesh import DATA, STAGE
-from shard_parity.pipeline import joined, one_f_one_b, phases, pieces, rest_of, split, start, tick
+from shard_parity.pipeline import joined, phases, pieces, rest_of, split, start, tick
+from shard_parity.schedules import one_f_one_b
 from shard_parity.placement import BATCH, REPLICATED, STACKED, state_specs
+from shard_parity.step import as_dtype
 
 from . import planted
 
 planted(globals(), pp_1f1b)
 
 
-def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1):
+def loss_and_grads(graphdef, loss_fn, mesh, plan):
     stages = mesh.shape[STAGE]
+    microbatches, virtual = plan.microbatches, plan.chunks  # M; V chunks per stage
+    reduce = plan.precision.reduce  # what the gradients' collectives carry (--reduce_dtype)
     table = one_f_one_b(stages, microbatches, virtual)
     slot = (table.backward['slot'] + 1) % table.slots  # BUG: the next slot, not the unit's own
     table = table._replace(backward=dict(table.backward, slot=slot))  # BUG: (its own slot's)
@@ -34,21 +38,21 @@ def loss_and_grads(graphdef, loss_fn, mesh, microbatches=MICROBATCHES, virtual=1
             run = tick(model, rest, batches, stages, virtual, fwd, bwd, loss)
             state, y, dx = run(s, chunks, state, jax.tree.map(lambda a: a[s], row))
             if fwd:
-                state = state._replace(h=pass_on(y, mesh, virtual))  # collective-permute
+                state = state._replace(h=pass_on(y, mesh, plan))  # collective-permute
             if bwd:
-                state = state._replace(g=pass_back(dx, mesh, virtual))  # collective-permute
+                state = state._replace(g=pass_back(dx, mesh, plan))  # collective-permute
             return state
 
         begin = start(model, rest, chunks, batches, table.slots)  # zeros
         state = phases(table, begin, step)
         # the embedding's gradient from stage 0, the head's from the last: an all-reduce
-        rest, metrics = jax.lax.psum((state.rest, state.metrics), STAGE)
-        grads = joined(params, back(state.grads)[0], rest)
+        rest, metrics = jax.lax.psum((as_dtype(state.rest, reduce), state.metrics), STAGE)
+        grads = as_dtype(joined(params, back(state.grads)[0], rest), reduce)
         metrics = jax.tree.map(lambda m: m / microbatches, metrics)
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce over 'data'
 
     def fn(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
-        specs = state_specs(params, STRATEGY, mesh)
+        specs = state_specs(params, plan, mesh)
         return jax.shard_map(
             local, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs)
         )(params, batch)

@@ -11,6 +11,5 @@ from . import planted
 planted(globals(), pp)
 
 
-def pass_on(y, mesh):  # f32[B/dM, T, C]: stage i's output should go to stage i + 1
-    n = mesh.shape[STAGE]
-    return jax.lax.ppermute(y, STAGE, [(i + 1, i) for i in range(n - 1)])  # BUG: to stage i - 1
+def pass_on(y, mesh, plan):  # f32[B/dM, T, C]: stage i's output should go to stage i + 1
+    return jax.lax.ppermute(y, STAGE, [(i + 1, i) for i in range(plan.size(STAGE) - 1)])  # BUG

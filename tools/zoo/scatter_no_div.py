@@ -5,16 +5,18 @@ import jax
 
 from shard_parity.explicit import fsdp
 from shard_parity.mesh import FSDP
+from shard_parity.step import as_dtype
 
 from . import planted
 
 planted(globals(), fsdp)
 
 
-def scatter(grad, spec):  # the local gradient of a whole weight -> the mean for my shard
+def scatter(grad, spec, plan):  # the local gradient of a whole weight -> the mean for my shard
     if FSDP not in spec:
-        return jax.lax.pmean(grad, FSDP)  # all-reduce
-    return (
-        jax.lax.psum_scatter(grad, FSDP, scatter_dimension=spec.index(FSDP), tiled=True)
+        return jax.lax.pmean(as_dtype(grad, plan.precision.reduce), FSDP)  # all-reduce
+    return (  # the reduce-scatter, of the gradient cast to --reduce_dtype first
+        jax.lax.psum_scatter(as_dtype(grad, plan.precision.reduce), FSDP,
+                             scatter_dimension=spec.index(FSDP), tiled=True)
         # BUG: no / jax.lax.axis_size(FSDP): the sum of the n gradients, not their mean
-    )
+    )  # fmt: skip
