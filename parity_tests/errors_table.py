@@ -650,6 +650,8 @@ ROWS = [
         "launch: every process refusing its input (exit 2, the processes' own status)",
         'error: processes [0, 1] failed',
         'test_launch.test_the_processes_status_is_the_launchers_where_they_agree',
+    ),
+    (
         'a resumed run whose checkpoint was saved before checkpoints kept the averaging window '
         '(its first train line says how many steps it averages; not an error)',
         '"train_steps_averaged": 3',
