@@ -86,6 +86,12 @@ def ensure(
 ) -> pathlib.Path:
     """Return `dest` if it exists (unverified), else download it if allowed; DataError otherwise."""
     dest = pathlib.Path(dest)
+    if dest.is_dir():  # a folder where the file belongs: reading it was a bare [Errno 21]
+        raise DataError(
+            f'{what} file {dest} is a folder, not a file: move it aside'
+            + (' (the file is then downloaded)' if download else '')
+            + ', or put the official file there.'
+        )
     if dest.exists():
         return dest
     if not download:

@@ -54,6 +54,10 @@ def load(root: pathlib.Path, *, download: bool = True, base_url: str = MIRROR) -
                 f'{images_path} holds images of shape {images.shape[1:]}, expected '
                 '(28, 28); replace it with the official file.'
             )
+        if len(images) == 0:  # a data fault, not a --batch_size too large for the split
+            raise DataError(
+                f'{images_path} holds 0 images; replace it with the official file.'
+            )
         if len(images) != len(labels):
             raise DataError(
                 f'{images_path} holds {len(images)} images but {labels_path} holds '
@@ -79,8 +83,14 @@ def read_idx(path: pathlib.Path, magic: int) -> np.ndarray:
             f'{path} is not a readable gzip file ({e}); delete it to download it '
             'again, or replace it with the official file.'
         ) from e
+    if len(raw) < 4:  # an empty file (0 bytes) decompresses to nothing: no magic number at all
+        raise DataError(
+            f'{path} is {path.stat().st_size} bytes and decompresses to {len(raw)}, too few for '
+            "an IDX header: it is empty or cut short; delete it to download it again, or replace "
+            'it with the official file.'
+        )
     got_magic = int.from_bytes(raw[:4], 'big')
-    if len(raw) < 4 or got_magic != magic:
+    if got_magic != magic:
         raise DataError(
             f'{path} has IDX magic number {got_magic:#010x}, expected {magic:#010x}; '
             'replace it with the official file.'

@@ -708,4 +708,104 @@ ROWS = [
         'nothing written (the tables follow)',
         'test_benchmark_run.test_a_target_run_leaves_the_checkout_alone_and_names_its_target',
     ),
+    (
+        'a resumed run whose checkpoint was saved before checkpoints kept the averaging window '
+        '(its first train line says how many steps it averages; not an error)',
+        '"train_steps_averaged": 3',
+        'test_resume_logs.test_a_checkpoint_without_its_window_resumes_and_says_so',
+    ),
+    (
+        "compare: a train line averaged over other steps than its partner's (another --log_every, "
+        'or train_steps_averaged; marked *, left out of the verdict)',
+        'or one resumed a checkpoint that kept no averaging window',
+        'test_compare.test_a_line_averaged_over_fewer_steps_after_a_resume_is_paired_with_nothing',
+    ),
+    (
+        'bisect: train lines averaged over other steps (a note; not compared)',
+        'average over different steps',
+        'test_resume_logs.test_a_checkpoint_without_its_window_resumes_and_says_so',
+    ),
+    (
+        'compare or bisect: a run that moved meshes (each segment named; not an error)',
+        'moved meshes',
+        'test_segments.test_compare_shows_each_runs_segments_and_a_verdict_for_each_stretch',
+    ),
+    (
+        "compare or bisect: a stretch of steps where the two runs' plans differ (said; not an "
+        'error)',
+        'different plans',
+        'test_segments.test_compare_shows_each_runs_segments_and_a_verdict_for_each_stretch',
+    ),
+    (
+        'compare: a train mean over steps of two segments (a run moved inside its window; marked '
+        '~)',
+        'averaged over steps of two segments',
+        'test_segments.test_compare_shows_each_runs_segments_and_a_verdict_for_each_stretch',
+    ),
+    (
+        'compare piped into a reader that stops early (`| head -n 1`; exit 141, 128 + SIGPIPE)',
+        'nothing printed, exit 141',
+        'test_compare.test_a_reader_that_stops_early_ends_compare_quietly',
+    ),
+    (
+        'generate piped into a reader that stops early (`| head -c 5`; exit 141, 128 + SIGPIPE)',
+        'nothing printed, exit 141',
+        'test_generate.test_cli_on_a_closed_pipe_a_sigterm_and_a_long_prompt',
+    ),
+    (
+        'generate: SIGTERM (exit 143; Ctrl-C 130: 128 + the signal)',
+        'what was printed stays, exit 143',
+        'test_generate.test_cli_on_a_closed_pipe_a_sigterm_and_a_long_prompt',
+    ),
+    (
+        '--temperature below ~1e-37, where the logits divided by it overflow float32 (greedy; not '
+        'an error)',
+        'sampled greedily, exit 0',
+        'test_generate.test_a_temperature_so_small_that_the_logits_overflow_samples_greedily',
+    ),
+    (
+        'generate: a prompt longer than the context, refused before anything is echoed',
+        "--prompt is 17 bytes, longer than the model's context of 16 bytes",
+        'test_generate.test_cli_on_a_closed_pipe_a_sigterm_and_a_long_prompt',
+    ),
+    (
+        'rerunning a finished run in a read-only workdir (exit 0, nothing written)',
+        'nothing to do: ',
+        'test_faults.test_a_finished_run_in_a_read_only_workdir_has_nothing_to_do',
+    ),
+    (
+        'a dangling symbolic link as --workdir',
+        'is a symbolic link to',
+        'test_faults.test_a_dangling_link_or_a_folder_in_a_files_place_is_named',
+    ),
+    (
+        'a folder where the run writes metrics.jsonl or config.json',
+        'is a folder, not a file: the run writes its metrics.jsonl there',
+        'test_faults.test_a_dangling_link_or_a_folder_in_a_files_place_is_named',
+    ),
+    (
+        'bisect: a run directory whose metrics.jsonl is a folder',
+        'is a folder, not the file a train run writes',
+        'test_faults.test_a_dangling_link_or_a_folder_in_a_files_place_is_named',
+    ),
+    (
+        'an empty (0-byte) MNIST .gz (a data fault, exit 1)',
+        'too few for an IDX header',
+        'test_datasets.test_an_empty_file_a_folder_and_zero_images_are_data_faults_naming_the_file',
+    ),
+    (
+        'an MNIST file of 0 images (a data fault, exit 1; it was blamed on --batch_size)',
+        'holds 0 images',
+        'test_datasets.test_an_empty_file_a_folder_and_zero_images_are_data_faults_naming_the_file',
+    ),
+    (
+        'a data file that is a folder (input.txt; a data fault, exit 1)',
+        'is a folder, not a file: move it aside',
+        'test_datasets.test_an_empty_file_a_folder_and_zero_images_are_data_faults_naming_the_file',
+    ),
+    (
+        "a process killed (-9) under the launcher (the rerun resumes to the undisturbed run's log)",
+        'process 1 was killed by SIGKILL',
+        'test_resume_logs.test_under_1f1b_a_killed_process_resumes_to_the_undisturbed_log',
+    ),
 ]

@@ -9,6 +9,7 @@ command); the others point at the test file that owns them.
 import dataclasses
 import errno
 import importlib
+import json
 import re
 import subprocess
 import sys
@@ -275,3 +276,38 @@ def test_the_mesh_is_checked_before_the_warm_up():
     assert 'warmup_steps' not in both.stderr
     warm_up = run_cli('explicit', *TINY, '--strategy=pp', '--mesh=2x4', '--num_layers=4', *short)
     assert warm_up.returncode == BAD_INPUT and '--warmup_steps=100 must be below' in warm_up.stderr
+
+
+# Hostile --mesh values: syntax (separators, sizes, names), sizes that do not multiply to the
+# devices, and axes the model cannot split (the tiny transformer: 1 layer, 2 heads, dense)
+HOSTILE_MESHES = [
+    'data:2;model:4', 'data:2x4', 'data:', ':8', 'data:0', 'data:-8', 'data:+8', 'data:2,,model:4',
+    'data:8,', ',data:8', 'data:8:1', 'data:²', 'data:٨', 'data:2.0,model:4', 'data:1e1',
+    'tensor:8', 'data:2,data:4', 'data:3', 'data:16', 'data:99999999999999999999',
+    'data:2,fsdp:2', 'expert:8', 'stage:8', 'model:8', '0x8', '4x2x1', 'x', ' ',
+    'data:2,model:4,fsdp', 'data:8 model:1',
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('twin', ['auto', 'explicit', 'typed'])
+def test_hostile_meshes_are_refused_in_one_line_by_every_twin(twin, tmp_path):
+    """Each hostile --mesh, in each twin's train CLI (typed builds an Explicit mesh, auto an
+    Auto one): exit 2, one line, no traceback, nothing trained. They were tried on explicit
+    only. One command per mesh, all in one process (parity_tests/refusals.py); a good mesh
+    first shows that the driver sees a run that is not refused."""
+    common = [*TINY, '--seq_len=16', '--num_layers=1', '--num_heads=2', '--embed_dim=16']
+    common += ['--steps=1', f'--workdir={tmp_path}']
+    command = [sys.executable, '-m', 'parity_tests.refusals', twin]
+    for mesh in ['data:2,fsdp:2,model:2', *HOSTILE_MESHES]:
+        command += ['--', *common, f'--mesh={mesh}']
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    good, *results = [json.loads(line) for line in done.stdout.splitlines()]
+    assert good['status'] == 0 and '"final": true' in good['stdout'], good  # it trained
+    assert len(results) == len(HOSTILE_MESHES)
+    for mesh, r in zip(HOSTILE_MESHES, results, strict=True):
+        lines = [line for line in r['stderr'].splitlines() if line.strip()]
+        assert r['status'] == BAD_INPUT, (mesh, r)
+        assert len(lines) == 1 and lines[0].startswith('error: '), (mesh, lines)
+        assert r['stdout'] == '', (mesh, r['stdout'])

@@ -263,3 +263,32 @@ def test_each_runs_mesh_is_named_and_runs_on_other_meshes_compare(tmp_path):
         f'A {a}: explicit composed on data:2,fsdp:2,model:2',
         f'B {b}: auto fsdp on fsdp:8,model:1',
     ]
+
+
+@pytest.mark.slow  # a CLI in a subprocess
+def test_a_line_averaged_over_fewer_steps_after_a_resume_is_paired_with_nothing(tmp_path):
+    """A run resumed from a checkpoint saved before checkpoints kept the averaging window: its
+    first train line averages only the steps since the resume and says how many. It used to be
+    compared with the undisturbed run's line of the same step, a 'largest difference'."""
+    resumed = mlp_log(20)
+    resumed[1] = {'step': 40, 'train_loss': 1.5, 'train_steps_averaged': 5}  # steps 36..40
+    done = compare(workdir(tmp_path, 'a', mlp_log(20)), workdir(tmp_path, 'b', resumed))
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line[:6].strip() == '40']
+    assert rows == [['40', 'train_loss', '2', '1.5', '0.5', '*']]
+    assert 'or one resumed a checkpoint that kept no averaging window' in done.stdout
+    assert 'every logged figure: bitwise identical' in done.stdout
+
+
+@pytest.mark.slow  # a CLI in a subprocess
+def test_a_reader_that_stops_early_ends_compare_quietly(tmp_path):
+    """`python -m tools.compare A B | head -n 1` ended in a BrokenPipeError traceback."""
+    many = [{'step': s, 'train_loss': 1.0} for s in range(1, 3001)]
+    many.append({'step': 3000, 'final': True, 'eval_loss': 1.0})
+    a, b = workdir(tmp_path, 'a', many), workdir(tmp_path, 'b', many)
+    cmd = [sys.executable, '-m', 'tools.compare', str(a), str(b)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline()  # 200 KB follow: more than a pipe holds
+    proc.stdout.close()  # as `head -n 1` does
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 141 and err == b'', err[-2000:]  # 128 + SIGPIPE, nothing said

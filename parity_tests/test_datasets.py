@@ -213,3 +213,31 @@ def test_data_root_precedence(monkeypatch, tmp_path):
     monkeypatch.delenv('XDG_CACHE_HOME')
     monkeypatch.setenv('HOME', str(tmp_path))
     assert data_root() == tmp_path / '.cache' / 'shard-parity'
+
+
+def test_an_empty_file_a_folder_and_zero_images_are_data_faults_naming_the_file(tmp_path):
+    """A 0-byte .gz was 'IDX magic number 0x00000000'; an input.txt that is a folder a bare
+    [Errno 21]; an MNIST file of 0 images was blamed on --batch_size (exit 2). Each is a data
+    fault now (exit 1: shard_parity.exit_status) naming the file."""
+    from shard_parity import exit_status
+
+    (tmp_path / 'mnist').mkdir()
+    write_mnist(tmp_path / 'mnist')
+    mnist.load(tmp_path, download=False)  # loads before the damage
+    images = tmp_path / 'mnist' / 'train-images-idx3-ubyte.gz'
+    images.write_bytes(b'')
+    with pytest.raises(DataError, match=f'{re.escape(str(images))} is 0 bytes and decompresses '
+                       'to 0, too few for an IDX header') as empty:  # fmt: skip
+        mnist.load(tmp_path, download=False)
+    write_idx(images, np.zeros((0, 28, 28), np.uint8))
+    write_idx(tmp_path / 'mnist' / 'train-labels-idx1-ubyte.gz', np.zeros(0, np.uint8))
+    with pytest.raises(DataError, match=f'{re.escape(str(images))} holds 0 images') as none:
+        mnist.load(tmp_path, download=False)
+    text = tmp_path / 'tinyshakespeare' / 'input.txt'
+    text.mkdir(parents=True)
+    for fetch, more in ((False, ''), (True, ' (the file is then downloaded)')):
+        with pytest.raises(DataError, match=re.escape(
+                f'Tiny Shakespeare file {text} is a folder, not a file: move it aside{more}, or '
+                'put the official file there.')) as folder:  # fmt: skip
+            shakespeare.load(tmp_path, download=fetch, base_url=closed_port_url())
+    assert [exit_status(e.value) for e in (empty, none, folder)] == [1, 1, 1]

@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -251,3 +252,49 @@ def test_a_step_cut_short_by_a_kill_leaks_no_orbax_notice(tmp_path, monkeypatch,
         m.setattr(checkpoint, 'ORBAX_NOISE', ('Given directory is read only',))
         assert 'Metadata file does not exist' in start()
     assert 'Metadata file does not exist' not in start()
+
+
+def test_a_finished_run_in_a_read_only_workdir_has_nothing_to_do(mesh8, tmp_path, monkeypatch):
+    """Rerunning a finished run was refused as 'not writable' (exit 2) in a read-only workdir:
+    it only needs to read that the newest checkpoint is step --steps. Here every write the
+    trainer could make fails, as on a read-only disk (as root, permissions would not stop it)."""
+    case = make_case('transformer')
+    config = dataclasses.replace(case.config, steps=20, batch_size=16)
+    _, _, state = fresh_state(case=case)
+    save_checkpoint(tmp_path, state._replace(step=np.int32(20)), case._replace(config=config))
+    before = files(tmp_path)
+
+    def read_only(*args, **kwargs):
+        raise UsageError(f'--workdir={tmp_path} is not writable (Read-only file system)')
+
+    for name in ('ensure_writable', 'atomic_write', 'hold_workdir', 'name_holder'):
+        monkeypatch.setattr(report, name, read_only)
+    monkeypatch.setattr(checkpoint, 'manager', read_only)
+    task = tasks.shakespeare_task(config, TINY_TRANSFORMER)
+    assert run(auto, plan_of(mesh8, 'dp'), task, config, mesh8, tmp_path) is None  # nothing to do
+    assert files(tmp_path) == before
+    with pytest.raises(UsageError, match='not writable'):  # the check can fail: one step more
+        more = dataclasses.replace(config, steps=21)
+        run(auto, plan_of(mesh8, 'dp'), task, more, mesh8, tmp_path)
+
+
+def test_a_dangling_link_or_a_folder_in_a_files_place_is_named(tmp_path):
+    """A dangling symbolic link as --workdir said 'is not writable (File exists)'; a folder named
+    metrics.jsonl gave a raw [Errno 21] naming a temporary file, and the bisector then said the
+    workdir had no config.json."""
+    from shard_parity.tools import runs
+
+    link = tmp_path / 'link'
+    link.symlink_to(tmp_path / 'gone' / 'run')
+    with pytest.raises(UsageError, match=f'--workdir={link} is a symbolic link to '
+                       f'{tmp_path / "gone" / "run"}, which does not exist'):  # fmt: skip
+        report.ensure_writable(link)
+    (tmp_path / 'run' / 'metrics.jsonl').mkdir(parents=True)
+    (tmp_path / 'run' / 'config.json').write_text('{}')
+    with pytest.raises(UsageError, match=re.escape(
+            f'{tmp_path / "run" / "metrics.jsonl"} is a folder, not a file: the run writes its '
+            'metrics.jsonl there; move the folder aside')):  # fmt: skip
+        report.ensure_writable(tmp_path / 'run')
+    with pytest.raises(UsageError, match='metrics.jsonl is a folder, not the file a train run'):
+        runs.read_run(str(tmp_path / 'run'))
+    assert sorted(p.name for p in (tmp_path / 'run').iterdir()) == ['config.json', 'metrics.jsonl']

@@ -216,3 +216,45 @@ def test_typed_generate_reads_every_twins_checkpoint(workdir, tmp_path):
         assert result.returncode == 0, result.stderr[-2000:]
         printed = (prompt.encode() + want).decode('utf-8', errors='backslashreplace')
         assert result.stdout.rstrip('\n') == printed, (twin, name)
+
+
+def test_a_temperature_so_small_that_the_logits_overflow_samples_greedily():
+    """Below ~1e-37 the logits divided by the temperature overflow float32: every positive one
+    became +inf and the first of them (byte 10, the newline) won every draw. Such a temperature
+    is past the limit where sampling becomes greedy, and is greedy."""
+    logits = jnp.array([1.0, 5.0, 3.0, -2.0])
+    key = jax.random.key(0)
+    assert not jnp.isfinite(logits / 1e-40).all()  # the case: it overflows
+    keys = [jax.random.fold_in(key, i) for i in range(8)]
+    picks = {int(generate.sample(logits, k, 1e-40, None)) for k in keys}
+    assert picks == {1} and int(generate.sample(logits, key, 1e-40, 2)) == 1
+    assert int(generate.sample(-logits - 100, key, 1e-40, None)) == 3  # all -inf: still greedy
+    hot = {int(generate.sample(logits, jax.random.fold_in(key, i), 10.0, None)) for i in range(32)}
+    assert len(hot) > 1  # an ordinary temperature still samples
+
+
+def generate_cli(workdir, *flags):
+    return subprocess.Popen(
+        [sys.executable, '-m', 'explicit.generate', f'--workdir={workdir}', *flags],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_cli_on_a_closed_pipe_a_sigterm_and_a_long_prompt(workdir):
+    """`generate | head -c 5` ended in a BrokenPipeError traceback (exit 1); SIGTERM exited 130,
+    Ctrl-C's code. A prompt longer than the context was echoed before its refusal."""
+    piped = generate_cli(workdir, '--max_new_bytes=1000000000')
+    piped.stdout.read(5)
+    piped.stdout.close()  # as `head -c 5` does
+    err = piped.communicate(timeout=60)[1]
+    assert piped.returncode == 141 and err == b'', err[-2000:]  # 128 + SIGPIPE, nothing said
+    termed = generate_cli(workdir, '--max_new_bytes=1000000000')
+    termed.stdout.read(5)
+    termed.send_signal(signal.SIGTERM)
+    err = termed.communicate(timeout=60)[1]
+    assert termed.returncode == 143 and b'Traceback' not in err, err[-2000:]
+    long = generate_cli(workdir, '--prompt=' + 'x' * 17)
+    out, err = long.communicate(timeout=60)
+    assert long.returncode == 2 and out == b'', out
+    assert b"--prompt is 17 bytes, longer than the model's context of 16 bytes" in err

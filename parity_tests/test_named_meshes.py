@@ -103,14 +103,20 @@ def test_the_inspector_takes_a_named_mesh_as_the_strategy_it_names():
 def as_saved_before_named_meshes(workdir):
     """Rewrites a --strategy=fsdp --mesh=8x1 run as the release before named meshes wrote it:
     fsdp's axis called 'data' in config.json, in each checkpoint's config and in the shardings
-    Orbax recorded (each checkpoint's checksums written again, as they were at its save)."""
+    Orbax recorded (each checkpoint's checksums written again, as they were at its save); and,
+    as it did not yet, without segments in the configs or the averaging window beside them."""
     old = {'data': 8, 'model': 1}
+
+    def as_then(saved):
+        return {**{k: v for k, v in saved.items() if k != 'segments'}, 'mesh': old}
+
     saved = json.loads((workdir / 'config.json').read_text())
     assert saved['strategy'] == 'fsdp' and saved['mesh'] == {'fsdp': 8, 'model': 1}
-    (workdir / 'config.json').write_text(json.dumps({**saved, 'mesh': old}, indent=2))
+    (workdir / 'config.json').write_text(json.dumps(as_then(saved), indent=2))
     for step in (workdir / 'checkpoints').iterdir():
         config = step / 'config' / 'metadata'
-        config.write_text(json.dumps({**json.loads(config.read_text()), 'mesh': old}))
+        config.write_text(json.dumps(as_then(json.loads(config.read_text()))))
+        shutil.rmtree(step / 'window', ignore_errors=True)  # (step 0 keeps none)
         sharding = step / 'state' / '_sharding'
         sharding.write_text(sharding.read_text().replace('\\"fsdp\\"', '\\"data\\"'))
         (step / CHECKSUMS).unlink()
@@ -164,6 +170,9 @@ def test_a_run_saved_before_named_meshes_compares_bisects_generates_and_resumes(
         assert result.returncode == 0, result.stderr[-2000:]
         assert 'resuming from' in result.stderr and read_metrics(workdir)[-1]['step'] == 6
     assert json.loads((old / 'config.json').read_text())['mesh'] == {'fsdp': 8, 'model': 1}
+    # its history: the old config is one segment, the same plan under today's name for it
+    segments = [json.loads((w / 'config.json').read_text())['segments'] for w in (old, resumed)]
+    assert [[s['from_step'] for s in seg] for seg in segments] == [[0], [0, 4]]
 
 
 MESHES = ['data:8', 'data:2,fsdp:2,model:2', 'fsdp:2,data:2,model:2', 'data:2,model:2,fsdp:2',

@@ -42,6 +42,26 @@ def exit_status(error: BaseException) -> int:
     return getattr(error, 'exit_code', 1)
 
 
+BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports of a command whose reader went away
+
+
+def quiet_on_broken_pipe(main):
+    """`main` (an absl main), stopping quietly when the reader of stdout goes away (`... | head`):
+    no BrokenPipeError traceback, neither now nor when Python flushes stdout at exit; exit 141,
+    as a shell reports a command that SIGPIPE ended (`yes | head`)."""
+
+    def run(argv):
+        try:
+            status = main(argv)
+            sys.stdout.flush()  # a pipe closed after the last write fails here, not at exit
+            return status
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush
+            sys.exit(BROKEN_PIPE)
+
+    return run
+
+
 def refuse(message: str, status: int = 2):
     """Prints `error: <message>` as one line on stderr and exits `status` (2: bad input)."""
     print(f'error: {message}', file=sys.stderr)

@@ -166,10 +166,11 @@ def as_dict(report) -> dict:
 
 def render(r) -> str:
     a, b = r.twins
+    notes = ''.join(f'\nnote: {n}' for n in r.notes)  # run directories: what was paired
     if not r.diverged and not r.steps:
-        return f'A={a} and B={b}: every figure both logged agrees ({r.tolerance}).'
+        return f'A={a} and B={b}: every figure both logged agrees ({r.tolerance}).' + notes
     if not r.diverged:
-        return f'A={a} and B={b} agree for {r.steps} steps ({r.tolerance}).'
+        return f'A={a} and B={b} agree for {r.steps} steps ({r.tolerance}).' + notes
     lines = [f'A={a} and B={b} diverge at step {r.step}, phase {r.phase} ({r.tolerance}).']
     if r.layer:
         lines.append(f'first layer whose output differs: {r.layer}')
@@ -186,7 +187,7 @@ def render(r) -> str:
     if len(r.leaves) > 12:
         lines.append(f'  ... and {len(r.leaves) - 12} more leaves')
     lines += [f'hint: {h}' for h in r.hints]
-    return '\n'.join(lines)
+    return '\n'.join(lines) + notes
 
 
 if __name__ == '__main__':

@@ -30,10 +30,10 @@ import sys
 
 from absl import app, flags
 
-from shard_parity import refuse
+from shard_parity import quiet_on_broken_pipe, refuse
 from shard_parity.runtime import declare_key_flags, parse_flags
 
-from . import settings
+from . import pairing, settings
 
 MAX_GAP = flags.DEFINE_float(
     'max_accuracy_gap',
@@ -108,9 +108,10 @@ def read(workdir: str) -> list[dict]:
 
 
 def figures(lines: list[dict]) -> tuple[dict, dict]:
-    """{(step, figure): value} of the lines before the final one, and {step: the step of the
-    previous train line} (a train figure is the mean over the steps in between)."""
-    values, since, previous = {}, {}, 0
+    """{(step, figure): value} of the lines before the final one, and {step: the step a train
+    line's mean starts after} (tools/pairing.py: the previous train line, or the steps it says
+    it averages, train_steps_averaged)."""
+    values = {}
     for x in lines:
         if x.get('final'):
             continue
@@ -118,9 +119,7 @@ def figures(lines: list[dict]) -> tuple[dict, dict]:
         for key in KEYS:
             if key in x:
                 values[(step, key)] = x[key]
-        if any(k.startswith('train_') for k in KEYS if k in x):
-            since[step], previous = previous, step
-    return values, since
+    return values, pairing.window_starts(lines)
 
 
 def kind(key: str) -> str:
@@ -191,9 +190,12 @@ def main(argv):
     settings.check_settings(names, ALLOW.value)
     a, b = read(names[0]), read(names[1])
     (va, since_a), (vb, since_b) = figures(a), figures(b)
+    parts = pairing.Stretches(*map(settings.settings, names))  # each run's segments
     print(f'{"step":>6} {"figure":<14} {names[0]:>22} {names[1]:>22} {"|difference|":>13}')
-    worst, compared, windows = 0.0, 0, 0
+    worst, compared, windows, crossing = 0.0, 0, 0, 0
     for step, key in sorted(va.keys() & vb.keys(), key=lambda sk: (sk[0], KEYS.index(sk[1]))):
+        if heading := parts.heading(step):
+            print(heading)
         x, y = va[(step, key)], vb[(step, key)]
         gap = abs(x - y)
         mark = ''
@@ -201,11 +203,20 @@ def main(argv):
             mark, windows = ' *', windows + 1  # means over different steps: not a disagreement
         elif math.isfinite(gap):
             worst, compared = max(worst, gap), compared + 1
+            parts.record(step, gap)
+            if kind(key) == 'train' and parts.crosses(since_a.get(step), step):
+                mark, crossing = ' ~', crossing + 1
         print(f'{step:>6} {key:<14} {x:>22.9g} {y:>22.9g} {gap:>13.3g}{mark}')
     if windows:
         print(
             f'* {windows} train figure{"s" * (windows > 1)} averaged over different steps (the '
-            'runs were logged at different --log_every): left out of the verdict'
+            'runs were logged at different --log_every, or one resumed a checkpoint that kept no '
+            'averaging window: train_steps_averaged): left out of the verdict'
+        )
+    if crossing:
+        print(
+            f'~ {crossing} train figure{"s" * (crossing > 1)} averaged over steps of two segments '
+            '(a run moved inside its window): its steps ran under two plans'
         )
     entries = [{(s, kind(k)) for s, k in v} for v in (va, vb)]
     partnered = {(s, kind(k)) for s, k in va.keys() & vb.keys()}
@@ -243,6 +254,8 @@ def main(argv):
         verdict = 'none in common'
     else:
         verdict = 'bitwise identical' if worst == 0 else f'largest difference {worst:.3g}'
+        if parts.moved:  # a run moved meshes: the verdict of each stretch of segments
+            verdict += f'; by segment: {parts.verdicts()}'
     at = f' (step {fa["step"]} vs {fb["step"]})' if fa['step'] != fb['step'] else ''
     print(
         f'\nfinal {key}{at} {fa[key]:.4f} vs {fb[key]:.4f} '
@@ -256,4 +269,4 @@ def main(argv):
 
 if __name__ == '__main__':
     declare_key_flags([])  # --help exits 0: asking for help is not an error
-    app.run(main, flags_parser=parse_flags)
+    app.run(quiet_on_broken_pipe(main), flags_parser=parse_flags)  # `| head -n 1`: quietly

@@ -117,6 +117,7 @@ class Report:
     ratio: float | None = None
     hints: list = dataclasses.field(default_factory=list)
     compared: dict = dataclasses.field(default_factory=dict)  # phase -> leaves compared per step
+    notes: list = dataclasses.field(default_factory=list)  # run directories: what was paired
 
     @property
     def diverged(self) -> bool:

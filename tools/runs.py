@@ -12,14 +12,13 @@ import pathlib
 import sys
 
 from shard_parity import UsageError
-from shard_parity import plan as plans
 from shard_parity.mesh import mesh_for
-from shard_parity.runtime import checkpoint, tasks
+from shard_parity.runtime import checkpoint, segments, tasks
 from shard_parity import config as cfg
 from shard_parity.step import make_optimizer
 
 from . import divergence as D
-from . import leaves
+from . import leaves, pairing
 from .sides import Side, load_side
 
 SAME = ('model', 'model_config', 'train')  # what two runs must share to be replayed together
@@ -36,6 +35,9 @@ def read_run(workdir: str) -> tuple[dict, dict]:
     """(config.json, {step: merged metrics of that step}) of a workdir. Torn or garbled metrics
     lines are skipped with one warning; a config.json that cannot be read is a UsageError."""
     root = pathlib.Path(workdir)
+    for name in ('config.json', 'metrics.jsonl'):
+        if (root / name).is_dir():
+            raise UsageError(f'{root / name} is a folder, not the file a train run writes')
     if not (root / 'config.json').is_file() or not (root / 'metrics.jsonl').is_file():
         raise UsageError(f'{workdir} has no config.json and metrics.jsonl: not a train workdir')
     lines, skipped = {}, 0
@@ -88,16 +90,22 @@ def different_settings(a: dict, b: dict) -> list[str]:
     return diffs
 
 
-def first_difference(lines_a: dict, lines_b: dict, tolerance: str) -> tuple[int | None, int]:
-    """(first logged step whose shared figures differ, or None; the last step that agreed)."""
-    agreed = 0
+def first_difference(lines_a: dict, lines_b: dict, tolerance: str):
+    """(first logged step whose shared figures differ, or None; the last step that agreed; the
+    steps whose train figures were not compared). A train figure is compared only with one
+    averaged over the same steps (tools/pairing.py)."""
+    agreed, skipped = 0, []
+    since = [pairing.window_starts(lines[s] for s in sorted(lines)) for lines in (lines_a, lines_b)]
     for step in sorted(set(lines_a) & set(lines_b)):
-        keys = sorted((set(lines_a[step]) & set(lines_b[step])) - {'step'})
+        keys = sorted((set(lines_a[step]) & set(lines_b[step])) - {'step', pairing.AVERAGED})
+        if since[0].get(step) != since[1].get(step):  # means over different steps: like is
+            keys = [k for k in keys if not k.startswith('train_')]  # paired with like only
+            skipped += [step] * (step in since[0] and step in since[1])
         for key in keys:
             if leaves.compare(key, [lines_a[step][key]], [lines_b[step][key]], tolerance):
-                return step, agreed
+                return step, agreed, skipped
         agreed = step
-    return None, agreed
+    return None, agreed, skipped
 
 
 def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None):
@@ -109,9 +117,11 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
         raise UsageError(
             f'{run_a} and {run_b} were trained with other settings: ' + '; '.join(diffs)
         )
-    step, agreed = first_difference(lines_a, lines_b, tolerance)
+    step, agreed, skipped = first_difference(lines_a, lines_b, tolerance)
     if step is None:
-        return D.Report((run_a, run_b), tolerance, 0)
+        report = D.Report((run_a, run_b), tolerance, 0)
+        report.notes = window_notes(skipped) + segment_notes(pairing.Stretches(saved_a, saved_b))
+        return report
     common = sorted(set(checkpoint.steps(run_a)) & set(checkpoint.steps(run_b)))
     before = [s for s in common if s <= agreed] or [s for s in common if s < step]
     if not before:
@@ -125,9 +135,10 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
     _, _, state_b = checkpoint.read_numpy(run_b, start)
     config = cfg.TrainConfig(**saved_a['train'])
     x64 = tolerance == 'x64'
-    sides = [side(saved, run, x64) for saved, run in ((saved_a, run_a), (saved_b, run_b))]
+    parts = pairing.Stretches(saved_a, saved_b)  # each side: the segment of the first difference
+    sides = [side(seg, run, x64) for seg, run in zip(parts.at(step), (run_a, run_b))]
     task = make_task(saved_a, config, x64)
-    return D.bisect(
+    report = D.bisect(
         *sides,
         graphdef,
         task.loss_fn,
@@ -139,13 +150,47 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
         start=start,
         state_b=widen(state_b),
     )
+    report.notes = window_notes(skipped) + segment_notes(parts, start, step)
+    return report
 
 
-def side(saved: dict, run: str, x64: bool = False) -> Side:
-    plan = plans.from_config(saved)  # runs before named meshes too, with their options
+def window_notes(skipped: list[int]) -> list[str]:
+    if not skipped:
+        return []
+    return [
+        f'{len(skipped)} train line(s) of the two runs average over different steps (another '
+        '--log_every, or the first line after resuming a checkpoint that kept no averaging '
+        f'window: train_steps_averaged), first at step {skipped[0]}: not compared'
+    ]
+
+
+def segment_notes(parts: pairing.Stretches, start: int = 0, step: int | None = None) -> list:
+    """What the replay pairs, for runs that moved meshes: each run's segments, the stretch of the
+    first differing step, and whether the replay from `start` crosses into it from another."""
+    if not parts.moved:
+        return []
+    runs = (('A', parts.lines(0)), ('B', parts.lines(1)))
+    notes = [f'{label} moved meshes: ' + '; '.join(lines) for label, lines in runs if lines]
+    if step is None:
+        return notes + [f'{parts.span(i)}: {parts.plans(i)}' for i in range(len(parts.starts))]
+    i = parts.index(step)
+    notes.append(f'the first differing step, {step}, is in {parts.span(i)}: {parts.plans(i)}')
+    if parts.index(start + 1) != i:
+        notes.append(
+            f'the replay from checkpoint {start} crosses into that stretch from '
+            f'{parts.span(parts.index(start + 1))} ({parts.plans(parts.index(start + 1))}); '
+            'both sides replay every step with the plans of the first differing step'
+        )
+    return notes
+
+
+def side(segment: dict, run: str, x64: bool = False) -> Side:
+    """A run's side: the twin and plan of `segment` (shard_parity/runtime/segments.py; a
+    config.json written before segments is one), its options and precision included."""
+    plan = segments.plan_of(segment)  # runs before named meshes too
     plan = plan.in_float64() if x64 else plan
-    found = load_side(saved['twin'], plan, mesh_for(plan))
-    return found._replace(name=f"{run} ({saved['twin']} {plan.strategy} {plan.text()})")
+    found = load_side(segment['twin'], plan, mesh_for(plan))
+    return found._replace(name=f"{run} ({segment['twin']} {plan.strategy} {plan.text()})")
 
 
 def make_task(saved: dict, config, x64: bool = False):

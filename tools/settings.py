@@ -13,6 +13,8 @@ import pathlib
 
 from shard_parity import UsageError, refuse
 
+from . import pairing
+
 LOGGING_ONLY = ('log_every', 'eval_every', 'log_grad_norm')  # change what is logged, not the run
 
 
@@ -71,7 +73,9 @@ def check_settings(names, allow: bool) -> None:
     exits with one line if the runs' settings differ, unless `allow` (--allow_other_settings)."""
     a, b = settings(names[0]), settings(names[1])
     for label, name, saved in (('A', names[0], a), ('B', names[1], b)):
-        if saved is not None and (ran := where(saved)):
+        if saved is not None and (moved := pairing.history(label, saved)):
+            print(f'{label} {name}: moved meshes\n' + '\n'.join(moved))  # each segment's plan
+        elif saved is not None and (ran := where(saved)):
             print(f'{label} {name}: {ran}')
     if a is None or b is None:
         missing = [n for n, x in zip(names, (a, b)) if x is None]

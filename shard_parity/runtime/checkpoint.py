@@ -2,6 +2,8 @@
 
     <workdir>/checkpoints/<step>/state   the TrainState (params, optimizer state, step)
     <workdir>/checkpoints/<step>/config  {'model': ..., 'model_config': ..., 'train': ...}
+    <workdir>/checkpoints/<step>/window  the train figures of each step since the last train
+                                         line (shard_parity/runtime/loop.py's averaging window)
 
 Orbax writes each step into a temporary folder and renames it when complete, so a save killed
 half-way never looks like a checkpoint; `latest` only ever sees complete ones. Only the trainer,
@@ -33,6 +35,7 @@ from shard_parity.runtime.integrity import Damaged, verify, write_checksums
 from shard_parity.step import TrainState, make_optimizer
 
 RESUMABLE = ('steps', 'log_every', 'eval_every')  # train settings a resumed run may change
+ITEMS = ('state', 'config', 'window')  # a checkpoint saved before the window has no 'window'
 # the precision policy: the state is float32 whatever the compute and reduce dtypes, so a run
 # resumes under another policy as it does on another mesh (config.json records each)
 POLICY = ('dtype', 'reduce_dtype')
@@ -102,7 +105,7 @@ def manager(workdir, keep: int | None = None) -> Manager:
         enable_async_checkpointing=True,  # save() returns once the arrays are copied to host
     )
     folder = pathlib.Path(workdir).absolute() / 'checkpoints'
-    return Manager(folder, options=options, item_names=('state', 'config'))
+    return Manager(folder, options=options, item_names=ITEMS)
 
 
 # Orbax's notices that say nothing to the user: each reader's read-only folder, and a step's
@@ -129,7 +132,7 @@ def reader(workdir) -> ocp.CheckpointManager:
         enable_async_checkpointing=False,
     )
     folder = pathlib.Path(workdir).absolute() / 'checkpoints'
-    return ocp.CheckpointManager(folder, options=options, item_names=('state', 'config'))
+    return ocp.CheckpointManager(folder, options=options, item_names=ITEMS)
 
 
 def latest_train_config(workdir) -> dict | None:
@@ -145,20 +148,60 @@ def latest_train_config(workdir) -> dict | None:
             return None
 
 
-def save(mngr: Manager, state: TrainState, saved_config: dict) -> None:
-    """Starts an asynchronous save; mngr.wait_until_finished() waits for it. Raises SaveError."""
-    # A private copy: the train step donates its input buffers, which must not be the ones
-    # Orbax is still reading.
-    state = jax.tree.map(lambda x: x.copy(), state)
-    args = ocp.args.Composite(
-        state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(saved_config)
-    )
-    mngr.save(int(state.step), args=args, force=True)
+def finished(workdir, saved: dict, steps: int) -> bool:
+    """Whether `workdir`'s newest checkpoint is step `steps` of a run of these settings, read
+    without writing anything: a finished run in a read-only workdir has nothing to do. Refuses a
+    checkpoint of other settings, as resuming would. With several processes each asks: the
+    folder of step `steps` is there for all or for none (none is saved before all have joined),
+    and only then is Orbax's reader, whose calls are collective, opened by all."""
+    if not (pathlib.Path(workdir) / 'checkpoints' / str(steps)).is_dir():
+        return False
+    with reader(workdir) as mngr:
+        step = mngr.latest_step()
+        if step != steps:
+            return False
+        check_compatible(read_config(mngr, step), saved)
+        return True
+
+
+def save(mngr: Manager, state: TrainState, saved_config: dict, window: dict | None = None,
+         last: bool = False):  # fmt: skip
+    """Starts an asynchronous save; mngr.wait_until_finished() waits for it. Raises SaveError.
+    `window`: the loop's averaging window (loop.window_record), so that a resumed run logs the
+    very means an undisturbed one does. `last`: no step runs after this save (the end, or a
+    stop after SIGTERM), so `state` is saved as it is, without a private copy."""
+    state = jax.tree.map(lambda x: _to_save(x, last), state)
+    items = dict(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(saved_config))
+    if window is not None:
+        items['window'] = ocp.args.JsonSave(window)
+    mngr.save(int(state.step), args=ocp.args.Composite(**items), force=True)
 
 
 def read_config(mngr: ocp.CheckpointManager, step: int) -> dict:
     args = ocp.args.Composite(config=ocp.args.JsonRestore())
     return _guarded(mngr, step, lambda: mngr.restore(step, args=args)['config'])
+
+
+def _to_save(x: jax.Array, last: bool) -> jax.Array:
+    """What Orbax is given of `x`. A private copy, unless `last`: the train step donates its
+    input buffers, which must not be the ones Orbax is still reading. With one process, an
+    array replicated on every device is given as one device's: Orbax writes one replica anyway,
+    but takes in every replica it is given first, and copying all of them (dp's 8 of a large
+    state) took longer still: together past a scheduler's grace after SIGTERM (docs/errors.md)."""
+    replicated = isinstance(x, jax.Array) and x.is_fully_replicated  # (not a host array)
+    if replicated and jax.process_count() == 1 and len(x.sharding.device_set) > 1:
+        first = min(x.sharding.device_set, key=lambda d: d.id)
+        x = jax.device_put(x, jax.sharding.SingleDeviceSharding(first))  # may share first's buffer
+    return x if last else x.copy()
+
+
+def read_window(mngr: ocp.CheckpointManager, step: int) -> dict | None:
+    """The averaging window saved with checkpoint `step` (loop.window_record), or None for a
+    checkpoint saved before windows were (the loop then starts an empty one and says so)."""
+    if not (pathlib.Path(mngr.directory) / str(step) / 'window').is_dir():
+        return None
+    args = ocp.args.Composite(window=ocp.args.JsonRestore())
+    return _guarded(mngr, step, lambda: mngr.restore(step, args=args)['window'])
 
 
 def restore_state(mngr: ocp.CheckpointManager, step: int, target: TrainState) -> TrainState:

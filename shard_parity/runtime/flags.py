@@ -283,7 +283,11 @@ PRECISION = [DTYPE, REDUCE_DTYPE, MATMUL_PRECISION]
 PROMPT = flags.DEFINE_string('prompt', '', 'Text to continue (UTF-8); may be empty.')
 MAX_NEW_BYTES = flags.DEFINE_integer('max_new_bytes', 200, 'Bytes to generate.', lower_bound=0)
 TEMPERATURE = flags.DEFINE_float(
-    'temperature', 0.8, 'Sampling temperature; 0 is greedy.', lower_bound=0.0
+    'temperature',
+    0.8,
+    'Sampling temperature; 0 is greedy, and so is one so small (below ~1e-37) that the logits '
+    'divided by it overflow float32.',
+    lower_bound=0.0,
 )
 flags.register_validator(
     TEMPERATURE.name,

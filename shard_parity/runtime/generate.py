@@ -17,6 +17,7 @@ An empty prompt starts from a newline, as nanoGPT's sample.py does; it is not pr
 
 import codecs
 import functools
+import signal
 import sys
 import traceback
 
@@ -25,18 +26,22 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from shard_parity import UsageError, exit_status, refuse
+from shard_parity import UsageError, exit_status, quiet_on_broken_pipe, refuse
 
 
 def sample(logits, key, temperature: float, top_k: int | None):
-    """logits f32[V] -> one byte: greedy at temperature 0, else top-k softmax sampling."""
+    """logits f32[V] -> one byte: greedy at temperature 0, else top-k softmax sampling. As the
+    temperature goes to 0, sampling becomes greedy; a temperature so small (below ~1e-37) that
+    logits / temperature overflows float32 is past that limit, and is greedy too: the overflowed
+    +inf logits used to tie, and the first of them (byte 10) won every draw."""
     if temperature == 0:
         return jnp.argmax(logits)
-    logits = logits / temperature
+    scaled = logits / temperature
+    overflowed = ~jnp.isfinite(jnp.max(scaled))  # +inf, or every logit -inf
     if top_k:
-        kth = jax.lax.top_k(logits, top_k)[0][-1]
-        logits = jnp.where(logits < kth, -jnp.inf, logits)
-    return jax.random.categorical(key, logits)
+        kth = jax.lax.top_k(scaled, top_k)[0][-1]
+        scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
+    return jnp.where(overflowed, jnp.argmax(logits), jax.random.categorical(key, scaled))
 
 
 def kv_cache_bytes_per_token(cfg) -> int:
@@ -82,11 +87,7 @@ class Generator:
         self, prompt: bytes, n: int, seed: int = 0, kv_cache: bool = False, on_byte=None
     ) -> bytes:
         """`n` bytes after `prompt`; on_byte(b) is called with each as soon as it is drawn."""
-        if len(prompt) > self.seq_len:
-            raise UsageError(
-                f'--prompt is {len(prompt)} bytes, longer than the model\'s context of '
-                f'{self.seq_len} bytes (its --seq_len): shorten it'
-            )
+        self.check_prompt(prompt)
         tokens, self._caches = list(prompt or b'\n'), None
         # One key per byte, folded in as it is drawn: bounded memory whatever n (a split into n
         # keys took 8 bytes each up front), and a shorter run's bytes begin a longer one's.
@@ -97,6 +98,14 @@ class Generator:
             if on_byte:
                 on_byte(tokens[-1])
         return bytes(tokens[len(prompt or b'\n') :])
+
+    def check_prompt(self, prompt: bytes) -> None:
+        """Refuses a prompt longer than the context (before anything is printed)."""
+        if len(prompt) > self.seq_len:
+            raise UsageError(
+                f'--prompt is {len(prompt)} bytes, longer than the model\'s context of '
+                f'{self.seq_len} bytes (its --seq_len): shorten it'
+            )
 
     def _padded(self, tokens, key) -> int:
         window, length = self.window(tokens)
@@ -151,6 +160,7 @@ def main(twin):
             # A prompt that is not UTF-8 reaches Python as surrogates: take back its raw bytes.
             prompt = F.PROMPT.value.encode('utf-8', errors='surrogateescape')
             seed = F.TRAIN['seed'].value or 0
+            gen.check_prompt(prompt)  # refused before anything is echoed
             show(prompt)
 
             def on_byte(byte):
@@ -163,9 +173,9 @@ def main(twin):
             if F.VERBOSE.value:
                 traceback.print_exc()
             refuse(str(e), exit_status(e))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # raised by on_byte: a Ctrl-C or SIGTERM
             show.end()
-            sys.exit(130)
+            sys.exit(128 + (SIGNALS or [signal.SIGINT])[0])  # 130 for Ctrl-C, 143 for SIGTERM
         show.end()
         if F.KV_CACHE.value:
             per_token = kv_cache_bytes_per_token(gen.model.cfg)
@@ -174,7 +184,7 @@ def main(twin):
                 file=sys.stderr,
             )
 
-    return _main
+    return quiet_on_broken_pipe(_main)  # `... | head -c 5` stops quietly
 
 
 class Printer:

@@ -6,9 +6,19 @@ to keep at most two steps in flight: on a 2-core host with 8 emulated devices, q
 steps deadlocks XLA's in-process CPU all-reduce, so after dispatching step i we wait for step
 i-1. Evaluation and checkpoint time is left out of the measured throughput.
 
+A train line is the mean of each figure over the steps since the previous one (the window).
+Every checkpoint carries the window's per-step values (at most --log_every scalars per figure),
+and a resumed run starts from them: its means add the same numbers in the same order as an
+undisturbed run's, so every line of metrics.jsonl is bitwise the same wherever the run stopped.
+A checkpoint saved before windows were resumes with an empty window; its first train line then
+says how many steps it averages (`train_steps_averaged`), which tools.compare and tools.bisect
+read to pair like with like.
+
 Ctrl-C and SIGTERM (a preemption) only set a flag (`stop_on_signals`, installed before anything
 compiles: a KeyboardInterrupt raised inside XLA's compiler crashed the process); the loop stops
-at the next step boundary, saves that step and raises Interrupted. A second signal exits at once
+at the next step boundary, saves that step and raises Interrupted (a signal that came during an
+evaluation or a save stops it before it starts another step: a scheduler's grace before SIGKILL
+is short, docs/errors.md). A second signal exits at once
 (os._exit: a save in flight is left as a temporary folder, which the next start removes).
 With several processes (jax.distributed), JAX's preemption notifier owns SIGTERM: a signal to any
 process reaches every other through the coordination service, which picks the step all stop at
@@ -29,6 +39,7 @@ from shard_parity import UsageError
 from shard_parity.mesh import local_rows
 from shard_parity.placement import place_batch, rows
 from shard_parity.runtime import checkpoint, tasks
+from shard_parity.runtime.averaging import means, window_from_record, window_record
 from shard_parity.step import strategy_file
 
 
@@ -161,7 +172,9 @@ class Loop:
         c, mesh = self.config, self.mesh
         if SIGNALS and jax.process_count() == 1:  # before the first step: nothing new to save
             raise KeyboardInterrupt
-        window, pending, previous = [], [], None
+        window, pending, previous = self.restored_window(start), [], None
+        unknown = window is None  # a checkpoint saved before windows were: see the docstring
+        window = window or []
         main = jax.process_index() == 0
         mine = local_rows(mesh, c.batch_size, rows(self.plan))
         bar = tqdm(
@@ -175,6 +188,9 @@ class Loop:
         )
         evals, out, saved_step = None, None, None
         for i in bar:
+            if i > start and SIGNALS and jax.process_count() == 1:  # came after the last check
+                bar.close()  # (during an evaluation, a save): stop before another step
+                self.stop(state, i, saved_step, pending, self.window(window, i, unknown))
             batch = place_batch(self.task.train_batches.batch(i, mine), mesh, self.plan)
             if sharding and i == start and main:
                 show_sharding(state, batch)
@@ -189,11 +205,13 @@ class Loop:
                 self.clock.reset()
             if step % c.log_every == 0 or step == c.steps:
                 check_finite(pending, step - len(pending) + 1, self.mngr)
-                means = jax.tree.map(lambda *xs: float(np.mean(xs)), *window)
+                mean = means(window)
+                if unknown:  # the first line after such a resume: how many steps it covers
+                    mean['steps_averaged'], unknown = len(window), False
                 window = []
-                self.log.write(step=step, **{f'train_{k}': v for k, v in means.items()})
+                self.log.write(step=step, **{f'train_{k}': v for k, v in mean.items()})
                 bar.set_postfix(
-                    loss=f"{means['loss']:.4f}", **{self.unit: f'{self.rate(step - start):.0f}'}
+                    loss=f"{mean['loss']:.4f}", **{self.unit: f'{self.rate(step - start):.0f}'}
                 )
             if step % c.eval_every == 0 or step == c.steps:
                 self.clock.stop()
@@ -207,12 +225,13 @@ class Loop:
             if step % checkpoint_every == 0 or step == c.steps:
                 self.clock.stop()
                 check_finite(pending, step - len(pending) + 1, self.mngr)
-                checkpoint.save(self.mngr, state, self.saved)
+                window_now = self.window(window, step, unknown)
+                checkpoint.save(self.mngr, state, self.saved, window_now, last=step == c.steps)
                 saved_step = step
                 self.clock.start()
             if step < c.steps and stop_requested(step):
                 bar.close()
-                self.stop(state, step, saved_step, pending)
+                self.stop(state, step, saved_step, pending, self.window(window, step, unknown))
         bar.close()
         self.clock.stop()
         final = dict(
@@ -227,13 +246,26 @@ class Loop:
         self.mngr.wait_until_finished()
         return final
 
-    def stop(self, state, step, saved_step, pending):
+    def stop(self, state, step, saved_step, pending, window):
         """Saves `step` (unless just saved) once any save in flight is done; raises Interrupted."""
         check_finite(pending, step - len(pending) + 1, self.mngr)
-        if saved_step != step:
-            checkpoint.save(self.mngr, state, self.saved)
+        if saved_step != step:  # no step follows: no private copy (checkpoint.save)
+            checkpoint.save(self.mngr, state, self.saved, window, last=True)
         self.mngr.wait_until_finished()
         raise Interrupted(step, SIGNALS[0] if SIGNALS else signal.SIGTERM)
+
+    def restored_window(self, start: int) -> list | None:
+        """The window checkpoint `start` saved ([] at a fresh start); None if it saved none."""
+        if start == 0:
+            return []
+        record = checkpoint.read_window(self.mngr, start)
+        return None if record is None else window_from_record(record, start)
+
+    @staticmethod
+    def window(window: list, step: int, unknown: bool) -> dict | None:
+        """What a checkpoint of `step` keeps of the window: None while it is not the whole
+        window since the last train line (after resuming a checkpoint that kept none)."""
+        return None if unknown else window_record(window, step)
 
     @property
     def unit(self):

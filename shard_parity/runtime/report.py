@@ -35,14 +35,30 @@ def atomic_write(path: pathlib.Path, write) -> None:
         raise
 
 
+WRITTEN = ('metrics.jsonl', 'config.json')  # the files a run rewrites in its workdir
+
+
 def ensure_writable(workdir: pathlib.Path) -> None:
     """Fails early, with the path in the message, rather than after the first hour of training:
-    a --workdir that cannot be written is a bad input (exit 2)."""
+    a --workdir that cannot be written is a bad input (exit 2). A symbolic link to nowhere
+    names where it points; a folder where a run's file belongs is named too (renaming over it
+    failed with a raw [Errno 21] naming a temporary file)."""
+    if workdir.is_symlink() and not workdir.exists():
+        raise UsageError(
+            f'--workdir={workdir} is a symbolic link to {os.readlink(workdir)}, which does not '
+            'exist: create that folder, or give another --workdir'
+        )
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=workdir).close()
     except OSError as e:
         raise UsageError(f'--workdir={workdir} is not writable ({e.strerror})') from e
+    for name in WRITTEN:
+        if (workdir / name).is_dir():
+            raise UsageError(
+                f'{workdir / name} is a folder, not a file: the run writes its {name} there; '
+                'move the folder aside'
+            )
 
 
 @contextlib.contextmanager

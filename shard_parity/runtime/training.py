@@ -17,7 +17,7 @@ from shard_parity import UsageError
 from shard_parity import config as cfg
 from shard_parity.placement import place_state, state_shardings
 from shard_parity.plan import SEQ, Plan
-from shard_parity.runtime import checkpoint, report, tasks
+from shard_parity.runtime import checkpoint, report, segments, tasks
 from shard_parity.runtime.loop import Loop
 from shard_parity.step import create_state, make_optimizer
 
@@ -82,12 +82,16 @@ def run(twin, plan: Plan, task: tasks.Task, config: cfg.TrainConfig, mesh,
         'twin': twin.NAME,
         **plan.to_config(),
     }
+    if checkpoint.finished(workdir, saved, config.steps):  # read-only: nothing to write
+        return None
     report.ensure_writable(workdir)
     main = jax.process_index() == 0  # with several processes, process 0 writes and prints
     with report.hold_workdir(workdir, main), checkpoint.manager(workdir, outputs.keep) as mngr:
         state, start = restore_latest(mngr, state, saved, mesh, plan, config.steps)
         if state is None:
             return None
+        previous = checkpoint.read_config(mngr, start) if start else None
+        saved['segments'] = segments.extend(previous, segments.new(twin.NAME, plan, start))
         if outputs.save_initial and start == 0:  # step 0, for tools.bisect RUN_A RUN_B
             checkpoint.save(mngr, state, saved)
         text = json.dumps(saved, indent=2) + '\n'
