@@ -3,7 +3,8 @@
 The twins are compared with XLA's fused multiply-adds off (shard_parity/mesh.py explains why);
 tests that run the train CLIs in subprocesses get the same settings from the CLI's defaults.
 Shared helpers live in parity_tests/helpers.py; this file holds the fixtures, the report header
-(the processor and versions a failure report needs) and --margins (python -m tools.margins).
+(the processor and versions a failure report needs), --margins (python -m tools.margins) and
+--exhaustive (the opt-in tier: tests marked exhaustive run only with it).
 """
 
 import atexit
@@ -66,11 +67,29 @@ if not jax.config.jax_compilation_cache_dir:
 
 def pytest_addoption(parser):
     parser.addoption(
+        '--exhaustive',
+        action='store_true',
+        help="also run the tests marked exhaustive: more meshes, schedules and precisions of a "
+        'claim another test already holds (coverage, no new signal); CI runs them in a leg of '
+        'their own (.ci/run)',
+    )
+    parser.addoption(
         '--margins',
         action='store_true',
         help='after the run, print how much of its tolerance each parity comparison used '
         '(python -m tools.margins runs the parity tests with it)',
     )
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests marked exhaustive run only with --exhaustive: deselected, not skipped, so that
+    `-m "not slow"` and the README's command time what they run."""
+    if config.getoption('exhaustive'):
+        return
+    kept = [item for item in items if 'exhaustive' not in item.keywords]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if 'exhaustive' in i.keywords])
+        items[:] = kept
 
 
 def pytest_report_header(config):
