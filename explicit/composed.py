@@ -118,8 +118,10 @@ def eval_step(graphdef, eval_fn, mesh, plan):
         def local(shards, batch):
             call = hooks(plan, specs, mesh, batch)
             call.pop('layer_weights', None)  # all the all-gathers up front, below
-            gathered = jax.tree.map(lambda w, s: gather(w, s, plan), shards, specs)
-            params = gathered if plan.uses(FSDP) else shards
+            params = (
+                jax.tree.map(lambda w, s: gather(w, s, plan), shards, specs)
+                if plan.uses(FSDP) else shards
+            )  # fmt: skip
             out = bind(graphdef, eval_fn, **call)(params, batch)
             return jax.lax.pmean(out, SEQ) if plan.uses(SEQ) else out  # the parts' means
 

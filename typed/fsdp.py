@@ -19,6 +19,7 @@ from shard_parity.mesh import FSDP
 from shard_parity.placement import (
     FSDP_BATCH,
     layer_specs,
+    named,
     outside_layers,
     reduced_shardings,
     state_shardings,
@@ -87,7 +88,7 @@ def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn)
 
     def evaluate(params, batch):  # gather the weights; per-example outputs stay split
-        params = jax.reshard(params, state_shardings(params, mesh, 'dp'))
+        params = jax.reshard(params, named(mesh, without(state_specs(params, plan, mesh), FSDP)))
         return jax.reshard(fn(params, batch), NamedSharding(mesh, FSDP_BATCH))
 
     return jax.jit(evaluate)

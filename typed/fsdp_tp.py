@@ -12,13 +12,16 @@ backward. Compare explicit/fsdp_tp.py.
 import jax
 from jax.sharding import NamedSharding
 
+from shard_parity.mesh import FSDP
 from shard_parity.placement import (
     FSDP_BATCH,
     layer_specs,
+    named,
     outside_layers,
     reduced_shardings,
     state_shardings,
     state_specs,
+    without,
 )
 from shard_parity.step import as_dtype, bind, make_train_step
 
@@ -56,7 +59,7 @@ def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn, sum_partials=sum_partials)
 
     def evaluate(params, batch):  # gather over 'fsdp'; all-reduce activations; outputs split
-        params = jax.reshard(params, state_shardings(params, mesh, 'tp'))
+        params = jax.reshard(params, named(mesh, without(state_specs(params, plan, mesh), FSDP)))
         return jax.reshard(fn(params, batch), NamedSharding(mesh, FSDP_BATCH))
 
     return jax.jit(evaluate)
