@@ -22,7 +22,6 @@ import sys
 import tempfile
 import traceback
 
-import jax
 from absl import app, flags
 from jax.sharding import AxisType
 
@@ -203,7 +202,7 @@ def report_of_flags():
     from .twins import inspect
 
     # the train CLI's plan, with its checks and messages
-    plan = from_flags.plan(len(devices) if target else jax.device_count())
+    plan = from_flags.plan(devices=devices if target else None)
     mesh = mesh_for(plan, AxisType.Auto, devices=devices)
     use_matmul_precision(plan.precision.matmul)
     report = inspect(

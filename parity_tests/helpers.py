@@ -17,7 +17,9 @@ from shard_parity.placement import place_batch, place_state
 from shard_parity.plan import Plan
 from shard_parity import config as cfg
 from shard_parity.runtime import tasks
-from shard_parity.step import TrainState, create_state, make_optimizer, one_device_train_step
+from shard_parity.step import (
+    TrainState, create_state, make_optimizer, one_device_train_step, strategy_file,
+)  # fmt: skip
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -180,10 +182,12 @@ def train(step_fn, state, batches, place=lambda b: b):
     return np.array(losses), [np.asarray(p) for p in jax.tree.leaves(state.params)]
 
 
-def train_twin(twin, mesh, case, seed=0, strategy='dp'):
+def train_twin(twin, mesh, case, seed=0, strategy='dp', **options):
+    """STEPS steps of `twin`'s file for the plan (`strategy` on `mesh`, with `options`: the
+    schedule, microbatches...), as step.strategy_file chooses it."""
     graphdef, tx, state = fresh_state(seed, case)
-    plan = plan_of(mesh, strategy)
-    step_fn = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh, plan)
+    plan = plan_of(mesh, strategy, **options)
+    step_fn = strategy_file(twin, plan).train_step(graphdef, case.loss_fn, tx, mesh, plan)
     placed = place_state(state, mesh, plan)
     return train(step_fn, placed, case.batches, lambda b: place_batch(b, mesh, plan))
 
@@ -246,12 +250,12 @@ def one_device_runs(case: Case, seed=0):
     return _ONE_DEVICE_RUNS[key]
 
 
-def train_twin_x64(twin, mesh, case, seed=0, strategy='dp'):
+def train_twin_x64(twin, mesh, case, seed=0, strategy='dp', **options):
     """`train_twin` in float64: (losses, params)."""
     with jax.enable_x64(True):
         graphdef, tx, state = x64_state(case, seed)
-        plan = plan_of(mesh, strategy).in_float64()
-        step = twin.STRATEGIES[strategy].train_step(graphdef, case.loss_fn, tx, mesh, plan)
+        plan = plan_of(mesh, strategy, **options).in_float64()
+        step = strategy_file(twin, plan).train_step(graphdef, case.loss_fn, tx, mesh, plan)
         placed = place_state(state, mesh, plan)
         return train(step, placed, Wide(case.batches), lambda b: place_batch(b, mesh, plan))
 

@@ -56,7 +56,7 @@ def captured(call) -> tuple[object, str, str]:
 
 def main():
     twin_name, *rest = sys.argv[1:]
-    from shard_parity.mesh import configure_jax
+    from shard_parity.devices import configure_jax
     from shard_parity.runtime import parse_flags, train
 
     configure_jax(8)  # once: the CLI's own call would come too late for the second command

@@ -171,20 +171,22 @@ def test_each_train_cli_offers_exactly_its_twins_strategies(tmp_path):
             workdir = tmp_path / f'{name}_{strategy}'
             result = run_cli(name, f'--strategy={strategy}', f'--workdir={workdir}')
             assert result.returncode == 2 and not workdir.exists(), result.stderr[-2000:]
-            assert result.stderr.strip().splitlines()[0].endswith(
-                f'flag --strategy={strategy}: value should be one of <{"|".join(offered)}>'
+            first = result.stderr.strip().splitlines()[0]
+            assert first.startswith('error: flag ') and first.endswith(
+                f'flag --strategy={strategy}: value should be one of <{"|".join(offered)}> '
+                '(--help lists the flags)'
             ), result.stderr
 
 
 @pytest.mark.slow
 def test_settings_that_change_nothing_warn_once(tmp_path):
-    flags = ['--model=mlp', '--dtype=bfloat16', '--seq_len=8', '--strategy=tp', '--steps=2']
+    flags = ['--model=mlp', '--num_layers=2', '--seq_len=8', '--strategy=tp', '--steps=2']
     result = run_cli('explicit', *flags, '--cpu_devices=8', f'--workdir={tmp_path}', timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stderr.splitlines()
     for message in (
         "--strategy=tp on a mesh whose 'model' axis is 1 splits nothing over it: it runs as dp",
-        '--seq_len, --dtype only shape the transformer: --model=mlp ignores them',
+        '--seq_len, --num_layers only shape the transformer: --model=mlp ignores them',
     ):
         assert len([line for line in lines if message in line]) == 1, result.stderr[-2000:]
         assert any(line.startswith(f'warning: {message}') for line in lines)  # not absl's format

@@ -122,7 +122,8 @@ def test_the_bisector_finds_the_wrong_way_at_the_pipelines_output():
     case = make_case('transformer', GQA)
     graphdef, tx, state = fresh_state(case=case)
     mesh = pp_mesh(4)
-    sides = [D.load_side(n, 'pp', mesh) for n in ('explicit', 'tools.zoo.pp_wrong_way')]
+    plan = plan_of(mesh, 'pp')
+    sides = [D.load_side(n, plan, mesh) for n in ('explicit', 'tools.zoo.pp_wrong_way')]
     report = D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, 1)
     assert (report.step, report.phase, report.layer) == (0, 'forward', 'norm')
     assert report.ratio == 0.0

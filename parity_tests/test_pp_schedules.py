@@ -10,9 +10,7 @@ with bitwise logits; the train CLI runs them. Bad input: test_bad_inputs.py's --
 --pp_virtual rows."""
 
 import dataclasses
-import functools
 import itertools
-import types
 
 import jax
 import jax.numpy as jnp
@@ -225,7 +223,7 @@ def test_the_bisector_finds_the_wrong_slot_in_the_gradients():
     mesh = pp_mesh(2)
     reports = {}
     for other in ('explicit.pp_1f1b', 'tools.zoo.pp_1f1b_wrong_slot'):
-        sides = [D.load_side(n, 'pp', mesh) for n in ('explicit', other)]
+        sides = [D.load_side(n, plan_of(mesh, 'pp'), mesh) for n in ('explicit', other)]
         reports[other] = D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, 1)
     assert reports['explicit.pp_1f1b'].step is None, reports['explicit.pp_1f1b']
     report = reports['tools.zoo.pp_1f1b_wrong_slot']
@@ -233,15 +231,6 @@ def test_the_bisector_finds_the_wrong_slot_in_the_gradients():
     paths = {leaf.path for leaf in report.leaves}
     assert {'blocks.ffn.up.kernel', 'embed.embedding', 'pos.embedding'} <= paths, paths
     assert 'norm.scale' not in paths, paths
-
-
-def schedule_twin(twin, schedule, microbatches=4):
-    """A twin whose 'pp' is its pp_1f1b.py under `schedule`, for helpers.train_twin."""
-    module = twin.SCHEDULES[schedule]
-    step = functools.partial(
-        module.train_step, microbatches=microbatches, virtual=VIRTUAL[schedule]
-    )
-    return types.SimpleNamespace(STRATEGIES={'pp': types.SimpleNamespace(train_step=step)})
 
 
 @pytest.mark.slow
@@ -252,10 +241,12 @@ def test_20_steps_track_the_one_device_run(schedule, name):
     by step, and every loss and parameter of the float64 rerun (helpers.py's error model)."""
     case = make_case('transformer', GQA)
     want_32, want_64 = one_device_runs(case)
-    twin, mesh = schedule_twin(TWINS[name], schedule), pp_mesh(2, TWINS[name])
-    losses, _ = train_twin(twin, mesh, case, strategy='pp')
+    twin, mesh = TWINS[name], pp_mesh(2, TWINS[name])
+    virtual = VIRTUAL[schedule] if schedule == 'interleaved' else None
+    options = {'schedule': schedule, 'virtual': virtual}
+    losses, _ = train_twin(twin, mesh, case, strategy='pp', **options)
     assert_close(losses, want_32[0], 'float32 losses', **LOSS_TOL)
-    losses, params = train_twin_x64(twin, mesh, case, strategy='pp')
+    losses, params = train_twin_x64(twin, mesh, case, strategy='pp', **options)
     assert_close(losses, want_64[0], 'float64 losses', **X64_TOL)
     assert_params_close(params, want_64[1], **X64_TOL)
 

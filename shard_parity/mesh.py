@@ -28,19 +28,25 @@ def make_mesh(
     `devices`: the devices to take them from (default: this process's, jax.devices()); the
     inspector's --target passes the compile-only devices of hardware that is not here.
     """
-    owner = 'this process has' if devices is None else 'the target has'
+    given = devices
     devices = jax.devices() if devices is None else list(devices)
     if shape is None:
         shape = (len(devices) if num_devices is None else num_devices,) + (1,) * (len(axes) - 1)
     n = math.prod(shape)
     if not 1 <= n <= len(devices) or min(shape) < 1:
         asked = f'--mesh={"x".join(map(str, shape))}' if max(shape[1:], default=1) > 1 else f'--num_devices={n}'
-        raise UsageError(
-            f'{asked}, but {owner} {len(devices)} '
-            f'{devices[0].platform.upper()} devices: use 1..{len(devices)} in all'
-            + (', or emulate more with --cpu_devices' if devices[0].platform == 'cpu' else '')
-        )
+        raise UsageError(too_many(asked, devices, target=given is not None))
     return jax.make_mesh(shape, axes, axis_types=(axis_type,) * len(axes), devices=devices[:n])
+
+
+def too_many(asked: str, devices, target: bool = False) -> str:
+    """The line that refuses more devices than there are: `asked` names the flag."""
+    owner = 'the target has' if target else 'this process has'
+    platform = devices[0].platform
+    return (
+        f'{asked}, but {owner} {len(devices)} {platform.upper()} devices: use 1..{len(devices)} '
+        'in all' + (', or emulate more with --cpu_devices' if platform == 'cpu' else '')
+    )
 
 
 def mesh_for(plan, axis_type: AxisType = AxisType.Auto, devices=None):

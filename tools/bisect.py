@@ -90,7 +90,6 @@ def tolerance() -> str:
 def from_flags():
     from flax import nnx
 
-    import jax
     from jax.sharding import AxisType
 
     from shard_parity import config as cfg
@@ -107,7 +106,7 @@ def from_flags():
     changes = {n: f.value for n, f in F.TRAIN.items() if f.value is not None and n != 'steps'}
     config = dataclasses.replace(cfg.TRAIN_DEFAULTS[model], **changes)
     # the train CLI's plan and checks (a default batch that does not split: fewer devices)
-    plan = from_flags.plan(jax.device_count(), fit_default_batch=True)
+    plan = from_flags.plan(fit_default_batch=True)
     mesh = mesh_for(plan, AxisType.Auto)  # each side takes its twin's axis types (sides.py)
     use_matmul_precision(plan.precision.matmul)
     if len(TWINS.value) != 2:

@@ -10,9 +10,10 @@ The plan is built here once, from --mesh, --strategy, --num_devices, --microbatc
 import dataclasses
 import sys
 
+import jax
 from absl import flags, logging
 
-from shard_parity import UsageError, checks
+from shard_parity import UsageError, checks, mesh
 from shard_parity import config as cfg
 from shard_parity import plan as plans
 from shard_parity.runtime.flags import (
@@ -41,12 +42,16 @@ from shard_parity.runtime.flags import (
 )
 
 
-def plan(available: int, fit_default_batch: bool = False) -> plans.Plan:
-    """The flags' plan over at most `available` devices (this process's, or a --target's),
+def plan(fit_default_batch: bool = False, devices=None) -> plans.Plan:
+    """The flags' plan over at most the `devices` (default this process's; a --target's),
     checked: a named mesh's sizes multiply to --num_devices (default: all of them); AxB gives
     --strategy's two axes. `fit_default_batch` (the train CLI): with neither --mesh nor
     --batch_size given, the most devices the default batch splits over (`devices`)."""
-    count = devices(available, fit_default_batch)
+    target = devices is not None
+    devices = jax.devices() if devices is None else list(devices)
+    if NUM_DEVICES.value is not None and NUM_DEVICES.value > len(devices):
+        raise UsageError(mesh.too_many(f'--num_devices={NUM_DEVICES.value}', devices, target))
+    count = device_count(len(devices), fit_default_batch)
     strategy = STRATEGY.value if flags.FLAGS[STRATEGY.name].present else None
     experts = MODEL.value == 'transformer' and NUM_EXPERTS.value > 0
     result = plans.parse(
@@ -63,7 +68,7 @@ def plan(available: int, fit_default_batch: bool = False) -> plans.Plan:
     return result
 
 
-def devices(available: int, fit_default_batch: bool = False) -> int:
+def device_count(available: int, fit_default_batch: bool = False) -> int:
     """--num_devices; else, with `fit_default_batch`, when neither --mesh nor --batch_size is
     given and the default batch does not split over every device (the transformer's 12 on 8
     emulated CPU devices), the most devices it splits over, said in one warning; else all."""
@@ -119,7 +124,10 @@ def warn_ignored_flags() -> None:
     """One warning for transformer flags given with --model=mlp: they would change nothing."""
     given = [f'--{h.name}' for h in TRANSFORMER_SHAPE if flags.FLAGS[h.name].present]
     if MODEL.value == 'mlp' and given:
-        logging.warning('%s only shape the transformer: --model=mlp ignores them', ', '.join(given))
+        verb = 'shapes' if len(given) == 1 else 'shape'
+        logging.warning(
+            '%s only %s the transformer: --model=mlp ignores them', ', '.join(given), verb
+        )
 
 
 def transformer_config() -> cfg.TransformerConfig:

@@ -98,7 +98,7 @@ def main(twin):
             jax.config.update('jax_debug_nans', F.DEBUG_NANS.value)
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{twin.NAME}_{F.MODEL.value}')
             # the plan and what its axes need first: a short --steps's warm-up check after
-            plan = from_flags.plan(jax.device_count(), fit_default_batch=jax.process_count() == 1)
+            plan = from_flags.plan(fit_default_batch=jax.process_count() == 1)
             mesh = mesh_for(plan, twin.AXIS_TYPE)
             use_matmul_precision(plan.precision.matmul)
             warn_unused_attention(twin, plan, from_flags.model_config())
