@@ -1,0 +1,273 @@
+"""Rows of docs/errors.md's table (parity_tests/errors_table.py): The user's tools: generate, compare, the bisector, margins, the inspector (--target,
+--program, its outputs) and the benchmarks.
+"""
+
+ROWS = [
+    (
+        'missing checkpoint',
+        'no checkpoint in',
+        'test_generate.test_cli_without_a_checkpoint_says_so',
+    ),
+    (
+        'prompt longer than the context',
+        "longer than the model's context of 16 bytes",
+        'test_generate.test_prompt_longer_than_the_context_is_refused',
+    ),
+    (
+        'generating from an MLP checkpoint',
+        'generation needs --model=transformer',
+        'test_bad_inputs.test_cli_row',
+    ),
+    ('--top_k outside 1..256', 'flag --top_k=0: 0 is not', 'test_bad_inputs.test_cli_row'),
+    (
+        'non-UTF-8 output bytes (not an error)',
+        'printed as \\xNN, exit 0',
+        'test_generate.test_cli_prints_non_utf8_bytes_and_handles_an_empty_prompt',
+    ),
+    ('unknown benchmark section', "--sections has ['foo']", 'test_bad_inputs.test_cli_row'),
+    (
+        'bisect: a strategy module that cannot be imported',
+        "--twins: cannot import 'nosuch.module'",
+        'test_bisect.test_bad_twins_get_one_line',
+    ),
+    (
+        'bisect: a strategy module without a function of the interface',
+        '--twins: parity_tests.helpers has no loss_and_grads()',
+        'test_bisect.test_bad_twins_get_one_line',
+    ),
+    (
+        'bisect: two run directories of other settings',
+        'were trained with other settings: --embed_dim: A 16, B 32',
+        'test_bisect.test_run_directories_of_other_settings_or_without_checkpoints_are_refused',
+    ),
+    (
+        'bisect: no checkpoint before the divergence (exit 1: the runs differ)',
+        'share no checkpoint before it',
+        'test_bisect.test_run_directories_of_other_settings_or_without_checkpoints_are_refused',
+    ),
+    (
+        'inspector: --program not MODULE:FUNCTION',
+        '--program=mymod: expected MODULE:FUNCTION, e.g. mypkg.mymod:build',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: --program module not importable',
+        "--program: cannot import 'nosuchmodule'",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: unknown --hardware',
+        'flag --hardware=a100: value should be one of',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'non-UTF-8 --prompt (not an error)',
+        'its raw bytes are the prompt, exit 0',
+        'test_generate.test_cli_streams_a_non_utf8_prompt_and_its_continuation',
+    ),
+    (
+        'compare: runs of other settings (another --steps, --seed, ...; exit 2)',
+        'were trained with other settings: --learning_rate: A 0.001, B 0.01',
+        'test_compare.test_other_settings_are_named_and_refused_unless_allowed',
+    ),
+    (
+        'compare: steps only one run reached (a note)',
+        'logged steps in',
+        'test_compare.test_steps_one_run_only_reached_are_reported',
+    ),
+    (
+        'compare or bisect: a torn config.json',
+        'is not a readable config.json',
+        'test_compare.test_other_settings_are_named_and_refused_unless_allowed',
+    ),
+    (
+        'bisect: one run directory given twice',
+        'are the same directory: give two different runs',
+        'test_bisect.test_run_directories_given_twice_or_garbled_are_one_line',
+    ),
+    (
+        'bisect: torn or garbled metrics.jsonl lines (a warning)',
+        'skipped 3 torn or garbled line(s) of',
+        'test_bisect.test_run_directories_given_twice_or_garbled_are_one_line',
+    ),
+    (
+        'bisect: a strategy, model or mesh the train CLI refuses (exit 2)',
+        '--strategy=cp splits sequences, and --model=mlp has none',
+        'test_bisect.test_cli_checks_its_input_as_the_train_cli_does_and_exits_2_or_3',
+    ),
+    (
+        'bisect: a strategy module that fails to trace (exit 3)',
+        'B (my_broken_dp) fails to trace at',
+        'test_bisect.test_a_side_that_fails_to_trace_is_named_with_its_line',
+    ),
+    (
+        '--seed beyond 2**31 - 1',
+        'is not an integer in the range [0, 2147483647]',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--temperature nan or inf',
+        '--temperature must be a finite number',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'a named mesh with an unknown axis (the inspector)',
+        "--mesh=data:2,tensor:4: unknown axis 'tensor'; the axes are data, fsdp, stage, expert, "
+        'seq, model',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'a named mesh with an axis given twice (bisect: exit 2)',
+        "--mesh=data:2,data:4: the axis 'data' is given twice; name each axis once",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'benchmarks: a --mesh that names no axes',
+        '--mesh=4x2: name the axes, e.g. data:2,fsdp:2,model:2',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: --hosts not dividing the devices',
+        '--hosts=3: the 8 devices of the mesh data:4,model:2 do not split evenly over 3 hosts; '
+        'give one of 1, 2, 4, 8',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        "inspector: a mesh whose inner axes do not fit in a host (--hosts)",
+        '--hosts=2: 3 devices a host, but the inner axes of the mesh data:3,model:2 do not fit '
+        'in a host',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: unknown --target',
+        'flag --target=tpu-v9-8: value should be one of',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: --target with --hardware (a target is priced on its own hardware)',
+        "--hardware=h100x8 with --target=tpu-v5e-8: a target's program is priced on its own "
+        'hardware (tpu-v5e-8); drop --hardware',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: --target=tpu-* without libtpu',
+        'compiles with the TPU compiler, libtpu, which is not installed here: '
+        'pip install -e ".[tpu]"',
+        'test_target.test_without_libtpu_target_says_what_to_install',
+    ),
+    (
+        "inspector: --target=h200x8 before a GPU's target config is captured",
+        '--target=h200x8: no target config has been captured yet for this GPU',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'inspector: a mesh larger than the target',
+        '--num_devices=8, but the target has 4 TPU devices: use 1..4',
+        'test_target.test_cli_writes_json_and_html_naming_the_target_and_keeps_libtpu_quiet',
+    ),
+    (
+        "inspector: a program the target's HBM cannot hold (--program; a twin's step is "
+        'reported `DOES NOT FIT` beside the others)',
+        'the program does not fit tpu-v5e-1: needs',
+        'test_target.test_a_program_the_chips_hbm_cannot_hold_is_named_not_fitting',
+    ),
+    (
+        'compare: a run without its final line (exit 2)',
+        'has no final line: did it finish?',
+        'test_compare.test_every_error_is_one_line',
+    ),
+    (
+        'margins: a file that is not a parity test',
+        'is not a parity test file (one that compares within a tolerance)',
+        'test_margins.test_a_refused_input_is_one_line_and_exit_2',
+    ),
+    (
+        'inspector: --html or --trace naming a folder (checked before the inspection)',
+        'is a folder: name the file to write, e.g.',
+        'test_inspector.test_html_and_trace_paths_are_checked_before_the_inspection',
+    ),
+    (
+        'inspector: --html or --trace in a folder that does not exist',
+        '/missing does not exist',
+        'test_inspector.test_html_and_trace_paths_are_checked_before_the_inspection',
+    ),
+    (
+        'inspector: --html or --trace in a folder it cannot write',
+        '--html=/sys/r.html: cannot write in /sys',
+        'test_inspector.test_html_and_trace_paths_are_checked_before_the_inspection',
+    ),
+    (
+        'inspector --target: a row of expected against compiled bytes no mechanism found '
+        'in the program explains (a surprise, not an error)',
+        'no mechanism found in the program accounts for the difference',
+        'test_target.test_a_planted_bug_stays_a_surprise_on_a_tpu',
+    ),
+    (
+        'benchmarks: an empty --sections',
+        '--sections is empty: name one or more of',
+        'test_benchmark_run.test_bad_sections_and_outputs_are_refused_before_any_section',
+    ),
+    (
+        'benchmarks: an --out it cannot write (before the first section)',
+        '--out=/sys/x: cannot write in /sys',
+        'test_benchmark_run.test_bad_sections_and_outputs_are_refused_before_any_section',
+    ),
+    (
+        'benchmarks: an --out that is a file',
+        'is a file, not a folder',
+        'test_benchmark_run.test_bad_sections_and_outputs_are_refused_before_any_section',
+    ),
+    (
+        "benchmarks: a bad input in section cli's child process (its line, passed on)",
+        'section cli: ',
+        'test_benchmark_run.test_section_clis_child_passes_on_its_one_line',
+    ),
+    (
+        "benchmarks: Ctrl-C (exit 130; the finished sections' tables printed, nothing written)",
+        'interrupted during section nanogpt (Ctrl-C): nothing written',
+        'test_benchmark_run.test_ctrl_c_is_one_line_and_exit_130',
+    ),
+    (
+        'benchmarks: a run of some sections into recorded results (a note: merged, not '
+        'replaced)',
+        'merged section(s) context into',
+        'test_benchmark_run.test_a_run_of_one_section_merges_into_the_recorded_results',
+    ),
+    (
+        'benchmarks: --target without --out (a note: nothing written into the checkout)',
+        'nothing written (the tables follow)',
+        'test_benchmark_run.test_a_target_run_leaves_the_checkout_alone_and_names_its_target',
+    ),
+    (
+        "compare: a train line averaged over other steps than its partner's (another --log_every, "
+        'or train_steps_averaged; marked *, left out of the verdict)',
+        'or one resumed a checkpoint that kept no averaging window',
+        'test_compare.test_a_line_averaged_over_fewer_steps_after_a_resume_is_paired_with_nothing',
+    ),
+    (
+        'compare piped into a reader that stops early (`| head -n 1`; exit 141, 128 + SIGPIPE)',
+        'nothing printed, exit 141',
+        'test_compare.test_a_reader_that_stops_early_ends_compare_quietly',
+    ),
+    (
+        'generate piped into a reader that stops early (`| head -c 5`; exit 141, 128 + SIGPIPE)',
+        'nothing printed, exit 141',
+        'test_generate.test_cli_on_a_closed_pipe_a_sigterm_and_a_long_prompt',
+    ),
+    (
+        'generate: SIGTERM (exit 143; Ctrl-C 130: 128 + the signal)',
+        'what was printed stays, exit 143',
+        'test_generate.test_cli_on_a_closed_pipe_a_sigterm_and_a_long_prompt',
+    ),
+    (
+        '--temperature below ~1e-37, where the logits divided by it overflow float32 (greedy; not '
+        'an error)',
+        'sampled greedily, exit 0',
+        'test_generate.test_a_temperature_so_small_that_the_logits_overflow_samples_greedily',
+    ),
+    (
+        'generate: a prompt longer than the context, refused before anything is echoed',
+        "--prompt is 17 bytes, longer than the model's context of 16 bytes",
+        'test_generate.test_cli_on_a_closed_pipe_a_sigterm_and_a_long_prompt',
+    ),
+]
