@@ -181,6 +181,11 @@ def report_of_flags():
             f'--hardware={HARDWARE.value} with --target={target}: a target\'s program is priced '
             f'on its own hardware ({targets.get(target).hardware}); drop --hardware'
         )
+    if target and flags.FLAGS[F.CPU_DEVICES.name].present:
+        raise UsageError(
+            f'--cpu_devices={F.CPU_DEVICES.value} with --target={target}: a target compiles for '
+            f'its own devices ({targets.get(target).devices}); drop --cpu_devices'
+        )
     devices = targets.devices(target, F.VERBOSE.value) if target else None
     # on the CPU: beside the measured time; a target's programs cannot run here
     measure = cost.HARDWARE[HARDWARE.value].emulation and not target

@@ -152,6 +152,10 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
         'inspector',
         ['--target=tpu-v5e-8', '--hardware=h100x8'],
     ),
+    'inspector: --target with --cpu_devices (a target compiles for its own devices)': (
+        'inspector',
+        ['--target=tpu-v5e-8', '--cpu_devices=4'],
+    ),
     "inspector: --target=h200x8 before a GPU's target config is captured": (
         'inspector',
         ['--target=h200x8'],

@@ -150,6 +150,12 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
+        'inspector: --target with --cpu_devices (a target compiles for its own devices)',
+        '--cpu_devices=4 with --target=tpu-v5e-8: a target compiles for its own devices (8); '
+        'drop --cpu_devices',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
         'inspector: --target=tpu-* without libtpu',
         'compiles with the TPU compiler, libtpu, which is not installed here: '
         'pip install -e ".[tpu]"',
