@@ -53,6 +53,7 @@ GRID = [
 ]
 TWINS = {'auto': auto, 'explicit': explicit, 'typed': typed}
 SLOW = pytest.mark.slow
+EXHAUSTIVE = pytest.mark.exhaustive  # 20 steps on the rest of the grid: its one step is checked
 
 
 CASES = [(model, s, shape) for model in ('mlp', 'transformer') for s, shape in GRID] + [
@@ -141,7 +142,7 @@ TRAIN_PARAMS = [
         name,
         *c,
         id=f'{name}-{c[0]}-{c[1]}-{c[2][0]}x{c[2][1]}',
-        marks=[] if c in FAST and name == 'explicit' else [SLOW],
+        marks=[] if c in FAST and name == 'explicit' else [SLOW] if c in FAST else [SLOW, EXHAUSTIVE],
     )
     for name in TWINS
     for c in CASES

@@ -302,8 +302,9 @@ MEMORY_CASES = [(t, s) for t in TWINS for s in (2, 4)]
 
 @pytest.mark.parametrize(
     'name, stages',
-    [pytest.param(*c, marks=[] if c == ('explicit', 2) else [pytest.mark.slow])
-     for c in MEMORY_CASES],  # fmt: skip
+    [pytest.param(*c, marks=[] if c == ('explicit', 2) else [pytest.mark.slow]
+                  + ([pytest.mark.exhaustive] if c[1] == 4 and c[0] != 'explicit' else []))
+     for c in MEMORY_CASES],  # fmt: skip  (S = 4 in auto and typed: the exhaustive tier)
     ids=[f'{t}-S{s}' for t, s in MEMORY_CASES],
 )
 def test_1f1b_keeps_memory_flat_in_m_where_gpipe_grows(name, stages):

@@ -55,7 +55,8 @@ def params(workdir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('model', MODELS)
-@pytest.mark.parametrize('twin', ['auto', 'explicit'])
+# the loop and the checkpoint are shared: auto's runs add coverage, not signal (exhaustive tier)
+@pytest.mark.parametrize('twin', [pytest.param('auto', marks=pytest.mark.exhaustive), 'explicit'])
 def test_resumed_run_equals_the_straight_run(twin, model, tmp_path):
     flags = [*MODELS[model], *COMMON]
     straight, split = tmp_path / 'straight', tmp_path / 'split'
