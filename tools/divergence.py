@@ -16,6 +16,11 @@ layer's output is one device's columns and a row-parallel one's a partial sum, w
 counterpart on the other side. flax's nnx.capture(method_outputs=) records outputs too, but
 sorted by name; here the order they were computed in names the first layer that differs.
 
+Under --tolerance=model (the default where either side computes or reduces in less than
+float32) each leaf is held to its budget in shard_parity/numerics.py's error model, norm-wise:
+the k-th module output to forward(k), the loss to loss(), each gradient leaf to gradients(), the
+state after the update to update(); the report keeps each phase's largest error / budget.
+
 The sides themselves (a twin, a module of yours, one device; placed on their meshes) are
 tools/sides.py's; how two leaves differ and what that points to, tools/leaves.py's.
 """
@@ -29,6 +34,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from shard_parity import numerics
 from shard_parity.mesh import MODEL
 from shard_parity.model.ops import varying
 from shard_parity.step import apply_gradients
@@ -118,6 +124,9 @@ class Report:
     hints: list = dataclasses.field(default_factory=list)
     compared: dict = dataclasses.field(default_factory=dict)  # phase -> leaves compared per step
     notes: list = dataclasses.field(default_factory=list)  # run directories: what was paired
+    model: numerics.Budget | None = None  # --tolerance=model: the two sides' error model
+    worst: dict = dataclasses.field(default_factory=dict)  # phase -> [leaf, error / budget]
+    seen: list = dataclasses.field(default_factory=list, repr=False)  # (phase, leaf, fraction)
 
     @property
     def diverged(self) -> bool:
@@ -169,29 +178,62 @@ def _rows(a: Side, b: Side) -> int:
     return max((math.prod(p.size(x) for x in p.rows) for p in blocks), default=1)
 
 
+def _devices(a: Side, b: Side) -> int:
+    """The most devices a gradient is reduced over (the batch axes': rows and positions)."""
+    blocks = [s.plan for s in (a, b) if s.mesh]
+    return max((math.prod(p.size(x) for x in p.batch_axes) for p in blocks), default=1)
+
+
+class _Seen(list):
+    """The (leaf, error / budget) pairs of one phase, into the report's worst and seen."""
+
+    def __init__(self, report, phase):
+        super().__init__()
+        self.report, self.phase = report, phase
+
+    def append(self, item):
+        path, fraction = item
+        self.report.seen.append((self.phase, path, fraction))
+        worst = self.report.worst.get(self.phase)
+        if worst is None or not fraction <= worst[1]:
+            self.report.worst[self.phase] = [path, fraction]
+
+
 def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report) -> tuple:
     """(phase, layer, differing leaves) of one step from `state`, or (None, None, A's state)."""
     n = _rows(ra.side, rb.side)
     acts_a, acts_b = ra.activations(state, batch), dict(rb.activations(state, batch))
     common = [(p, x) for p, x in acts_a if p in acts_b]
     report.compared['forward'] = len(common)
-    for path, x in common:
-        leaf = compare(path, x, acts_b[path], tolerance, n)
+    terms = min(np.size(x) for x in jax.tree.leaves(batch))  # the loss's: rows x positions
+    model = report.model and dataclasses.replace(report.model, modules=len(common), terms=terms)
+    budget = {  # phase -> the budget of its leaves (None: not --tolerance=model)
+        p: model and getattr(model, f)() for p, f in (('loss', 'loss'), ('gradients', 'gradients'),
+                                                      ('update', 'update'))
+    }  # fmt: skip
+    seen = {p: _Seen(report, p) for p in ('forward', 'loss', 'gradients', 'update')}
+    for k, (path, x) in enumerate(common, 1):
+        leaf = compare(path, x, acts_b[path], tolerance, n, model and model.forward(k),
+                       seen['forward'])  # fmt: skip
         if leaf:
             return 'forward', path, [leaf]
     (ma, ga), (mb, gb) = ra.loss_and_grads(state, batch), rb.loss_and_grads(state, batch)
-    leaves = compare_trees('', ma, mb, tolerance)
+    leaves = compare_trees('', ma, mb, tolerance, budget['loss'], seen['loss'])
     if leaves:
         return 'forward', None, leaves
-    leaves = compare_trees('', ga, gb, tolerance)
+    leaves = compare_trees('', ga, gb, tolerance, budget['gradients'], seen['gradients'])
     report.compared['gradients'] = len(leaves) or len(jax.tree.leaves(ga))
     if leaves:
         return 'gradients', None, leaves
     # AdamW divides by sqrt(v): gradients equal to round-off can give updates that differ far
     # more. So each side's train_step is held to what its own gradient makes of the state.
+    leaves = []
     (sa, _), (sb, _) = ra.train_step(state, batch), rb.train_step(state, batch)
-    leaves = compare_trees('A: ', apply(state, ga), sa, tolerance)
-    leaves += compare_trees('B: ', apply(state, gb), sb, tolerance)
+    update = model and (lambda before, after: model.update(numerics.change(before, after)))
+    for prefix, x, y in (('A: ', apply(state, ga), sa), ('B: ', apply(state, gb), sb)):
+        leaves += compare_trees(prefix, x, y, tolerance, update, seen['update'], before=state)
+    if model:  # and the two sides' states, each leaf to the budget of its change this step
+        leaves += compare_trees('A vs B: ', sa, sb, tolerance, update, seen['update'], state)
     report.compared['update'] = 2 * len(jax.tree.leaves(sa))
     if leaves:
         return 'update', None, leaves
@@ -207,15 +249,21 @@ def bisect(
     state,
     batches,
     steps,
-    tolerance='f32',
+    tolerance=None,
     start=0,
     state_b=None,
 ) -> Report:
     """Steps A and B side by side from `state` (B from `state_b` if given, e.g. its own
-    checkpoint) on batches start..start+steps-1; stops at the first divergence."""
+    checkpoint) on batches start..start+steps-1; stops at the first divergence. `tolerance`
+    None: 'model' where either side's policy is not float32 throughout, else 'f32'."""
+    tolerance = tolerance or default_tolerance(a, b)
     report = Report((a.name, b.name), tolerance, 0)
+    if tolerance == 'model':
+        report.model = numerics.Budget.of([a.plan.precision, b.plan.precision], _devices(a, b))
     if state_b is not None:
-        leaves = compare_trees('', state, state_b, tolerance)
+        model = report.model  # two runs' checkpoints: their trajectories' band at `start`
+        allowed = model and max(model.update(), model.along(start))
+        leaves = compare_trees('', state, state_b, tolerance, allowed)
         if leaves:
             return _diverged(report, start, 'state', None, leaves, a, b)
     ra, rb = Runner(a, graphdef, loss_fn, tx, 'A'), Runner(b, graphdef, loss_fn, tx, 'B')
@@ -232,6 +280,13 @@ def bisect(
             return _diverged(report, i, phase, layer, out, a, b)
         state = out
     return report
+
+
+def default_tolerance(a: Side, b: Side) -> str:
+    """'model' where either side computes or reduces in less than float32, else 'f32'."""
+    policies = [s.plan.precision for s in (a, b)]
+    return 'model' if numerics.coarser(*(p.compute for p in policies),
+                                       *(p.reduce for p in policies)) != 'float32' else 'f32'  # fmt: skip
 
 
 def _diverged(report, step, phase, layer, leaves, a, b) -> Report:

@@ -1,0 +1,152 @@
+"""The error model (docs/numerics.md): how far apart two correct runs of one step may sit when
+they round differently, per compared quantity, as a norm-wise relative budget.
+
+The statistic, one figure per leaf (never per element: one element in a million of a correct
+bf16 pair is off by 1e3 relative):
+
+    error(a, b) = ||a - b|| / max(||a||, ||b||)        (2-norms over the leaf, in float64)
+
+The budget, from the plan's precision and the program. Two runs that differ only in rounding
+(another mesh, another fusion, XLA's excess precision keeping one twin's intermediate in f32
+where another rounds it) differ at each op's boundary by about one unit round-off u of the dtype
+that boundary is rounded to. Dots accumulate in float32 (on the CPU, GPU tensor cores, the TPU's
+MXU), so a contraction of length K costs one rounding of its result, not K u. Independent
+roundings add as a random walk (Higham's probabilistic bound), so after n boundaries
+
+    budget = C_OP x u(compute) x sqrt(n)  +  C_REDUCE x u(reduce) x sqrt(log2(d) + 1)
+                                           +  C_OP x u(float32) x sqrt(n)
+
+with n the boundaries the quantity has passed (the k-th module output of the forward: k x
+BOUNDARIES; the loss: every module's; a gradient: the forward's and the backward's, twice as
+many), and d the devices a gradient's collective reduces over (a ring or tree adds a rounding
+per hop, log2(d) + 1 of them in a tree; a per-device sum of its own rows is one more). The
+parameters after the update inherit the gradient's budget through AdamW (m/sqrt(v) is
+scale-free in the gradient: its relative error is the gradient's, at most twice over), scaled
+down by how much of the parameter the update is, which the comparison does not know: the
+update's budget is the gradient's (an upper bound). Along a trajectory (tools/compare.py's
+band) the difference of two correctly rounded runs grows with the step: `band`.
+
+The constants are calibrated by measurement (benchmarks/numerics.py; its table is
+docs/numerics.md's): correct pairs sit at most 1/3 of the budget, their median within a factor
+30 of it, and the bug zoo's entries exceed it 10 times and more.
+
+Core: no twin, tool or benchmark imports (parity_tests/test_imports.py)."""
+
+import dataclasses
+import math
+
+import numpy as np
+
+UNIT_ROUNDOFF = {  # u = 2^-p for p bits of significand (the implicit one counted)
+    'float64': 2.0**-53,
+    'float32': 2.0**-24,
+    'bfloat16': 2.0**-8,
+    'float16': 2.0**-11,
+}
+
+# The model's named constants (docs/numerics.md, "Calibration"): measured, not derived.
+C_OP = 2.0  # norm-wise relative error per op boundary of the forward, in units of u
+BOUNDARIES = 2  # op boundaries (roundings) per recorded module output
+C_GRAD = 1.2  # ...of the backward (a gradient), in units of u
+C_LOSS = 1.0  # the loss, a mean of many terms: its budget / (the last module's / sqrt(terms))
+C_REDUCE = 3.0  # per hop of a gradient's collective, in units of the reduce dtype's u
+C_UPDATE = 2.5  # parameters and AdamW state after the update: the gradient budget x their change
+# Along a trajectory (compare's band): band(step) = BAND_0 x u x (1 + step / BAND_STEPS)^BAND_POWER
+# relative to the figure; fitted to one device against explicit, bf16 and f32, 100 steps.
+BAND_0 = 8.0
+BAND_STEPS = 2.0
+BAND_POWER = 1.0
+
+
+def unit_roundoff(dtype: str) -> float:
+    try:
+        return UNIT_ROUNDOFF[str(dtype)]
+    except KeyError:
+        raise ValueError(f'no unit round-off for dtype {dtype!r}: one of {list(UNIT_ROUNDOFF)}')
+
+
+def coarser(*dtypes: str) -> str:
+    """The dtype with the largest unit round-off (float32 at least)."""
+    return max(('float32', *map(str, dtypes)), key=unit_roundoff)
+
+
+def error(a, b) -> float:
+    """||a - b|| / max(||a||, ||b||) over the leaf, in float64: 0 where both are zero, inf where
+    the shapes differ or either holds a NaN or infinity."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return math.inf
+    scale = max(float(np.linalg.norm(a)), float(np.linalg.norm(b)))
+    return float(np.linalg.norm(a - b)) / scale if scale else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """The budgets of one step's quantities for two sides, from the coarser of their policies.
+
+    compute, reduce: the coarser side's dtypes; devices: the most devices a gradient is reduced
+    over on either side; modules: how many module outputs the forward records (its depth)."""
+
+    compute: str = 'float32'
+    reduce: str = 'float32'
+    devices: int = 1
+    modules: int = 1
+    terms: int = 1  # the loss is a mean of this many terms (rows x positions)
+
+    @classmethod
+    def of(cls, precisions, devices: int = 1, modules: int = 1) -> 'Budget':
+        """The budget of sides with `precisions` (shard_parity.plan.Precision each)."""
+        return cls(
+            coarser(*(p.compute for p in precisions)),
+            coarser(*(p.reduce for p in precisions)),
+            max(devices, 1),
+            max(modules, 1),
+        )
+
+    @property
+    def name(self) -> str:
+        """The coarser dtype, as the verdict names its round-off: 'bf16', 'f32'."""
+        dtype = coarser(self.compute, self.reduce)
+        return {'bfloat16': 'bf16', 'float32': 'f32', 'float16': 'f16'}.get(dtype, dtype)
+
+    def _ops(self, n: float, c: float = C_OP) -> float:
+        return c * (unit_roundoff(self.compute) + unit_roundoff('float32')) * math.sqrt(n)
+
+    def _reduce(self) -> float:
+        hops = math.log2(self.devices) + 1 if self.devices > 1 else 0
+        return C_REDUCE * unit_roundoff(self.reduce) * math.sqrt(hops)
+
+    def forward(self, k: int) -> float:
+        """The k-th (from 1) module output of the forward, in the order they finish."""
+        return self._ops(BOUNDARIES * max(k, 1))
+
+    def loss(self) -> float:
+        """A loss metric: every module's boundaries, in a mean of `terms` terms whose rounding
+        errors are independent (sqrt(terms) of them cancel), then float32's own."""
+        return C_LOSS * self._ops(BOUNDARIES * self.modules) / math.sqrt(self.terms)
+
+    def gradients(self) -> float:
+        """Each gradient leaf: the forward's boundaries and the backward's, then the collective."""
+        return self._ops(2 * BOUNDARIES * self.modules, C_GRAD) + self._reduce()
+
+    def update(self, change: float = 1.0) -> float:
+        """Each leaf of the state after the update (parameters, AdamW's moments): the error of
+        what the step added, `change` = ||after - before|| / ||after|| of the leaf (the
+        magnitude of the term, not of the result), plus float32's rounding of the sum."""
+        return C_UPDATE * self.gradients() * change + C_OP * unit_roundoff('float32')
+
+    def along(self, step: int) -> float:
+        """A figure of two runs after `step` steps: `band`."""
+        return band(self.compute, self.reduce, step)
+
+
+def change(before, after) -> float:
+    """||after - before|| / max(||after||, ||before||): how much of a leaf one step changed."""
+    return error(before, after) if np.shape(before) == np.shape(after) else 1.0
+
+
+def band(compute: str, reduce: str, step: int) -> float:
+    """The relative band of a logged figure (a loss) at `step` for two runs whose coarser
+    policy is (compute, reduce): two correct runs' |a - b| / |b| stays under it."""
+    u = unit_roundoff(compute) + unit_roundoff(reduce) + unit_roundoff('float32')
+    return BAND_0 * u * (1 + max(step, 0) / BAND_STEPS) ** BAND_POWER
