@@ -69,11 +69,14 @@ def case_inputs(model, strategy, axes, compute, reduce, extra):
 
     from shard_parity import config as cfg
     from shard_parity.mesh import mesh_for
-    from shard_parity.plan import Plan, Precision
+    from shard_parity import plan as plans
     from shard_parity.runtime import tasks
     from shard_parity.step import create_state, make_optimizer
 
-    plan = Plan(tuple(axes), strategy, precision=Precision(compute=compute, reduce=reduce))
+    plan = plans.from_config({  # the plan as a run's config.json records it
+        'strategy': strategy, 'mesh': dict(axes),
+        'model_config': {'dtype': compute, 'reduce_dtype': reduce},
+    })  # fmt: skip
     if model == 'mlp':
         config = cfg.TRAIN_DEFAULTS['mlp']
         task = tasks.mnist_task(config, None, False, cfg.MLPConfig(dtype=compute,
@@ -84,7 +87,15 @@ def case_inputs(model, strategy, axes, compute, reduce, extra):
         task = tasks.shakespeare_task(config, shape, None, False)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
-    return graphdef, task.loss_fn, tx, state, task.train_batches, plan, mesh_for(plan, AxisType.Auto)
+    return (
+        graphdef,
+        task.loss_fn,
+        tx,
+        state,
+        task.train_batches,
+        plan,
+        mesh_for(plan, AxisType.Auto),
+    )
 
 
 def run(a, b, model, strategy, axes, compute, reduce, extra, steps):
@@ -156,8 +167,11 @@ def main(argv=None) -> int:
             continue
         row = bug_row(label, report)
         rows.append(row)
-        print(f'{label:<22} {row["where"]:<44.44} {row["budgets"] or 0:>9.3g} '
-              f'{row["largest"] or 0:>9.3g}' + ('' if row['caught'] else '  MISSED'), flush=True)
+        print(
+            f'{label:<22} {row["where"]:<44.44} {row["budgets"] or 0:>9.3g} '
+            f'{row["largest"] or 0:>9.3g}' + ('' if row['caught'] else '  MISSED'),
+            flush=True,
+        )
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(rows, f, indent=1)

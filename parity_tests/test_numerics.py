@@ -76,7 +76,9 @@ def test_a_bf16_all_reduce_rounded_per_hop_sits_within_its_reduce_term(devices, 
         )
     err = numerics.error(acc.astype(np.float64), parts.sum(0))
     budget = numerics.Budget('float32', 'bfloat16', devices)._reduce()
-    print(f'bf16 ring over {devices}: error {err:.3g}, reduce term {budget:.3g} ({err / budget:.2f})')
+    print(
+        f'bf16 ring over {devices}: error {err:.3g}, reduce term {budget:.3g} ({err / budget:.2f})'
+    )
     assert 0 < err <= budget / 3
 
 

@@ -176,7 +176,11 @@ def render(r) -> str:
     if r.model:  # --tolerance=model
         how = f'{r.model.name} error model'
     if not r.diverged and not r.steps:
-        within = f'within {r.model.name} round-off (the band of docs/numerics.md)' if r.model else f'({how})'
+        within = (
+            f'within {r.model.name} round-off (the band of docs/numerics.md)'
+            if r.model
+            else f'({how})'
+        )
         return f'A={a} and B={b}: every figure both logged agrees {within}.' + notes
     if not r.diverged and r.model:
         worst = '; '.join(f'{phase} {path} at {f:.2g}' for phase, (path, f) in r.worst.items())

@@ -12,8 +12,6 @@ from shard_parity.step import as_dtype, bind
 
 from . import planted
 
-planted(globals(), dp)
-
 
 def one_short(loss_fn):
     """`loss_fn`'s mean over positions as sum / (T - 1): the loss and its metrics x T / (T - 1)."""
@@ -24,6 +22,9 @@ def one_short(loss_fn):
         return value * t / (t - 1), jax.tree.map(lambda m: m * t / (t - 1), metrics)
 
     return loss
+
+
+planted(globals(), dp)
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
