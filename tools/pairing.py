@@ -91,6 +91,7 @@ class Stretches:
             parts.append(f'{self.span(i)} ({self.plans(i)}): {said}')
         return '; '.join(parts)
 
+
     def lines(self, k: int) -> list[str]:
         """Run k's segments as `history` prints them (none for a run that did not move)."""
         return described(self.runs[k], self.ends[k])

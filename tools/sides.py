@@ -115,9 +115,7 @@ def place(side: Side, tree, batch=False):
     if side.mesh is None:
         return jax.device_put(tree, jax.devices()[0])
     return (
-        place_batch(tree, side.mesh, side.plan)
-        if batch
-        else place_state(tree, side.mesh, side.plan)
+        place_batch(tree, side.mesh, side.plan) if batch else place_state(tree, side.mesh, side.plan)
     )
 
 
