@@ -13,7 +13,8 @@ The activations come from the side's own eval_step (its own placement and shard_
 the loss under intercepted module calls. Only per-example outputs (leading dimension the batch)
 that are whole on every device are kept: under explicit tensor parallelism a column-parallel
 layer's output is one device's columns and a row-parallel one's a partial sum, which have no
-counterpart on the other side. flax's nnx.capture(method_outputs=) records outputs too, but
+counterpart on the other side; under context parallelism ('seq') an output holds one device's
+positions only, and is left out the same way. flax's nnx.capture(method_outputs=) records outputs too, but
 sorted by name; here the order they were computed in names the first layer that differs.
 
 Under --tolerance=model (the default where either side computes or reduces in less than
@@ -35,7 +36,7 @@ import numpy as np
 from flax import nnx
 
 from shard_parity import numerics
-from shard_parity.mesh import MODEL
+from shard_parity.mesh import MODEL, SEQ
 from shard_parity.model.ops import varying
 from shard_parity.step import apply_gradients
 
@@ -88,7 +89,7 @@ def recorded(loss_fn, names: list):
                 out = original(self, *args, **kwargs)
                 x = out[0] if isinstance(out, tuple) else out
                 per_example = args and getattr(args[0], 'ndim', 0) >= 2 and args[0].shape[0] == rows
-                if id(self) in paths and per_example and MODEL not in varying(x):
+                if id(self) in paths and per_example and not {MODEL, SEQ} & set(varying(x)):
                     outputs.append((paths[id(self)], x))
                 return out
 
@@ -206,7 +207,8 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report)
     common = [(p, x) for p, x in acts_a if p in acts_b]
     report.compared['forward'] = len(common)
     terms = min(np.size(x) for x in jax.tree.leaves(batch))  # the loss's: rows x positions
-    model = report.model and dataclasses.replace(report.model, modules=len(common), terms=terms)
+    depth = max(len(acts_a), len(acts_b), 1)  # the modules either side runs (seq: none compared)
+    model = report.model and dataclasses.replace(report.model, modules=depth, terms=terms)
     budget = {  # phase -> the budget of its leaves (None: not --tolerance=model)
         p: model and getattr(model, f)() for p, f in (('loss', 'loss'), ('gradients', 'gradients'),
                                                       ('update', 'update'))

@@ -56,7 +56,7 @@ def compare(path, a, b, tolerance, n_rows=1, budget=None, seen=None) -> Leaf | N
     if tolerance == 'model':
         err = numerics.error(a64, b64)
         if seen is not None:
-            seen.append((path, err / budget))
+            seen.append((path, err / budget if budget else math.inf * bool(err)))
         if err <= budget:
             return None
         bad = None  # which rows: the blocks whose own norm-wise error is beyond the budget
