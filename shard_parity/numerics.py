@@ -44,7 +44,7 @@ UNIT_ROUNDOFF = {  # u = 2^-p for p bits of significand (the implicit one counte
 }
 
 # The model's named constants (docs/numerics.md, "Calibration"): measured, not derived.
-C_OP = 2.0  # norm-wise relative error per op boundary of the forward, in units of u
+C_OP = 2.5  # norm-wise relative error per op boundary of the forward, in units of u
 BOUNDARIES = 2  # op boundaries (roundings) per recorded module output
 C_GRAD = 1.2  # ...of the backward (a gradient), in units of u
 C_LOSS = 0.02  # the loss, a mean of many terms: x (the last module's budget) / sqrt(terms)
@@ -152,3 +152,42 @@ def band(compute: str, reduce: str, step: int) -> float:
     policy is (compute, reduce): two correct runs' |a - b| / |b| stays under it."""
     u = unit_roundoff(compute) + unit_roundoff(reduce) + unit_roundoff('float32')
     return BAND_0 * u * (1 + max(step, 0) / BAND_STEPS) ** BAND_POWER
+
+
+FLIP_SHARE = 0.02  # at most this share of a mixture-of-experts layer's tokens may flip
+
+
+def tokens(x) -> np.ndarray:
+    """A layer output as (tokens, features): every leading dimension is a token's."""
+    x = np.asarray(x, np.float64)
+    return x.reshape(-1, x.shape[-1]) if x.ndim >= 2 else x.reshape(-1, 1)
+
+
+def flips(a, b, budget: float, share: float = FLIP_SHARE) -> set | None:
+    """The tokens whose expert choice flipped, where a mixture-of-experts layer's outputs a and
+    b are apart by more than `budget` only because of them: bf16 rounding can move a token's
+    router logits across its top-k boundary, and then that token's output is another expert's,
+    far beyond round-off, while every other token agrees. Removing the worst tokens one by one
+    until the rest sit within `budget`: those tokens, if at most `share` of them (at least one);
+    None where more would have to go (a bug spreads over the tokens)."""
+    ta, tb = tokens(a), tokens(b)
+    if ta.shape != tb.shape:
+        return None
+    worst = np.argsort(-((ta - tb) ** 2).sum(1))
+    keep = np.ones(len(ta), bool)
+    for n, t in enumerate(worst[: max(1, int(share * len(ta)))], 1):
+        keep[t] = False
+        if error(ta[keep], tb[keep]) <= budget:
+            return {int(i) for i in worst[:n]}
+    return None
+
+
+def without(x, gone: set) -> np.ndarray:
+    """x as (tokens, features) with the tokens in `gone` zeroed (left out of both sides' norms),
+    or x itself where its tokens are not the flipped ones' (another leading shape)."""
+    t = tokens(x)
+    if not gone or max(gone) >= len(t):
+        return np.asarray(x)
+    t = t.copy()
+    t[sorted(gone)] = 0
+    return t

@@ -172,6 +172,12 @@ def as_dict(report) -> dict:
 def render(r) -> str:
     a, b = r.twins
     notes = ''.join(f'\nnote: {n}' for n in r.notes)  # run directories: what was paired
+    notes += ''.join(
+        f'\nnote: step {step}, {layer}: {count} token{"s" * (count > 1)} took other experts '
+        '(bf16 moved its router logits across the top-k boundary): counted as flips, not a bug, '
+        'and left out of the outputs after it'
+        for step, layer, count in r.flips
+    )
     how = r.tolerance
     if r.model:  # --tolerance=model
         how = f'{r.model.name} error model'
