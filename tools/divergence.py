@@ -14,8 +14,8 @@ the loss under intercepted module calls. Only per-example outputs (leading dimen
 that are whole on every device are kept: under explicit tensor parallelism a column-parallel
 layer's output is one device's columns and a row-parallel one's a partial sum, which have no
 counterpart on the other side; under context parallelism ('seq') an output holds one device's
-positions only, and is left out the same way. flax's nnx.capture(method_outputs=) records outputs too, but
-sorted by name; here the order they were computed in names the first layer that differs.
+positions only, and is left out the same way. flax's nnx.capture(method_outputs=) records
+outputs too, but sorted by name; here the order they were computed in names the first layer that differs.
 
 Under --tolerance=model (the default where either side computes or reduces in less than
 float32) each leaf is held to its budget in shard_parity/numerics.py's error model, norm-wise:
@@ -213,10 +213,8 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     terms = min(np.size(x) for x in jax.tree.leaves(batch))  # the loss's: rows x positions
     depth = max(len(acts_a), len(acts_b), 1)  # the modules either side runs (seq: none compared)
     model = report.model and dataclasses.replace(report.model, modules=depth, terms=terms)
-    budget = {  # phase -> the budget of its leaves (None: not --tolerance=model)
-        p: model and getattr(model, f)() for p, f in (('loss', 'loss'), ('gradients', 'gradients'),
-                                                      ('update', 'update'))
-    }  # fmt: skip
+    # phase -> the budget of its leaves (None: not --tolerance=model)
+    budget = {p: model and getattr(model, p)() for p in ('loss', 'gradients')}
     seen = {p: _Seen(report, p) for p in ('forward', 'loss', 'gradients', 'update')}
     flipped = set()  # tokens whose expert choice bf16 flipped: left out downstream
     for k, (path, x) in enumerate(common, 1):
@@ -250,7 +248,7 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
         leaves += compare_trees(prefix, x, y, tolerance, update, seen['update'], before=state)
     if model:  # and the two sides' states, each leaf to the budget of its change this step
         leaves += compare_trees('A vs B: ', sa, sb, tolerance, update, seen['update'], state)
-    report.compared['update'] = 2 * len(jax.tree.leaves(sa))
+    report.compared['update'] = (3 if model else 2) * len(jax.tree.leaves(sa))
     if leaves:
         return 'update', None, leaves
     return None, None, sa
