@@ -200,6 +200,10 @@ ZOO = {  # entry: (reference, model, strategy, axes, extra, phase, layer) where 
     'loss_one_short': ('explicit', 'transformer', 'dp', calibration.DP8, {}, 'forward', None),
     'composed_data_only': ('one_device', 'transformer', 'composed',
                            (('data', 2), ('seq', 2), ('model', 2)), {}, 'gradients', None),
+    'composed_no_data': ('one_device', 'transformer', 'composed', COMPOSED, {}, 'gradients',
+                         None),
+    'ep_swapped_axes': ('explicit', 'transformer', 'ep', (('data', 2), ('expert', 2)),
+                        {'num_experts': 4, 'experts_per_token': 2}, 'forward', 'blocks.0.ffn'),
 }  # fmt: skip
 
 
