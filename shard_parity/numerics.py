@@ -48,6 +48,7 @@ C_OP = 2.5  # norm-wise relative error per op boundary of the forward, in units 
 BOUNDARIES = 2  # op boundaries (roundings) per recorded module output
 C_GRAD = 1.2  # ...of the backward (a gradient), in units of u
 C_LOSS = 0.02  # the loss, a mean of many terms: x (the last module's budget) / sqrt(terms)
+C_FLIP = 1.5  # a gradient after flips: C_FLIP x sqrt(flipped tokens / tokens)
 C_REDUCE = 3.0  # per hop of a gradient's collective, in units of the reduce dtype's u
 C_UPDATE = 2.0  # the state after the update: sqrt(the gradients' budget) x the leaf's change
 # Along a trajectory (compare's band): band(step) = BAND_0 x u x (1 + step / BAND_STEPS)^BAND_POWER
@@ -91,6 +92,7 @@ class Budget:
     devices: int = 1
     modules: int = 1
     terms: int = 1  # the loss is a mean of this many terms (rows x positions)
+    flipped: int = 0  # tokens whose expert choice flipped in this step's forward (`flips`)
 
     @classmethod
     def of(cls, precisions, devices: int = 1, modules: int = 1) -> 'Budget':
@@ -126,7 +128,8 @@ class Budget:
 
     def gradients(self) -> float:
         """Each gradient leaf: the forward's boundaries and the backward's, then the collective."""
-        return self._ops(2 * BOUNDARIES * self.modules, C_GRAD) + self._reduce()
+        flips = C_FLIP * math.sqrt(self.flipped / self.terms)  # their gradients went elsewhere
+        return self._ops(2 * BOUNDARIES * self.modules, C_GRAD) + self._reduce() + flips
 
     def update(self, change: float = 1.0) -> float:
         """Each leaf of the state after the update (parameters, AdamW's moments): the error of

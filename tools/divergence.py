@@ -231,6 +231,9 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
         leaf = compare(path, x, y, tolerance, n, allowed, seen['forward'])
         if leaf:
             return 'forward', path, [leaf]
+    if flipped:  # a flipped token's gradient went to other experts: the gradients' budget
+        model = dataclasses.replace(model, flipped=len(flipped))
+        budget = {p: getattr(model, p)() for p in ('loss', 'gradients')}
     (ma, ga), (mb, gb) = ra.loss_and_grads(state, batch), rb.loss_and_grads(state, batch)
     leaves = compare_trees('', ma, mb, tolerance, budget['loss'], seen['loss'])
     if leaves:
