@@ -59,7 +59,8 @@ def test_the_budget_follows_the_policy_the_depth_and_the_devices():
     wide = numerics.Budget('bfloat16', 'bfloat16', devices=64, modules=10)
     assert wide.gradients() > numerics.Budget('bfloat16', 'bfloat16', 8, 10).gradients()
     assert bf16.update(0.01) < bf16.update(1.0)
-    assert numerics.band('bfloat16', 'float32', 100) > numerics.band('bfloat16', 'float32', 0)
+    assert numerics.band('bfloat16', 'float32', 50) > numerics.band('bfloat16', 'float32', 0)
+    assert numerics.band('bfloat16', 'float32', 300) == numerics.band('bfloat16', 'float32', 3000)
 
 
 def test_a_flipped_token_is_told_from_a_bug_spread_over_the_tokens():
