@@ -38,9 +38,12 @@ TWINS = flags.DEFINE_list(
 )
 TOLERANCE = flags.DEFINE_enum(
     'tolerance',
-    'f32',
-    ['f32', 'bitwise'],
-    'f32: round-off (rtol 1e-5, atol 1e-6 of each leaf\'s largest value); bitwise: exact.',
+    None,
+    ['f32', 'bitwise', 'model'],
+    'f32: round-off (rtol 1e-5, atol 1e-6 of each leaf\'s largest value); bitwise: exact; '
+    'model: each leaf\'s norm-wise error against its budget in the error model of '
+    'docs/numerics.md, from both sides\' precision. Default: model where either side computes '
+    'or reduces in less than float32 (--dtype, --reduce_dtype), else f32.',
 )
 X64 = flags.DEFINE_bool(
     'x64',
@@ -83,7 +86,8 @@ def main(argv):
     sys.exit(1 if report.diverged else 0)
 
 
-def tolerance() -> str:
+def tolerance() -> str | None:
+    """The flags' tolerance; None: the sides' default (divergence.default_tolerance)."""
     return 'x64' if X64.value else TOLERANCE.value
 
 
@@ -159,6 +163,7 @@ def from_runs(run_a: str, run_b: str):
 
 def as_dict(report) -> dict:
     out = dataclasses.asdict(report)
+    out.pop('seen')  # every leaf's fraction of its budget: the calibration's, not the report's
     out['diverged'] = report.diverged
     return json.loads(json.dumps(out, default=str).replace('Infinity', '"inf"'))
 
@@ -166,11 +171,32 @@ def as_dict(report) -> dict:
 def render(r) -> str:
     a, b = r.twins
     notes = ''.join(f'\nnote: {n}' for n in r.notes)  # run directories: what was paired
+    notes += ''.join(
+        f'\nnote: step {step}, {layer}: {count} token{"s" * (count > 1)} took other experts '
+        '(bf16 moved its router logits across the top-k boundary): counted as flips, not a bug, '
+        'and left out of the outputs after it'
+        for step, layer, count in r.flips
+    )
+    how = r.tolerance
+    if r.model:  # --tolerance=model
+        how = f'{r.model.name} error model'
     if not r.diverged and not r.steps:
-        return f'A={a} and B={b}: every figure both logged agrees ({r.tolerance}).' + notes
+        within = (
+            f'within {r.model.name} round-off (the band of docs/numerics.md)'
+            if r.model
+            else f'({how})'
+        )
+        return f'A={a} and B={b}: every figure both logged agrees {within}.' + notes
+    if not r.diverged and r.model:
+        worst = '; '.join(f'{phase} {path} at {f:.2g}' for phase, (path, f) in r.worst.items())
+        return (
+            f'A={a} and B={b} agree within {r.model.name} round-off for {r.steps} steps '
+            f'(the error model, docs/numerics.md; each phase\'s largest error as a fraction of '
+            f'its budget: {worst}).' + notes
+        )
     if not r.diverged:
-        return f'A={a} and B={b} agree for {r.steps} steps ({r.tolerance}).' + notes
-    lines = [f'A={a} and B={b} diverge at step {r.step}, phase {r.phase} ({r.tolerance}).']
+        return f'A={a} and B={b} agree for {r.steps} steps ({how}).' + notes
+    lines = [f'A={a} and B={b} diverge at step {r.step}, phase {r.phase} ({how}).']
     if r.layer:
         lines.append(f'first layer whose output differs: {r.layer}')
     if r.phase == 'update':
@@ -182,6 +208,11 @@ def render(r) -> str:
             else f'max abs err {leaf.max_abs:.3g}, max rel err {leaf.max_rel:.3g}'
             + (f', B/A = {leaf.ratio:.6g} everywhere' if leaf.ratio is not None else '')
         )
+        if leaf.budgets is not None:
+            what = (
+                f'{leaf.budgets:.3g} budgets over (norm-wise error {leaf.error:.3g}, budget '
+                f'{leaf.budget:.3g}); ' + what.replace(' everywhere', ' within the budget')
+            )
         lines.append(f'  {leaf.path}: {what}')
     if len(r.leaves) > 12:
         lines.append(f'  ... and {len(r.leaves) - 12} more leaves')

@@ -11,6 +11,13 @@ one run reached, then each run's throughput. Exits non-zero if the final evaluat
 more than --max_accuracy_gap (the MLP's eval_accuracy) or --max_loss_gap (the transformer's
 eval_loss), or if any logged figure of either run is NaN or infinite.
 
+Where either run computes or reduces in less than float32 (config.json's dtype, reduce_dtype),
+each logged loss is judged against a band instead (docs/numerics.md): two runs that differ only
+in rounding stay within numerics.band(compute, reduce, step) x |the figure| of each other, a
+band that widens along the trajectory; the band is printed beside each gap, and the first loss
+outside it is a disagreement. --max_loss_gap, given, judges the final eval_loss by the fixed
+limit instead.
+
 Lines are paired by step and by the figures they carry (a step can have a train line and an eval
 line), so runs logged at different --log_every or --eval_every still line up: only the steps and
 figures both runs logged are compared, and a note says how many metrics lines of each run had no
@@ -44,7 +51,9 @@ MAX_GAP = flags.DEFINE_float(
 MAX_LOSS_GAP = flags.DEFINE_float(
     'max_loss_gap',
     0.01,
-    'Largest final eval_loss difference that counts as agreeing.',
+    'Largest final eval_loss difference that counts as agreeing. Where either run is not '
+    'float32 (--dtype, --reduce_dtype) the default is the error model\'s band instead '
+    '(docs/numerics.md); given, this limit judges the final eval_loss in its place.',
     lower_bound=0,
 )
 ALLOW = flags.DEFINE_bool(
@@ -181,6 +190,18 @@ def throughput_table(names, finals) -> list[str]:
     return rows
 
 
+def policy(names) -> tuple[str, str] | None:
+    """(compute, reduce) of the coarser of the two runs' policies (their config.json), or None
+    where both are float32 (or unknown): then the fixed limits judge."""
+    from shard_parity import numerics
+
+    found = [settings.settings(n) or {} for n in names]
+    dtypes = [f.get('model_config', {}) for f in found]
+    compute = numerics.coarser(*(d.get('dtype', 'float32') for d in dtypes))
+    reduce = numerics.coarser(*(d.get('reduce_dtype', 'float32') for d in dtypes))
+    return None if compute == reduce == 'float32' else (compute, reduce)
+
+
 def main(argv):
     if len(argv) != 3:
         refuse(f'expected two workdirs, got {len(argv) - 1}; {USAGE}')
@@ -191,8 +212,12 @@ def main(argv):
     a, b = read(names[0]), read(names[1])
     (va, since_a), (vb, since_b) = figures(a), figures(b)
     parts = pairing.Stretches(*map(settings.settings, names))  # each run's segments
-    print(f'{"step":>6} {"figure":<14} {names[0]:>22} {names[1]:>22} {"|difference|":>13}')
-    worst, compared, windows, crossing = 0.0, 0, 0, 0
+    model = policy(names)
+    if model:
+        from shard_parity import numerics
+    band = f' {"band":>10}' if model else ''
+    print(f'{"step":>6} {"figure":<14} {names[0]:>22} {names[1]:>22} {"|difference|":>13}{band}')
+    worst, compared, windows, crossing, outside = 0.0, 0, 0, 0, None
     for step, key in sorted(va.keys() & vb.keys(), key=lambda sk: (sk[0], KEYS.index(sk[1]))):
         if heading := parts.heading(step):
             print(heading)
@@ -206,7 +231,14 @@ def main(argv):
             parts.record(step, gap)
             if kind(key) == 'train' and parts.crosses(since_a.get(step), step):
                 mark, crossing = ' ~', crossing + 1
-        print(f'{step:>6} {key:<14} {x:>22.9g} {y:>22.9g} {gap:>13.3g}{mark}')
+        cell = ''
+        if model and key.endswith('_loss'):  # the band: relative to the figure, widening
+            allowed = numerics.band(*model, step) * max(abs(x), abs(y))
+            cell = f' {allowed:>10.3g}'
+            if not mark.strip() and not gap <= allowed:
+                cell += ' !'
+                outside = outside or (step, key, gap, allowed)
+        print(f'{step:>6} {key:<14} {x:>22.9g} {y:>22.9g} {gap:>13.3g}{cell}{mark}')
     if windows:
         print(
             f'* {windows} train figure{"s" * (windows > 1)} averaged over different steps (the '
@@ -250,6 +282,13 @@ def main(argv):
         if key not in f:
             refuse(f'the final line of {name}/metrics.jsonl has no {key}')
     gap = abs(fa[key] - fb[key])
+    limit_text = f'--{limit.name}={limit.value}'
+    if model and key == 'eval_loss' and not MAX_LOSS_GAP.present:  # the band's, at the end
+        step = max(int(fa['step']), int(fb['step']))
+        allowed = numerics.band(*model, step) * max(abs(fa[key]), abs(fb[key]))
+        limit_text = f'the {"/".join(model)} band {allowed:.3g} (docs/numerics.md)'
+    else:
+        allowed = limit.value
     if not compared:
         verdict = 'none in common'
     else:
@@ -263,8 +302,16 @@ def main(argv):
     )
     if table := throughput_table(names, (fa, fb)):
         print('\n' + '\n'.join(table))
-    if gap > limit.value:
-        refuse(f'final {key} values differ by {gap:.4f} > --{limit.name}={limit.value}', DISAGREE)
+    if model and not MAX_LOSS_GAP.present:
+        print(f'band: two runs that differ only in rounding ({"/".join(model)}, the coarser '
+              'policy) stay within it (docs/numerics.md)')  # fmt: skip
+    if outside and not MAX_LOSS_GAP.present:
+        step, figure, far, allowed_there = outside
+        refuse(f'{figure} at step {step} differs by {far:.3g}, outside the band {allowed_there:.3g} '
+               f'({far / allowed_there:.3g} bands): more than {"/".join(model)} round-off',
+               DISAGREE)  # fmt: skip
+    if gap > allowed:
+        refuse(f'final {key} values differ by {gap:.4f} > {limit_text}', DISAGREE)
 
 
 if __name__ == '__main__':

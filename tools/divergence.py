@@ -13,8 +13,14 @@ The activations come from the side's own eval_step (its own placement and shard_
 the loss under intercepted module calls. Only per-example outputs (leading dimension the batch)
 that are whole on every device are kept: under explicit tensor parallelism a column-parallel
 layer's output is one device's columns and a row-parallel one's a partial sum, which have no
-counterpart on the other side. flax's nnx.capture(method_outputs=) records outputs too, but
-sorted by name; here the order they were computed in names the first layer that differs.
+counterpart on the other side; under context parallelism ('seq') an output holds one device's
+positions only, and is left out the same way. flax's nnx.capture(method_outputs=) records
+outputs too, but sorted by name; here the order they were computed in names the first layer that differs.
+
+Under --tolerance=model (the default where either side computes or reduces in less than
+float32) each leaf is held to its budget in shard_parity/numerics.py's error model, norm-wise:
+the k-th module output to forward(k), the loss to loss(), each gradient leaf to gradients(), the
+state after the update to update(); the report keeps each phase's largest error / budget.
 
 The sides themselves (a twin, a module of yours, one device; placed on their meshes) are
 tools/sides.py's; how two leaves differ and what that points to, tools/leaves.py's.
@@ -29,7 +35,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from shard_parity.mesh import MODEL
+from shard_parity import numerics
+from shard_parity.mesh import MODEL, SEQ
 from shard_parity.model.ops import varying
 from shard_parity.step import apply_gradients
 
@@ -65,7 +72,7 @@ def layers_named(root, paths: dict):
         type(root).layers = layers
 
 
-def recorded(loss_fn, names: list):
+def recorded(loss_fn, names: list, kinds: dict | None = None):
     """An eval_fn(model, batch) for eval_step: runs `loss_fn` and returns the per-example outputs
     of every module, in the order they finished; their paths go into `names` while tracing."""
 
@@ -73,7 +80,7 @@ def recorded(loss_fn, names: list):
         root = model.func if isinstance(model, functools.partial) else model
         paths = {id(m): '.'.join(map(str, p)) or 'model' for p, m in nnx.iter_modules(root)}
         rows = next(iter(batch.values())).shape[0]  # this device's rows
-        outputs, originals = [], {}
+        outputs, originals, classes = [], {}, {}
 
         def wrap(cls):
             original = originals[cls] = cls.__call__
@@ -82,8 +89,9 @@ def recorded(loss_fn, names: list):
                 out = original(self, *args, **kwargs)
                 x = out[0] if isinstance(out, tuple) else out
                 per_example = args and getattr(args[0], 'ndim', 0) >= 2 and args[0].shape[0] == rows
-                if id(self) in paths and per_example and MODEL not in varying(x):
+                if id(self) in paths and per_example and not {MODEL, SEQ} & set(varying(x)):
                     outputs.append((paths[id(self)], x))
+                    classes[paths[id(self)]] = type(self).__name__
                 return out
 
             cls.__call__ = call
@@ -97,6 +105,8 @@ def recorded(loss_fn, names: list):
             for cls, original in originals.items():
                 cls.__call__ = original
         names[:] = [n for n, _ in outputs]
+        if kinds is not None:  # each output's module class: a 'MoE' may flip tokens
+            kinds.update(classes)
         return tuple(x for _, x in outputs)
 
     return capture
@@ -118,6 +128,10 @@ class Report:
     hints: list = dataclasses.field(default_factory=list)
     compared: dict = dataclasses.field(default_factory=dict)  # phase -> leaves compared per step
     notes: list = dataclasses.field(default_factory=list)  # run directories: what was paired
+    model: numerics.Budget | None = None  # --tolerance=model: the two sides' error model
+    worst: dict = dataclasses.field(default_factory=dict)  # phase -> [leaf, error / budget]
+    seen: list = dataclasses.field(default_factory=list, repr=False)  # (phase, leaf, fraction)
+    flips: list = dataclasses.field(default_factory=list)  # [step, MoE layer, tokens flipped]
 
     @property
     def diverged(self) -> bool:
@@ -130,11 +144,11 @@ class Runner:
 
     def __init__(self, side: Side, graphdef, loss_fn, tx, label='A'):
         self.side, self.graphdef, self.loss_fn, self.tx = side, graphdef, loss_fn, tx
-        self.names, self.label = [], label
+        self.names, self.label, self.kinds = [], label, {}
 
     @functools.cached_property
     def forward(self):
-        capture = recorded(self.loss_fn, self.names)
+        capture = recorded(self.loss_fn, self.names, self.kinds)
         return self.side.module.eval_step(self.graphdef, capture, self.side.mesh, self.side.plan)
 
     @functools.cached_property
@@ -169,30 +183,75 @@ def _rows(a: Side, b: Side) -> int:
     return max((math.prod(p.size(x) for x in p.rows) for p in blocks), default=1)
 
 
-def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report) -> tuple:
+def _devices(a: Side, b: Side) -> int:
+    """The most devices a gradient is reduced over (the batch axes': rows and positions)."""
+    blocks = [s.plan for s in (a, b) if s.mesh]
+    return max((math.prod(p.size(x) for x in p.batch_axes) for p in blocks), default=1)
+
+
+class _Seen(list):
+    """The (leaf, error / budget) pairs of one phase, into the report's worst and seen."""
+
+    def __init__(self, report, phase):
+        super().__init__()
+        self.report, self.phase = report, phase
+
+    def append(self, item):
+        path, fraction = item
+        self.report.seen.append((self.phase, path, fraction))
+        worst = self.report.worst.get(self.phase)
+        if worst is None or not fraction <= worst[1]:
+            self.report.worst[self.phase] = [path, fraction]
+
+
+def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report, step=None):
     """(phase, layer, differing leaves) of one step from `state`, or (None, None, A's state)."""
     n = _rows(ra.side, rb.side)
     acts_a, acts_b = ra.activations(state, batch), dict(rb.activations(state, batch))
     common = [(p, x) for p, x in acts_a if p in acts_b]
     report.compared['forward'] = len(common)
-    for path, x in common:
-        leaf = compare(path, x, acts_b[path], tolerance, n)
+    terms = min(np.size(x) for x in jax.tree.leaves(batch))  # the loss's: rows x positions
+    depth = max(len(acts_a), len(acts_b), 1)  # the modules either side runs (seq: none compared)
+    model = report.model and dataclasses.replace(report.model, modules=depth, terms=terms)
+    # phase -> the budget of its leaves (None: not --tolerance=model)
+    budget = {p: model and getattr(model, p)() for p in ('loss', 'gradients')}
+    seen = {p: _Seen(report, p) for p in ('forward', 'loss', 'gradients', 'update')}
+    flipped = set()  # tokens whose expert choice bf16 flipped: left out downstream
+    for k, (path, x) in enumerate(common, 1):
+        y = acts_b[path]
+        if flipped:
+            x, y = numerics.without(x, flipped), numerics.without(y, flipped)
+        allowed = model and model.forward(k)
+        if model and ra.kinds.get(path) == 'MoE' and numerics.error(x, y) > allowed:
+            found = numerics.flips(x, y, allowed)  # a few tokens' top-k flipped by rounding?
+            if found:
+                flipped |= found
+                report.flips.append([step, path, len(found)])
+                x, y = numerics.without(x, flipped), numerics.without(y, flipped)
+        leaf = compare(path, x, y, tolerance, n, allowed, seen['forward'])
         if leaf:
             return 'forward', path, [leaf]
+    if flipped:  # a flipped token's gradient went to other experts: the gradients' budget
+        model = dataclasses.replace(model, flipped=len(flipped))
+        budget = {p: getattr(model, p)() for p in ('loss', 'gradients')}
     (ma, ga), (mb, gb) = ra.loss_and_grads(state, batch), rb.loss_and_grads(state, batch)
-    leaves = compare_trees('', ma, mb, tolerance)
+    leaves = compare_trees('', ma, mb, tolerance, budget['loss'], seen['loss'])
     if leaves:
         return 'forward', None, leaves
-    leaves = compare_trees('', ga, gb, tolerance)
+    leaves = compare_trees('', ga, gb, tolerance, budget['gradients'], seen['gradients'])
     report.compared['gradients'] = len(leaves) or len(jax.tree.leaves(ga))
     if leaves:
         return 'gradients', None, leaves
     # AdamW divides by sqrt(v): gradients equal to round-off can give updates that differ far
     # more. So each side's train_step is held to what its own gradient makes of the state.
+    leaves = []
     (sa, _), (sb, _) = ra.train_step(state, batch), rb.train_step(state, batch)
-    leaves = compare_trees('A: ', apply(state, ga), sa, tolerance)
-    leaves += compare_trees('B: ', apply(state, gb), sb, tolerance)
-    report.compared['update'] = 2 * len(jax.tree.leaves(sa))
+    update = model and (lambda before, after: model.update(numerics.change(before, after)))
+    for prefix, x, y in (('A: ', apply(state, ga), sa), ('B: ', apply(state, gb), sb)):
+        leaves += compare_trees(prefix, x, y, tolerance, update, seen['update'], before=state)
+    if model:  # and the two sides' states, each leaf to the budget of its change this step
+        leaves += compare_trees('A vs B: ', sa, sb, tolerance, update, seen['update'], state)
+    report.compared['update'] = (3 if model else 2) * len(jax.tree.leaves(sa))
     if leaves:
         return 'update', None, leaves
     return None, None, sa
@@ -207,15 +266,21 @@ def bisect(
     state,
     batches,
     steps,
-    tolerance='f32',
+    tolerance=None,
     start=0,
     state_b=None,
 ) -> Report:
     """Steps A and B side by side from `state` (B from `state_b` if given, e.g. its own
-    checkpoint) on batches start..start+steps-1; stops at the first divergence."""
+    checkpoint) on batches start..start+steps-1; stops at the first divergence. `tolerance`
+    None: 'model' where either side's policy is not float32 throughout, else 'f32'."""
+    tolerance = tolerance or default_tolerance(a, b)
     report = Report((a.name, b.name), tolerance, 0)
+    if tolerance == 'model':
+        report.model = numerics.Budget.of([a.plan.precision, b.plan.precision], _devices(a, b))
     if state_b is not None:
-        leaves = compare_trees('', state, state_b, tolerance)
+        model = report.model  # two runs' checkpoints: their trajectories' band at `start`
+        allowed = model and max(model.update(), model.along(start))
+        leaves = compare_trees('', state, state_b, tolerance, allowed)
         if leaves:
             return _diverged(report, start, 'state', None, leaves, a, b)
     ra, rb = Runner(a, graphdef, loss_fn, tx, 'A'), Runner(b, graphdef, loss_fn, tx, 'B')
@@ -226,12 +291,19 @@ def bisect(
 
     for i in range(start, start + steps):
         batch = batches.batch(i)
-        phase, layer, out = compare_step(ra, rb, apply, state, batch, tolerance, report)
+        phase, layer, out = compare_step(ra, rb, apply, state, batch, tolerance, report, i)
         report.steps += 1
         if phase:
             return _diverged(report, i, phase, layer, out, a, b)
         state = out
     return report
+
+
+def default_tolerance(a: Side, b: Side) -> str:
+    """'model' where either side computes or reduces in less than float32, else 'f32'."""
+    policies = [s.plan.precision for s in (a, b)]
+    return 'model' if numerics.coarser(*(p.compute for p in policies),
+                                       *(p.reduce for p in policies)) != 'float32' else 'f32'  # fmt: skip
 
 
 def _diverged(report, step, phase, layer, leaves, a, b) -> Report:

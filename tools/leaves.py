@@ -4,7 +4,9 @@ and of its run-directory mode (tools/runs.py: logged figures).
 
 A leaf differs when some element is off by more than rtol x itself + atol x the leaf's largest
 magnitude (NaN always differs); a ratio B / A that is the same everywhere, or rows that differ on
-some devices only, are named, and `hints` says what such a pattern usually means."""
+some devices only, are named, and `hints` says what such a pattern usually means. Under
+--tolerance=model (shard_parity/numerics.py) a leaf differs when its norm-wise relative error
+exceeds its budget, which the caller gives."""
 
 import dataclasses
 import itertools
@@ -13,6 +15,7 @@ import math
 import jax
 import numpy as np
 
+from shard_parity import numerics
 from shard_parity.mesh import MODEL
 from shard_parity.plan import BATCH_AXES, ROWS
 
@@ -28,10 +31,20 @@ class Leaf:
     ratio: float | None = None  # B / A, when constant over the leaf
     shapes: tuple | None = None  # (A's, B's) when they differ
     blocks: list | None = None  # which devices' rows differ, when only some do
+    error: float | None = None  # --tolerance=model: ||A - B|| / max(||A||, ||B||)
+    budget: float | None = None  # ...and the error model's budget for it
+
+    @property
+    def budgets(self) -> float | None:
+        """How many budgets the error is (--tolerance=model)."""
+        if self.error is None or not self.budget:
+            return None
+        return self.error / self.budget
 
 
-def compare(path, a, b, tolerance, n_rows=1) -> Leaf | None:
-    """None when a and b agree under `tolerance`; else how they differ."""
+def compare(path, a, b, tolerance, n_rows=1, budget=None, seen=None) -> Leaf | None:
+    """None when a and b agree under `tolerance`; else how they differ. Under 'model', `budget`
+    is the leaf's (numerics.Budget's), and (path, error / budget) goes into `seen`, a list."""
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         return Leaf(path, float('inf'), float('inf'), shapes=(a.shape, b.shape))
@@ -39,18 +52,43 @@ def compare(path, a, b, tolerance, n_rows=1) -> Leaf | None:
         return None
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     diff = np.abs(a64 - b64)
-    rtol, atol = TOLERANCES[tolerance]
     scale = max(np.abs(a64).max(initial=0), np.abs(b64).max(initial=0))
-    bad = ~(diff <= atol * scale + rtol * np.abs(a64))  # NaN counts as differing
-    if tolerance != 'bitwise' and not bad.any():
-        return None
+    if tolerance == 'model':
+        err = numerics.error(a64, b64)
+        if seen is not None:
+            seen.append((path, err / budget if budget else math.inf * bool(err)))
+        if err <= budget:
+            return None
+        bad = None  # which rows: the blocks whose own norm-wise error is beyond the budget
+    else:
+        rtol, atol = TOLERANCES[tolerance]
+        bad = ~(diff <= atol * scale + rtol * np.abs(a64))  # NaN counts as differing
+        if tolerance != 'bitwise' and not bad.any():
+            return None
     rel = diff / np.maximum(np.abs(a64), np.finfo(np.float64).tiny)
-    leaf = Leaf(path, float(np.nanmax(diff)), float(np.nanmax(rel)), _ratio(a64, b64, scale))
+    ratio = _ratio(a64, b64, scale) if tolerance != 'model' else _scale(a64, b64, budget)
+    leaf = Leaf(path, float(np.nanmax(diff)), float(np.nanmax(rel)), ratio)
+    if tolerance == 'model':
+        leaf.error, leaf.budget = err, budget
     if n_rows > 1 and a.ndim and a.shape[0] % n_rows == 0:
-        per_block = bad.reshape(n_rows, -1).any(1)
+        if bad is None:
+            pairs = zip(a64.reshape(n_rows, -1), b64.reshape(n_rows, -1))
+            per_block = np.array([numerics.error(x, y) > budget for x, y in pairs])
+        else:
+            per_block = bad.reshape(n_rows, -1).any(1)
         if 0 < per_block.sum() < n_rows:
             leaf.blocks = [int(i) for i in np.flatnonzero(per_block)]
     return leaf
+
+
+def _scale(a, b, budget) -> float | None:
+    """B / A when B is a multiple of A within the norm-wise budget (the model's `_ratio`: one
+    element of a bf16 leaf can be off by far more than 1e-3)."""
+    aa = float(np.vdot(a, a)) if np.isfinite(a).all() and np.isfinite(b).all() else 0.0
+    if not aa:
+        return None
+    r = float(np.vdot(a, b)) / aa
+    return r if r and numerics.error(r * a, b) <= budget else None
 
 
 def _ratio(a, b, scale) -> float | None:
@@ -71,10 +109,14 @@ def named_leaves(tree) -> list:
     return [('.'.join(name(k) for k in path if name(k) != 'value'), x) for path, x in flat]
 
 
-def compare_trees(prefix, a, b, tolerance) -> list[Leaf]:
+def compare_trees(prefix, a, b, tolerance, budget=None, seen=None, before=None) -> list[Leaf]:
+    """The leaves of a and b that differ. With `before` (the tree a and b were made from),
+    `budget` is a function of (before's leaf, b's leaf): the model's budget of the change."""
     out = []
-    for (path, x), (_, y) in zip(named_leaves(a), named_leaves(b), strict=True):
-        leaf = compare(f'{prefix}{path}', x, y, tolerance)
+    olds = [x for _, x in named_leaves(before)] if before is not None else None
+    for i, ((path, x), (_, y)) in enumerate(zip(named_leaves(a), named_leaves(b), strict=True)):
+        allowed = budget(olds[i], y) if olds is not None and budget else budget
+        leaf = compare(f'{prefix}{path}', x, y, tolerance, budget=allowed, seen=seen)
         if leaf:
             out.append(leaf)
     return out

@@ -11,7 +11,7 @@ import json
 import pathlib
 import sys
 
-from shard_parity import UsageError
+from shard_parity import UsageError, numerics
 from shard_parity.mesh import mesh_for
 from shard_parity.runtime import checkpoint, segments, tasks
 from shard_parity import config as cfg
@@ -90,7 +90,7 @@ def different_settings(a: dict, b: dict) -> list[str]:
     return diffs
 
 
-def first_difference(lines_a: dict, lines_b: dict, tolerance: str):
+def first_difference(lines_a: dict, lines_b: dict, tolerance: str, policy=None):
     """(first logged step whose shared figures differ, or None; the last step that agreed; the
     steps whose train figures were not compared). A train figure is compared only with one
     averaged over the same steps (tools/pairing.py)."""
@@ -102,7 +102,8 @@ def first_difference(lines_a: dict, lines_b: dict, tolerance: str):
             keys = [k for k in keys if not k.startswith('train_')]  # paired with like only
             skipped += [step] * (step in since[0] and step in since[1])
         for key in keys:
-            if leaves.compare(key, [lines_a[step][key]], [lines_b[step][key]], tolerance):
+            band = policy and numerics.band(*policy, step)  # --tolerance=model: the band
+            if leaves.compare(key, [lines_a[step][key]], [lines_b[step][key]], tolerance, 1, band):
                 return step, agreed, skipped
         agreed = step
     return None, agreed, skipped
@@ -117,9 +118,17 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
         raise UsageError(
             f'{run_a} and {run_b} were trained with other settings: ' + '; '.join(diffs)
         )
-    step, agreed, skipped = first_difference(lines_a, lines_b, tolerance)
+    shapes = [s['model_config'] for s in (saved_a, saved_b)]  # each run's compute and reduce
+    policy = (numerics.coarser(*(m.get('dtype', 'float32') for m in shapes)),
+              numerics.coarser(*(m.get('reduce_dtype', 'float32') for m in shapes)))  # fmt: skip
+    if tolerance is None:  # the error model where either run is not float32 throughout
+        tolerance = 'model' if numerics.coarser(*policy) != 'float32' else 'f32'
+    policy = policy if tolerance == 'model' else None
+    step, agreed, skipped = first_difference(lines_a, lines_b, tolerance, policy)
     if step is None:
         report = D.Report((run_a, run_b), tolerance, 0)
+        if policy:
+            report.model = numerics.Budget(*policy)
         report.notes = window_notes(skipped) + segment_notes(pairing.Stretches(saved_a, saved_b))
         return report
     common = sorted(set(checkpoint.steps(run_a)) & set(checkpoint.steps(run_b)))

@@ -1,0 +1,242 @@
+"""Claim: the error model (shard_parity/numerics.py, docs/numerics.md) tells bf16 round-off from
+a bug. Correct bf16 twins agree with one device within their budgets (the bisector exits 0
+where the f32 tolerance cannot), the bug zoo's entries are still caught in bf16, each by 10
+budgets or more, and compare's band passes runs that differ by rounding and fails a doubled
+learning rate. The tests print the processor's bf16 support: the budget must hold with and
+without avx512_bf16 (XLA:CPU runs bf16 dots natively where it has it)."""
+
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from benchmarks import numerics as calibration
+from parity_tests.helpers import REPO
+from shard_parity import numerics
+from shard_parity.tools import runs
+
+COMPOSED = (('data', 2), ('fsdp', 2), ('model', 2))
+
+
+def cpu_bf16() -> str:
+    try:
+        flags = set(pathlib.Path('/proc/cpuinfo').read_text().split())
+    except OSError:
+        return 'unknown (no /proc/cpuinfo)'
+    found = [f for f in ('avx512_bf16', 'amx_bf16') if f in flags]
+    return ', '.join(found) or 'neither avx512_bf16 nor amx_bf16 (bf16 dots upcast)'
+
+
+def test_processor_bf16_support_is_printed(capsys):
+    print(f'processor bf16: {cpu_bf16()}')  # the header line docs/numerics.md asks for
+    assert 'bf16' in capsys.readouterr().out
+
+
+def test_the_statistic_is_norm_wise_and_names_what_it_cannot_compare():
+    a = np.array([1.0, 1e-6, -2.0])
+    b = a.copy()
+    b[1] = 1e-3  # one element off by 1e3 relative: per element a bug, norm-wise round-off
+    assert numerics.error(a, b) < 1e-3
+    assert numerics.error(a, 2 * a) == pytest.approx(0.5)
+    assert numerics.error(np.zeros(3), np.zeros(3)) == 0.0
+    assert numerics.error(a, [np.nan, 0, 0]) == math.inf
+    assert numerics.error(a, a[:2]) == math.inf
+    assert numerics.coarser('float32', 'bfloat16') == 'bfloat16'
+    with pytest.raises(ValueError, match="no unit round-off for dtype 'int8'"):
+        numerics.unit_roundoff('int8')
+
+
+def test_the_budget_follows_the_policy_the_depth_and_the_devices():
+    f32 = numerics.Budget(modules=10)
+    bf16 = numerics.Budget('bfloat16', modules=10)
+    assert bf16.gradients() > 1e4 * f32.gradients()  # 2^-8 against 2^-24
+    assert bf16.forward(1) < bf16.forward(9) and bf16.loss() < bf16.forward(10)
+    wide = numerics.Budget('bfloat16', 'bfloat16', devices=64, modules=10)
+    assert wide.gradients() > numerics.Budget('bfloat16', 'bfloat16', 8, 10).gradients()
+    assert bf16.update(0.01) < bf16.update(1.0)
+    assert numerics.band('bfloat16', 'float32', 50) > numerics.band('bfloat16', 'float32', 0)
+    assert numerics.band('bfloat16', 'float32', 300) == numerics.band('bfloat16', 'float32', 3000)
+
+
+def test_a_flipped_token_is_told_from_a_bug_spread_over_the_tokens():
+    """A mixture of experts in bf16: one token of 256 that took another expert is a flip (the
+    rest within budget); the same error spread over every token is not."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((16, 16, 32))
+    b = a * (1 + 1e-3 * rng.standard_normal(a.shape))
+    budget = 1e-2
+    assert numerics.error(a, b) < budget
+    flipped = b.copy()
+    flipped[3, 5] = rng.standard_normal(32) * 3  # token 3 x 16 + 5: another expert's output
+    assert numerics.error(a, flipped) > budget
+    assert numerics.flips(a, flipped, budget) == {3 * 16 + 5}
+    assert numerics.error(numerics.without(a, {53}), numerics.without(flipped, {53})) < budget
+    spread = a * 1.1  # every token 10% off: a bug
+    assert numerics.flips(a, spread, budget) is None
+
+
+@pytest.mark.parametrize('devices', [2, 8, 64])
+def test_a_bf16_all_reduce_rounded_per_hop_sits_within_its_reduce_term(devices, capsys):
+    """XLA:CPU carries a bf16 all-reduce in f32, so the CPU cannot show the reduce term: this
+    emulates a ring that rounds to bf16 after every hop (the partial sum passed on), over
+    gradients of one leaf per device, against the exact sum."""
+    rng = np.random.default_rng(devices)
+    parts = rng.standard_normal((devices, 4096)) * (1 + rng.random((devices, 1)))
+    acc = parts[0].astype(ml_dtypes.bfloat16)
+    for p in parts[1:]:  # one hop: add this device's part, round what is sent on
+        acc = (acc.astype(np.float32) + p.astype(ml_dtypes.bfloat16).astype(np.float32)).astype(
+            ml_dtypes.bfloat16
+        )
+    err = numerics.error(acc.astype(np.float64), parts.sum(0))
+    budget = numerics.Budget('float32', 'bfloat16', devices)._reduce()
+    print(
+        f'bf16 ring over {devices}: error {err:.3g}, reduce term {budget:.3g} ({err / budget:.2f})'
+    )
+    assert 0 < err <= budget / 3
+
+
+def test_run_directories_are_held_to_the_band_along_the_steps():
+    """tools/runs.py's first_difference: a logged loss within the bf16 band at its step agrees;
+    the same gap at step 0, or ten bands out later, is the first difference."""
+    policy = ('bfloat16', 'float32')
+    gap = numerics.band(*policy, 50) * 3.0 * 0.9  # within the band at step 50 for a loss of 3
+    a = {0: {'step': 0, 'train_loss': 3.0}, 50: {'step': 50, 'train_loss': 3.0}}
+    b = {0: {'step': 0, 'train_loss': 3.0}, 50: {'step': 50, 'train_loss': 3.0 + gap}}
+    assert runs.first_difference(a, b, 'model', policy)[0] is None
+    assert runs.first_difference(a, b, 'f32')[0] == 50  # the f32 tolerance calls it different
+    b[0]['train_loss'] = 3.0 + gap
+    assert runs.first_difference(a, b, 'model', policy)[0] == 0
+
+
+def workdir(tmp_path, name, dtype, losses):
+    path = tmp_path / name
+    path.mkdir()
+    config = {'model': 'transformer', 'model_config': {'dtype': dtype}, 'train': {}}
+    (path / 'config.json').write_text(json.dumps(config))
+    lines = [{'step': s, 'train_loss': x} for s, x in losses]
+    lines.append({'step': losses[-1][0], 'final': True, 'eval_loss': losses[-1][1]})
+    (path / 'metrics.jsonl').write_text(''.join(json.dumps(x) + '\n' for x in lines))
+    return path
+
+
+def compare(*args):
+    cmd = [sys.executable, '-m', 'tools.compare', *map(str, args)]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+
+
+def test_compare_judges_bf16_runs_by_the_band_and_prints_it(tmp_path):
+    steps = [(10, 3.0), (100, 2.5)]
+    inside = numerics.band('bfloat16', 'float32', 10) * 3.0 / 2  # half the band at step 10
+    a = workdir(tmp_path, 'a', 'bfloat16', steps)
+    b = workdir(tmp_path, 'b', 'bfloat16', [(10, 3.0 + inside), (100, 2.5)])
+    done = compare(a, b)
+    assert done.returncode == 0, done.stderr
+    assert ' band' in done.stdout.splitlines()[0] and 'band: two runs' in done.stdout
+    far = workdir(tmp_path, 'far', 'bfloat16', [(10, 3.0 + 10 * 2 * inside), (100, 2.5)])
+    done = compare(a, far)
+    assert done.returncode == 1
+    assert 'train_loss at step 10 differs by' in done.stderr and 'outside the band' in done.stderr
+    assert compare(a, far, '--max_loss_gap=0.01').returncode == 0  # the fixed limit, given
+    f32 = workdir(tmp_path, 'f32a', 'float32', steps)
+    f32_far = workdir(tmp_path, 'f32b', 'float32', [(10, 3.0 + 10 * 2 * inside), (100, 2.5)])
+    assert ' band' not in compare(f32, f32_far).stdout  # float32: the fixed limits, as before
+
+
+# --- the bisector on bf16 twins (slow: each compiles two sides) ---
+
+
+def bisect(a, b, model, strategy, axes, extra=None, steps=2, compute='bfloat16'):
+    return calibration.run(a, b, model, strategy, axes, compute, 'float32', extra or {}, steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('twin', ['auto', 'explicit', 'typed'])
+def test_correct_bf16_twins_agree_with_one_device_within_the_model(twin):
+    """2 steps of the tiny transformer on data:2,fsdp:2,model:2: within budget, where their
+    gradients differ by far more than the f32 tolerance (rtol 1e-5) allows."""
+    report = bisect('one_device', twin, 'transformer', 'composed', COMPOSED)
+    print(f'processor bf16: {cpu_bf16()}; {twin}: {report.worst}')
+    assert report.tolerance == 'model' and not report.diverged and report.steps == 2
+    fractions = [f for phase, _, f in report.seen if phase == 'gradients']
+    assert max(fractions) <= 1 / 3, report.worst  # the calibration's criterion
+    budget = numerics.Budget('bfloat16', modules=report.compared['forward']).gradients()
+    assert max(fractions) * budget > 1e-4  # they do differ: round-off, not equality
+
+
+@pytest.mark.slow
+def test_context_parallel_and_expert_meshes_agree_with_flips_counted():
+    """data:2,seq:2,model:2 (the forward's outputs split over 'seq' are left out, as tp's are:
+    at f32 too they were a false alarm on their shapes) and data:2,expert:2,model:2 with 4
+    experts, where bf16 flips some tokens' top-2 choice: exit 0, each flip counted."""
+    seq = bisect('one_device', 'explicit', 'transformer', 'composed',
+                 (('data', 2), ('seq', 2), ('model', 2)))  # fmt: skip
+    assert not seq.diverged, (seq.leaves, seq.worst)
+    moe = bisect('one_device', 'explicit', 'transformer', 'composed',
+                 (('data', 2), ('expert', 2), ('model', 2)),
+                 {'num_experts': 4, 'experts_per_token': 2})  # fmt: skip
+    print(f'moe: {moe.worst}; flips {moe.flips}')
+    assert not moe.diverged, moe.leaves
+    assert moe.flips and all(count <= 5 for _, _, count in moe.flips), moe.flips
+
+
+@pytest.mark.slow
+def test_the_mlp_under_dp_agrees_within_the_model():
+    report = bisect('one_device', 'explicit', 'mlp', 'dp', calibration.DP8)
+    assert report.tolerance == 'model' and not report.diverged, report.leaves
+
+
+ZOO = {  # entry: (reference, model, strategy, axes, extra, phase, layer) where f32 catches it
+    'dp_psum': ('explicit', 'mlp', 'dp', calibration.DP8, {}, 'gradients', None),
+    'scatter_no_div': ('one_device', 'mlp', 'fsdp', (('fsdp', 8), ('model', 1)), {},
+                       'gradients', None),
+    'dropout_key': ('tools.zoo.dropout', 'mlp', 'dp', calibration.DP8, {}, 'forward',
+                    'layers.0'),
+    'tp_pmean': ('auto', 'transformer', 'tp', (('data', 4), ('model', 2)), {}, 'forward',
+                 'blocks.0.attn'),
+    'loss_one_short': ('explicit', 'transformer', 'dp', calibration.DP8, {}, 'forward', None),
+    'composed_data_only': ('one_device', 'transformer', 'composed',
+                           (('data', 2), ('seq', 2), ('model', 2)), {}, 'gradients', None),
+    'composed_no_data': ('one_device', 'transformer', 'composed', COMPOSED, {}, 'gradients',
+                         None),
+    'ep_swapped_axes': ('explicit', 'transformer', 'ep', (('data', 2), ('expert', 2)),
+                        {'num_experts': 4, 'experts_per_token': 2}, 'forward', 'blocks.0.ffn'),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('bug', ZOO)
+def test_the_zoo_is_caught_in_bf16_by_ten_budgets(bug):
+    reference, model, strategy, axes, extra, phase, layer = ZOO[bug]
+    report = bisect(reference, f'tools.zoo.{bug}', model, strategy, axes, extra, steps=1)
+    leaf = report.leaves[0]
+    print(f'{bug}: step {report.step} {report.phase} {leaf.path}: {leaf.budgets:.3g} budgets')
+    assert (report.step, report.phase, report.layer) == (0, phase, layer)
+    assert leaf.budgets >= 10, leaf
+    if bug == 'dp_psum':  # the hint survives bf16: B/A = 8 within the budget
+        assert report.ratio == pytest.approx(8.0, rel=0.05), report.ratio
+
+
+@pytest.mark.slow
+def test_compare_passes_bf16_twins_and_fails_a_doubled_learning_rate(tmp_path):
+    """30 steps of a small transformer, bf16: auto against explicit within the band (exit 0);
+    explicit with --learning_rate doubled outside it (exit 1)."""
+    common = ['--model=transformer', '--num_layers=2', '--num_heads=4', '--embed_dim=32',
+              '--seq_len=16', '--batch_size=16', '--mesh=data:2,fsdp:2,model:2',
+              '--cpu_devices=8', '--steps=30', '--log_every=1', '--eval_every=30',
+              '--dtype=bfloat16']  # fmt: skip
+    for twin, extra in (('auto', []), ('explicit', []), ('explicit', ['--learning_rate=0.002'])):
+        name = twin + ('_lr' if extra else '')
+        done = subprocess.run(
+            [sys.executable, '-m', f'{twin}.train', *common, *extra, f'--workdir={tmp_path / name}'],
+            cwd=REPO, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+    agree = compare(tmp_path / 'auto', tmp_path / 'explicit')
+    assert agree.returncode == 0, agree.stdout[-3000:] + agree.stderr
+    apart = compare(tmp_path / 'auto', tmp_path / 'explicit_lr', '--allow_other_settings')
+    assert apart.returncode == 1 and 'outside the band' in apart.stderr, apart.stderr

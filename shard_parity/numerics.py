@@ -1,0 +1,198 @@
+"""The error model (docs/numerics.md): how far apart two correct runs of one step may sit when
+they round differently, per compared quantity, as a norm-wise relative budget.
+
+The statistic, one figure per leaf (never per element: one element in a million of a correct
+bf16 pair is off by 1e3 relative):
+
+    error(a, b) = ||a - b|| / max(||a||, ||b||)        (2-norms over the leaf, in float64)
+
+The budget, from the plan's precision and the program. Two runs that differ only in rounding
+(another mesh, another fusion, XLA's excess precision keeping one twin's intermediate in f32
+where another rounds it) differ at each op's boundary by about one unit round-off u of the dtype
+that boundary is rounded to. Dots accumulate in float32 (on the CPU, GPU tensor cores, the TPU's
+MXU), so a contraction of length K costs one rounding of its result, not K u. Independent
+roundings add as a random walk (Higham's probabilistic bound), so after n boundaries
+
+    budget = C_OP x u(compute) x sqrt(n)  +  C_REDUCE x u(reduce) x sqrt(log2(d) + 1)
+                                           +  C_OP x u(float32) x sqrt(n)
+
+with n the boundaries the quantity has passed (the k-th module output of the forward: k x
+BOUNDARIES; the loss: every module's; a gradient: the forward's and the backward's, twice as
+many), and d the devices a gradient's collective reduces over (a ring or tree adds a rounding
+per hop, log2(d) + 1 of them in a tree; a per-device sum of its own rows is one more).  The
+state after the update (parameters, AdamW's moments) gets C_UPDATE x sqrt(the gradients'
+budget) x the share of the leaf this step changed (`Budget.update`: AdamW's first steps are
+sign-like, and elements within round-off of zero flip). Along a trajectory (tools/compare.py's
+band) the difference of two correctly rounded runs grows with the step: `band`.
+
+The constants are calibrated by measurement (benchmarks/numerics.py; its table is
+docs/numerics.md's): correct pairs sit at most 1/3 of the budget, their median within a factor
+30 of it, and the bug zoo's entries exceed it 10 times and more.
+
+Core: no twin, tool or benchmark imports (parity_tests/test_imports.py)."""
+
+import dataclasses
+import math
+
+import numpy as np
+
+UNIT_ROUNDOFF = {  # u = 2^-p for p bits of significand (the implicit one counted)
+    'float64': 2.0**-53,
+    'float32': 2.0**-24,
+    'bfloat16': 2.0**-8,
+    'float16': 2.0**-11,
+}
+
+# The model's named constants (docs/numerics.md, "Calibration"): measured, not derived.
+C_OP = 2.5  # norm-wise relative error per op boundary of the forward, in units of u
+BOUNDARIES = 2  # op boundaries (roundings) per recorded module output
+C_GRAD = 1.2  # ...of the backward (a gradient), in units of u
+C_LOSS = 0.02  # the loss, a mean of many terms: x (the last module's budget) / sqrt(terms)
+C_FLIP = 1.5  # a gradient after flips: C_FLIP x sqrt(flipped tokens / tokens)
+C_REDUCE = 3.0  # per hop of a gradient's collective, in units of the reduce dtype's u
+C_UPDATE = 2.0  # the state after the update: sqrt(the gradients' budget) x the leaf's change
+# Along a trajectory (compare's band), relative to the figure:
+#     band(step) = BAND_0 x u x min((1 + step / BAND_STEPS)^BAND_POWER, BAND_CAP)
+# fitted to auto against explicit (bf16, data:2,fsdp:2,model:2), 100 and 300 steps.
+BAND_0 = 0.12
+BAND_STEPS = 2.0
+BAND_POWER = 1.0
+BAND_CAP = 35.0  # ...growing no further: the gap of two correct runs levels off (300 steps)
+
+
+def unit_roundoff(dtype: str) -> float:
+    try:
+        return UNIT_ROUNDOFF[str(dtype)]
+    except KeyError:
+        raise ValueError(f'no unit round-off for dtype {dtype!r}: one of {list(UNIT_ROUNDOFF)}')
+
+
+def coarser(*dtypes: str) -> str:
+    """The dtype with the largest unit round-off (float32 at least)."""
+    return max(('float32', *map(str, dtypes)), key=unit_roundoff)
+
+
+def error(a, b) -> float:
+    """||a - b|| / max(||a||, ||b||) over the leaf, in float64: 0 where both are zero, inf where
+    the shapes differ or either holds a NaN or infinity."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return math.inf
+    scale = max(float(np.linalg.norm(a)), float(np.linalg.norm(b)))
+    return float(np.linalg.norm(a - b)) / scale if scale else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """The budgets of one step's quantities for two sides, from the coarser of their policies.
+
+    compute, reduce: the coarser side's dtypes; devices: the most devices a gradient is reduced
+    over on either side; modules: how many module outputs the forward records (its depth)."""
+
+    compute: str = 'float32'
+    reduce: str = 'float32'
+    devices: int = 1
+    modules: int = 1
+    terms: int = 1  # the loss is a mean of this many terms (rows x positions)
+    flipped: int = 0  # tokens whose expert choice flipped in this step's forward (`flips`)
+
+    @classmethod
+    def of(cls, precisions, devices: int = 1, modules: int = 1) -> 'Budget':
+        """The budget of sides with `precisions` (shard_parity.plan.Precision each)."""
+        return cls(
+            coarser(*(p.compute for p in precisions)),
+            coarser(*(p.reduce for p in precisions)),
+            max(devices, 1),
+            max(modules, 1),
+        )
+
+    @property
+    def name(self) -> str:
+        """The coarser dtype, as the verdict names its round-off: 'bf16', 'f32'."""
+        dtype = coarser(self.compute, self.reduce)
+        return {'bfloat16': 'bf16', 'float32': 'f32', 'float16': 'f16'}.get(dtype, dtype)
+
+    def _ops(self, n: float, c: float = C_OP) -> float:
+        return c * (unit_roundoff(self.compute) + unit_roundoff('float32')) * math.sqrt(n)
+
+    def _reduce(self) -> float:
+        hops = math.log2(self.devices) + 1 if self.devices > 1 else 0
+        return C_REDUCE * unit_roundoff(self.reduce) * math.sqrt(hops)
+
+    def forward(self, k: int) -> float:
+        """The k-th (from 1) module output of the forward, in the order they finish."""
+        return self._ops(BOUNDARIES * max(k, 1))
+
+    def loss(self) -> float:
+        """A loss metric: every module's boundaries, in a mean of `terms` terms whose rounding
+        errors are independent (sqrt(terms) of them cancel), then float32's own."""
+        return C_LOSS * self._ops(BOUNDARIES * self.modules) / math.sqrt(self.terms)
+
+    def gradients(self) -> float:
+        """Each gradient leaf: the forward's boundaries and the backward's, then the collective."""
+        flips = C_FLIP * math.sqrt(self.flipped / self.terms)  # their gradients went elsewhere
+        return self._ops(2 * BOUNDARIES * self.modules, C_GRAD) + self._reduce() + flips
+
+    def update(self, change: float = 1.0) -> float:
+        """Each leaf of the state after the update (parameters, AdamW's moments): the error of
+        what the step added, `change` = ||after - before|| / ||after|| of the leaf (the
+        magnitude of the term, not of the result), plus float32's rounding of the sum. AdamW's
+        first steps are sign-like (m / sqrt(v) = g / |g|): an element whose gradient is within
+        round-off of zero flips its update, and the fraction that flips is about the gradients'
+        relative error e, so the update's norm-wise error goes as sqrt(e), not e."""
+        return C_UPDATE * math.sqrt(self.gradients()) * change + C_OP * unit_roundoff('float32')
+
+    def along(self, step: int) -> float:
+        """A figure of two runs after `step` steps: `band`."""
+        return band(self.compute, self.reduce, step)
+
+
+def change(before, after) -> float:
+    """||after - before|| / max(||after||, ||before||): how much of a leaf one step changed."""
+    return error(before, after) if np.shape(before) == np.shape(after) else 1.0
+
+
+def band(compute: str, reduce: str, step: int) -> float:
+    """The relative band of a logged figure (a loss) at `step` for two runs whose coarser
+    policy is (compute, reduce): two correct runs' |a - b| / |b| stays under it."""
+    u = unit_roundoff(compute) + unit_roundoff(reduce) + unit_roundoff('float32')
+    return BAND_0 * u * min((1 + max(step, 0) / BAND_STEPS) ** BAND_POWER, BAND_CAP)
+
+
+FLIP_SHARE = 0.02  # at most this share of a mixture-of-experts layer's tokens may flip
+
+
+def tokens(x) -> np.ndarray:
+    """A layer output as (tokens, features): every leading dimension is a token's."""
+    x = np.asarray(x, np.float64)
+    return x.reshape(-1, x.shape[-1]) if x.ndim >= 2 else x.reshape(-1, 1)
+
+
+def flips(a, b, budget: float, share: float = FLIP_SHARE) -> set | None:
+    """The tokens whose expert choice flipped, where a mixture-of-experts layer's outputs a and
+    b are apart by more than `budget` only because of them: bf16 rounding can move a token's
+    router logits across its top-k boundary, and then that token's output is another expert's,
+    far beyond round-off, while every other token agrees. Removing the worst tokens one by one
+    until the rest sit within `budget`: those tokens, if at most `share` of them (at least one);
+    None where more would have to go (a bug spreads over the tokens)."""
+    ta, tb = tokens(a), tokens(b)
+    if ta.shape != tb.shape:
+        return None
+    worst = np.argsort(-((ta - tb) ** 2).sum(1))
+    keep = np.ones(len(ta), bool)
+    for n, t in enumerate(worst[: max(1, int(share * len(ta)))], 1):
+        keep[t] = False
+        if error(ta[keep], tb[keep]) <= budget:
+            return {int(i) for i in worst[:n]}
+    return None
+
+
+def without(x, gone: set) -> np.ndarray:
+    """x as (tokens, features) with the tokens in `gone` zeroed (left out of both sides' norms),
+    or x itself where its tokens are not the flipped ones' (another leading shape)."""
+    t = tokens(x)
+    if not gone or max(gone) >= len(t):
+        return np.asarray(x)
+    t = t.copy()
+    t[sorted(gone)] = 0
+    return t
