@@ -44,15 +44,24 @@ from flax import nnx
 from shard_parity.devices import configure_jax
 
 STAGES, MICROBATCHES, BATCH, LAYERS = 4, (1, 2, 4, 8, 16), 16, (4, 8)
-PLOT = flags.DEFINE_string('plot', None, 'Write the figure here (needs matplotlib).')
-ONE_CORE = flags.DEFINE_boolean(
-    'one_core', True, 'On emulated CPU devices, run every thread on one core (Linux), so that '
-    'no two devices compute at once and the time counts all their work.'
-)
-ROUNDS = flags.DEFINE_integer('rounds', 7, 'Timed rounds of each step, interleaved.', lower_bound=1)
-TRACE = flags.DEFINE_string(
-    'trace', None, "Write each schedule's ticks per stage as Chrome trace JSON (Perfetto) here."
-)
+PLOT = ONE_CORE = ROUNDS = TRACE = None  # the CLI's flags, defined when run as a program
+
+
+def define_flags() -> None:
+    """This CLI's flags, defined only when it runs (`python -m benchmarks.pipeline`): importing
+    its functions (trace, schedule_bubbles) beside another CLI's --trace defines nothing."""
+    global PLOT, ONE_CORE, ROUNDS, TRACE
+    PLOT = flags.DEFINE_string('plot', None, 'Write the figure here (needs matplotlib).')
+    ONE_CORE = flags.DEFINE_boolean(
+        'one_core', True, 'On emulated CPU devices, run every thread on one core (Linux), so that '
+        'no two devices compute at once and the time counts all their work.'
+    )
+    ROUNDS = flags.DEFINE_integer('rounds', 7, 'Timed rounds of each step, interleaved.', lower_bound=1)
+    TRACE = flags.DEFINE_string(
+        'trace', None, "Write each schedule's ticks per stage as Chrome trace JSON (Perfetto) here."
+    )
+
+
 SCHEDULE_M, SCHEDULE_LAYERS, VIRTUAL = (4, 8, 16), (16, 32), 2
 
 
@@ -288,4 +297,5 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
+    define_flags()
     app.run(main)

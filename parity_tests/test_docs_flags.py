@@ -51,7 +51,9 @@ def missing(text: str, known: dict[str, set[str]]) -> list[str]:
 def every_flag_defined() -> set[str]:
     files = [p for p in pathlib.Path(REPO).rglob('*.py') if '.venv' not in p.parts]
     names = {n for p in files for n in re.findall(r"DEFINE_\w+\(\s*'(\w+)'", p.read_text())}
-    return names | set(F.TRAIN)  # the training flags are made in a loop, one per config field
+    # the test suite's own options (conftest.py: --exhaustive, --margins) are flags of it too
+    tests = re.findall(r"addoption\(\s*'--(\w+)'", (pathlib.Path(REPO) / 'parity_tests/conftest.py').read_text())
+    return names | set(F.TRAIN) | set(tests)  # the training flags: one per config field
 
 
 def test_every_flag_in_a_documented_command_is_in_that_clis_help():
