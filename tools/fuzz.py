@@ -26,8 +26,12 @@ from shard_parity import UsageError, refuse
 from . import fuzz_judge as J
 from .fuzz_draws import command, draws
 
-MINUTES = flags.DEFINE_float('minutes', None, 'Wall-clock budget of the random draws.', lower_bound=0)
-DRAWS = flags.DEFINE_integer('draws', None, 'How many draws (default 20 without --minutes).', lower_bound=0)
+MINUTES = flags.DEFINE_float(
+    'minutes', None, 'Wall-clock budget of the random draws.', lower_bound=0
+)
+DRAWS = flags.DEFINE_integer(
+    'draws', None, 'How many draws (default 20 without --minutes).', lower_bound=0
+)
 SEED = flags.DEFINE_integer('seed', 0, "Hypothesis's seed: the same seed, the same draws.")
 DEVICES = flags.DEFINE_enum('devices', '8', ['8', '16'], 'Emulated CPU devices of every mesh.')
 TWINS = flags.DEFINE_list(
@@ -35,8 +39,12 @@ TWINS = flags.DEFINE_list(
     'one_device and what is compared with it: twins (auto, explicit, typed), or import paths of '
     'strategy modules (tools.zoo.tp_pmean), as the bisector takes them.',
 )  # fmt: skip
-TIMEOUT = flags.DEFINE_integer('timeout', 300, 'Seconds a draw may take before it is a hang.', lower_bound=1)
-SHRINK_MINUTES = flags.DEFINE_float('shrink_minutes', 5, 'Wall-clock budget of shrinking a failure.', lower_bound=0)
+TIMEOUT = flags.DEFINE_integer(
+    'timeout', 300, 'Seconds a draw may take before it is a hang.', lower_bound=1
+)
+SHRINK_MINUTES = flags.DEFINE_float(
+    'shrink_minutes', 5, 'Wall-clock budget of shrinking a failure.', lower_bound=0
+)
 BF16 = flags.DEFINE_bool(
     'bf16', False, 'Draw bfloat16 --dtype/--reduce_dtype too. No bf16 verdict exists yet: such a '
     "draw's refusal, crash or raise is judged, its divergence from one device is not.",
@@ -84,7 +92,9 @@ class Fuzz:
             outcome, new, hits = self.run(e['draw'])
             still = bool(hits) or outcome == 'known'
             if e['status'] == 'known':
-                print(f"corpus {e['name']}: known, {'still fails' if still else 'now passes: mark it fixed'}: {e['reason']}")
+                print(
+                    f"corpus {e['name']}: known, {'still fails' if still else 'now passes: mark it fixed'}: {e['reason']}"
+                )
             elif outcome in ('passed', 'refused'):
                 print(f"corpus {e['name']}: {outcome}, as fixed")
             else:

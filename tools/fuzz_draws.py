@@ -136,7 +136,9 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
     kind = draw(st.sampled_from(['mha', 'gqa', 'mqa']))
     kv = {'mha': heads, 'gqa': max(1, heads // 2), 'mqa': 1}[kind]
     layers = draw(st.sampled_from([1, 2, 4, 3, 8])) if t else 1
-    schedules = ['gpipe', '1f1b', 'interleaved'] if pipeline or draw(st.integers(0, 7)) == 7 else ['gpipe']
+    schedules = (
+        ['gpipe', '1f1b', 'interleaved'] if pipeline or draw(st.integers(0, 7)) == 7 else ['gpipe']
+    )
     schedule = draw(st.sampled_from(schedules)) if 'stage' in axes else 'gpipe'
     m = draw(st.sampled_from([1, 2, 4, 3, 8])) if 'stage' in axes else 4
     rows = 1
