@@ -49,6 +49,10 @@ BF16 = flags.DEFINE_bool(
     'bf16', False, 'Draw bfloat16 --dtype/--reduce_dtype too. No bf16 verdict exists yet: such a '
     "draw's refusal, crash or raise is judged, its divergence from one device is not.",
 )  # fmt: skip
+MAX_FAILURES = flags.DEFINE_integer(
+    'max_failures', 1, 'Stop after this many failures, each shrunk; another search starts after '
+    'each with the next seed, and draws that fail as one found did pass.', lower_bound=1,
+)  # fmt: skip
 CORPUS_ONLY = flags.DEFINE_bool('corpus_only', False, 'Replay the corpus, draw nothing.')
 VERBOSE = flags.DEFINE_bool('verbose', False, 'One line per draw: its flags and its outcome.')
 
@@ -63,7 +67,9 @@ class Fuzz:
         self.worker = J.Worker(devices, J.worker_env(True))
         self.entries = J.corpus()
         self.counts = {'refused': 0, 'passed': 0, 'failed': 0, 'known': 0}
-        self.seconds, self.signature, self.found, self.answers = [], None, None, {}
+        self.seconds, self.signature, self.found, self.answers = [], None, [], {}
+        self.deadline = self.shrink_until = 0.0
+        self.limit = None
 
     def run(self, draw):
         """(outcome, new failures, known entries hit) of one draw; a draw seen before (shrinking
@@ -95,55 +101,72 @@ class Fuzz:
                 print(
                     f"corpus {e['name']}: known, {'still fails' if still else 'now passes: mark it fixed'}: {e['reason']}"
                 )
-            elif outcome in ('passed', 'refused'):
+            elif not new:
                 print(f"corpus {e['name']}: {outcome}, as fixed")
             else:
                 bad.append((e, new))
                 print(f"corpus {e['name']}: FAILS again (fixed: {e['reason']})")
         return bad
 
-    def example(self, draw, deadline):
-        """Hypothesis's test: one draw. Raises AssertionError for a failure of the first
-        failure's kind (so that shrinking keeps to one bug); other outcomes pass."""
-        if time.monotonic() > deadline[0]:
+    def example(self, draw):
+        """Hypothesis's test: one draw. Raises AssertionError for a failure of the kind being
+        shrunk (so that shrinking keeps to one bug: Failure.signature); a failure shrunk
+        before, and every other outcome, passes."""
+        if time.monotonic() > (self.shrink_until if self.signature else self.deadline):
+            raise BudgetSpent
+        if self.signature is None and self.limit is not None and len(self.seconds) >= self.limit:
             raise BudgetSpent
         t0, fresh = time.monotonic(), draw not in self.answers
         outcome, new, _ = self.run(draw)
         if self.signature is None and fresh:
             self.seconds.append(time.monotonic() - t0)
             self.counts['failed' if new else outcome] += 1
-        sig = [(f.kind, f.twin) for f in new]
+        new = [f for f in new if f.signature not in {f.signature for _, f in self.found}]
+        sig = [f.signature for f in new]
         if new and (self.signature is None or self.signature in sig):
             if self.signature is None:  # found: shrinking gets its own budget
                 self.signature = sig[0]
-                deadline[0] = time.monotonic() + 60 * SHRINK_MINUTES.value
-            self.found = (draw, next(f for f in new if (f.kind, f.twin) == self.signature))
-            raise AssertionError(self.found[1].message)
+                self.shrink_until = time.monotonic() + 60 * SHRINK_MINUTES.value
+                self.found.append(None)
+            failure = next(f for f in new if f.signature == self.signature)
+            self.found[-1] = (draw, failure)  # the last that fails is the simplest yet
+            raise AssertionError(failure.message)
 
     def search(self, seed: int, count: int | None, minutes: float | None):
+        """Draws until `count` draws or `minutes` are spent; each failure found is shrunk (by
+        one Hypothesis search), then the search starts again with the next seed."""
+        forever = time.monotonic() + 10**9
+        self.deadline = time.monotonic() + 60 * minutes if minutes is not None else forever
+        self.limit = count
+        while len(self.found) < MAX_FAILURES.value:
+            self.signature = None
+            if not self.hypothesis(seed + len(self.found)) or self.signature is None:
+                return
+
+    def hypothesis(self, seed: int) -> bool:
+        """One Hypothesis search; False when the budget ended it."""
         from hypothesis import HealthCheck, Phase, given, settings
         from hypothesis import seed as seeded
 
-        required = zoo_axes(self.twins)
-        strategy = draws(self.devices, required=required or (), bf16=BF16.value)
-        deadline = [time.monotonic() + 60 * minutes if minutes is not None else float('inf')]
+        strategy = draws(self.devices, required=zoo_axes(self.twins), bf16=BF16.value)
         checks = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
         @seeded(seed)
-        @settings(max_examples=count if count is not None else 10**6, deadline=None, database=None,
-                  suppress_health_check=checks, phases=[Phase.generate, Phase.shrink],
-                  report_multiple_bugs=False, print_blob=False)  # fmt: skip
+        @settings(max_examples=10**6, deadline=None, database=None, suppress_health_check=checks,
+                  phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False,
+                  print_blob=False)  # fmt: skip
         @given(strategy)
         def test(draw):
-            self.example(draw, deadline)
+            self.example(draw)
 
         try:
             test()
-        except BudgetSpent:
-            pass
+        except BudgetSpent:  # the search's budget, or this failure's shrinking's
+            return self.signature is not None
         except Exception:  # the shrunk failure, replayed (or Hypothesis's flaky/group of it)
-            if self.found is None:
+            if self.signature is None:
                 raise
+        return True
 
 
 def zoo_axes(twins):
@@ -191,8 +214,7 @@ def main(argv):
         for f in failures:
             print(f"REGRESSION corpus {entry['name']}: {f.kind} {f.twin or ''}: {f.message}")
             print(f"  {command(entry['draw'], f.twin or twins[0])}")
-    if fuzz.found:
-        draw, f = fuzz.found
+    for draw, f in fuzz.found:
         print(f'FAILURE ({f.kind}{" of " + f.twin if f.twin else ""}), shrunk:\n{f.message}')
         print(f'reproduce: {command(draw, f.twin or twins[0])}')
     raise SystemExit(1 if bad or fuzz.found else 0)

@@ -26,6 +26,14 @@ class Failure(NamedTuple):
     twin: str | None  # the twin it concerns (None: the draw as a whole)
     message: str
 
+    @property
+    def signature(self) -> tuple:
+        """What makes two failures the same bug while shrinking (as Hypothesis tells errors
+        apart by type and line): the kind, the twin, and the line that raised or the phase
+        that diverged."""
+        where = re.search(r' at (\S+:\d+)|phase (\w+)', self.message)
+        return self.kind, self.twin, where and where.group(1) or where and where.group(2)
+
 
 def judge(draw: Draw, answer: dict, bf16_judged: bool = False) -> tuple[str, list[Failure]]:
     """(outcome, failures): outcome 'refused', 'passed' or 'failed'. A bfloat16 draw's
