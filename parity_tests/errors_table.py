@@ -808,4 +808,9 @@ ROWS = [
         'process 1 was killed by SIGKILL',
         'test_resume_logs.test_under_1f1b_a_killed_process_resumes_to_the_undisturbed_log',
     ),
+    (
+        'fuzz: --twins with nothing to compare with one device',
+        'name a twin or module to compare with one_device',
+        'test_fuzz.test_a_bad_twins_flag_is_one_line_exit_2',
+    ),
 ]

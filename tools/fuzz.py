@@ -231,4 +231,7 @@ def summary(fuzz: Fuzz, elapsed: float) -> str:
 
 
 if __name__ == '__main__':
-    app.run(main)
+    from shard_parity.runtime import declare_key_flags, parse_flags
+
+    declare_key_flags([])  # --help lists this module's flags and exits 0
+    app.run(main, flags_parser=parse_flags)
