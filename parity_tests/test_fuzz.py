@@ -118,6 +118,43 @@ def test_every_corpus_entry_reads_and_says_why():
         assert e['status'] == 'fixed' or e['match'], e['name']
 
 
+class PlantedWorker:
+    """A worker whose 'explicit' diverges wherever 'model' splits something: the driver's
+    search and shrinking, without a JAX program."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def run(self, draw, twins, timeout):
+        self.calls += 1
+        broken = violations(draw)
+        if broken:  # the project's refusal, naming what is broken
+            return {'status': 'refused', 'message': f'{broken[0].flag}=... is not divisible'}
+        bad = dict(draw.mesh).get('model', 1) > 1
+        verdict = {'verdict': 'diverges', 'message': 'diverge at step 0, phase gradients'}
+        return {'status': 'ran', 'twins': {'explicit': verdict if bad else {'verdict': 'agrees'}}}
+
+
+def test_the_driver_finds_and_shrinks_a_planted_bug(monkeypatch):
+    from absl import flags
+
+    from tools import fuzz as F
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()  # the defaults of tools.fuzz's flags
+    driver = F.Fuzz(['explicit'], 8)
+    driver.worker, driver.entries = PlantedWorker(), []
+    driver.search(seed=0, count=30, minutes=None)
+    assert len(driver.found) == 1, driver.counts
+    draw, failure = driver.found[0]
+    assert failure.kind == 'diverges' and failure.twin == 'explicit'
+    assert draw.model == 'mlp' and draw.mesh == (('model', 8),), draw  # the simplest that fails
+    assert driver.counts['failed'] >= 1 and sum(driver.counts.values()) <= 30
+    assert command(draw, 'explicit').startswith(
+        'python -m tools.bisect --twins=one_device,explicit '
+    )
+
+
 def fuzz(*flags, timeout=300):
     return subprocess.run([sys.executable, '-m', 'tools.fuzz', *flags], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
