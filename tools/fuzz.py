@@ -121,7 +121,8 @@ class Fuzz:
         if self.signature is None and fresh:
             self.seconds.append(time.monotonic() - t0)
             self.counts['failed' if new else outcome] += 1
-        new = [f for f in new if f.signature not in {f.signature for _, f in self.found}]
+        done = self.found[:-1] if self.signature else self.found  # those shrunk before
+        new = [f for f in new if f.signature not in {f.signature for _, f in done}]
         sig = [f.signature for f in new]
         if new and (self.signature is None or self.signature in sig):
             if self.signature is None:  # found: shrinking gets its own budget

@@ -95,6 +95,11 @@ def command(draw: Draw, twin: str) -> str:
             + f' --steps=1{devices}')  # fmt: skip
 
 
+def up(x: int, n: int) -> int:
+    """The least multiple of n that is x or more."""
+    return -(-x // n) * n
+
+
 def pow2(low: int, high: int):
     """2**low .. 2**high, shrinking towards 2**low."""
     return st.integers(low, high).map(lambda e: 2**e)
@@ -132,15 +137,27 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
             pool += [a for a in ORDER if a not in pool][:1]
     mesh = draw(meshes(devices, pool, required))
     axes = dict(mesh)
-    heads = draw(pow2(0, 3))
+    # three draws in four fit their mesh (what an axis splits rounded up to a multiple of it),
+    # the fourth is left as drawn: mostly accepted draws, and refusals enough to test them
+    fit = draw(st.integers(0, 3)) != 3
+    n = {a: axes.get(a, 1) if fit else 1 for a in ORDER}
+    heads = up(draw(pow2(0, 3)), n['model'])
     kind = draw(st.sampled_from(['mha', 'gqa', 'mqa']))
-    kv = {'mha': heads, 'gqa': max(1, heads // 2), 'mqa': 1}[kind]
-    layers = draw(st.sampled_from([1, 2, 4, 3, 8])) if t else 1
-    schedules = (
-        ['gpipe', '1f1b', 'interleaved'] if pipeline or draw(st.integers(0, 7)) == 7 else ['gpipe']
-    )
+    kv = up({'mha': heads, 'gqa': max(1, heads // 2), 'mqa': 1}[kind], n['model'])
+    schedules = ['gpipe', '1f1b', 'interleaved']
+    if not (pipeline or draw(st.integers(0, 7)) == 7):  # else now and then one on no pipeline
+        schedules = ['gpipe']
     schedule = draw(st.sampled_from(schedules)) if 'stage' in axes else 'gpipe'
+    virtual = draw(st.sampled_from([2, 3])) if schedule == 'interleaved' else 2
+    chunks = virtual if schedule == 'interleaved' else 1
+    layers = up(draw(st.sampled_from([1, 2, 4, 3, 8])), n['stage'] * chunks) if t else 1
     m = draw(st.sampled_from([1, 2, 4, 3, 8])) if 'stage' in axes else 4
+    m = max(m, n['stage']) if schedule == '1f1b' else m
+    m = up(m, n['stage']) if schedule == 'interleaved' else m
+    layout = draw(st.sampled_from(['zigzag', 'contiguous'])) if 'seq' in axes else 'zigzag'
+    seq_len = draw(st.sampled_from([8, 16, 32, 12])) if t else 8
+    seq_len = up(seq_len, n['seq'] * (2 if layout == 'zigzag' else 1))
+    experts = up(experts, n['expert']) if experts else 0
     rows = 1
     for a in ('data', 'fsdp', 'expert'):
         rows *= axes.get(a, 1)
@@ -149,14 +166,11 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
     dtypes = ['float32', 'bfloat16'] if bf16 else ['float32']
     return Draw(
         model=model, mesh=mesh, batch=batch, layers=layers, heads=heads, kv_heads=kv,
-        embed=heads * draw(st.sampled_from([8, 4, 16])),
-        seq_len=draw(st.sampled_from([8, 16, 32, 12])) if t else 8,
+        embed=heads * draw(st.sampled_from([8, 4, 16])), seq_len=seq_len,
         experts=experts, k=draw(st.integers(1, min(2, experts))) if experts else 1,
         capacity=draw(st.sampled_from([1.25, 1.0, 2.0])) if experts else 1.25,
         attention=draw(st.sampled_from(['naive', 'fused'])) if t else 'naive',
-        microbatches=m, schedule=schedule,
-        virtual=draw(st.sampled_from([2, 3])) if schedule == 'interleaved' else 2,
-        layout=draw(st.sampled_from(['zigzag', 'contiguous'])) if 'seq' in axes else 'zigzag',
+        microbatches=m, schedule=schedule, virtual=virtual, layout=layout,
         dtype=draw(st.sampled_from(dtypes)), reduce_dtype=draw(st.sampled_from(dtypes)),
         matmul=draw(st.sampled_from(['default', 'high', 'highest'])),
     )  # fmt: skip
