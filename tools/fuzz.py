@@ -71,12 +71,13 @@ class Fuzz:
         self.deadline = self.shrink_until = 0.0
         self.limit = None
 
-    def run(self, draw):
-        """(outcome, new failures, known entries hit) of one draw; a draw seen before (shrinking
-        meets many) is answered from memory."""
-        if draw in self.answers:
-            return self.answers[draw]
-        answer = self.worker.run(draw, self.twins, TIMEOUT.value)
+    def run(self, draw, twins=None):
+        """(outcome, new failures, known entries hit) of one draw, on `twins` (default
+        --twins'); a draw seen before (shrinking meets many) is answered from memory."""
+        key = draw, tuple(twins or self.twins)
+        if key in self.answers:
+            return self.answers[key]
+        answer = self.worker.run(draw, key[1], TIMEOUT.value)
         outcome, failures = J.judge(draw, answer)
         hits = [J.known(f, self.entries) for f in failures]
         new = [f for f, k in zip(failures, hits) if k is None]
@@ -86,16 +87,17 @@ class Fuzz:
             print(f'{outcome}: {answer.get("seconds", "-")} s {" ".join(draw.flags())}', flush=True)
             for f in failures:
                 print(f'  {f.kind} {f.twin or ""}: {f.message.splitlines()[0]}')
-        self.answers[draw] = outcome, new, [k for k in hits if k]
-        return self.answers[draw]
+        self.answers[key] = outcome, new, [k for k in hits if k]
+        return self.answers[key]
 
     def replay(self) -> list:
-        """The corpus first: (entry, its new failures) for each entry that is not as recorded."""
+        """The corpus first, each entry on its own twins: (entry, its new failures) for each
+        entry that is not as recorded."""
         bad = []
         for e in self.entries:
             if e['draw'].devices != self.devices:
                 continue
-            outcome, new, hits = self.run(e['draw'])
+            outcome, new, hits = self.run(e['draw'], e['twins'])
             still = bool(hits) or outcome == 'known'
             if e['status'] == 'known':
                 print(
@@ -116,7 +118,7 @@ class Fuzz:
             raise BudgetSpent
         if self.signature is None and self.limit is not None and len(self.seconds) >= self.limit:
             raise BudgetSpent
-        t0, fresh = time.monotonic(), draw not in self.answers
+        t0, fresh = time.monotonic(), (draw, tuple(self.twins)) not in self.answers
         outcome, new, _ = self.run(draw)
         if self.signature is None and fresh:
             self.seconds.append(time.monotonic() - t0)
