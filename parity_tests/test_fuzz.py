@@ -178,8 +178,8 @@ def test_a_planted_bug_is_found_and_shrunk_to_its_axis():
     assert line.startswith('reproduce: python -m tools.bisect --twins=one_device,tools.zoo.tp_')
     mesh = dict(p.split(':') for p in line.split('--mesh=')[1].split()[0].split(','))
     assert '--model=mlp' in line and int(mesh['model']) > 1, line
-    replay = subprocess.run(line.removeprefix('reproduce: ').split()[1:], executable=sys.executable,
-                            cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    argv = [sys.executable, *line.removeprefix('reproduce: ').split()[1:]]
+    replay = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert replay.returncode == 1 and "'model' axis size" in replay.stdout, replay.stdout
 
 
