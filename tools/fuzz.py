@@ -74,7 +74,7 @@ class Fuzz:
     def run(self, draw, twins=None):
         """(outcome, new failures, known entries hit) of one draw, on `twins` (default
         --twins'); a draw seen before (shrinking meets many) is answered from memory."""
-        key = draw, tuple(twins or self.twins)
+        key = tuple(draw.flags()), tuple(twins or self.twins)  # what runs: the flags
         if key in self.answers:
             return self.answers[key]
         answer = self.worker.run(draw, key[1], TIMEOUT.value)
@@ -91,13 +91,14 @@ class Fuzz:
         return self.answers[key]
 
     def replay(self) -> list:
-        """The corpus first, each entry on its own twins: (entry, its new failures) for each
-        entry that is not as recorded."""
+        """The corpus first, each entry on those of its twins --twins names: (entry, its new
+        failures) for each entry that is not as recorded."""
         bad = []
         for e in self.entries:
-            if e['draw'].devices != self.devices:
+            twins = [t for t in e['twins'] if t in self.twins]  # those this run compares
+            if e['draw'].devices != self.devices or not twins:
                 continue
-            outcome, new, hits = self.run(e['draw'], e['twins'])
+            outcome, new, hits = self.run(e['draw'], twins)
             still = bool(hits) or outcome == 'known'
             if e['status'] == 'known':
                 print(
@@ -118,7 +119,7 @@ class Fuzz:
             raise BudgetSpent
         if self.signature is None and self.limit is not None and len(self.seconds) >= self.limit:
             raise BudgetSpent
-        t0, fresh = time.monotonic(), (draw, tuple(self.twins)) not in self.answers
+        t0, fresh = time.monotonic(), (tuple(draw.flags()), tuple(self.twins)) not in self.answers
         outcome, new, _ = self.run(draw)
         if self.signature is None and fresh:
             self.seconds.append(time.monotonic() - t0)
