@@ -92,6 +92,26 @@ def tolerance() -> str | None:
 
 
 def from_flags():
+    from . import divergence as D
+    from .sides import load_side
+
+    if len(TWINS.value) != 2:
+        raise UsageError(f'--twins={",".join(TWINS.value)}: give two, such as auto,explicit')
+    start = started()
+    a, b = (load_side(name, start.plan, start.mesh) for name in TWINS.value)
+    steps = F.TRAIN['steps'].value or DEFAULT_STEPS
+    return D.bisect(
+        a, b, start.graphdef, start.loss_fn, start.tx, start.state, start.batches, steps,
+        tolerance(),
+    )  # fmt: skip
+
+
+def started():
+    """What both sides start from, by the flags: the plan (checked) and its mesh, the task's
+    loss and batches, the optimizer, and the initial state. tools/fuzz_worker.py starts every
+    draw here too, so that a fuzzer's draw and its bisect command are the same run."""
+    import types
+
     from flax import nnx
 
     from jax.sharding import AxisType
@@ -102,9 +122,6 @@ def from_flags():
     from shard_parity.runtime import from_flags, tasks
     from shard_parity.step import create_state, make_optimizer
 
-    from . import divergence as D
-    from .sides import load_side
-
     model = F.MODEL.value
     # --steps is how many steps to compare; the schedule stays the model's (not decayed over N)
     changes = {n: f.value for n, f in F.TRAIN.items() if f.value is not None and n != 'steps'}
@@ -113,11 +130,8 @@ def from_flags():
     plan = from_flags.plan(fit_default_batch=True)
     mesh = mesh_for(plan, AxisType.Auto)  # each side takes its twin's axis types (sides.py)
     use_matmul_precision(plan.precision.matmul)
-    if len(TWINS.value) != 2:
-        raise UsageError(f'--twins={",".join(TWINS.value)}: give two, such as auto,explicit')
     if X64.value:  # float64 throughout: the step's casts and collectives too
         plan = plan.in_float64()
-    a, b = (load_side(name, plan, mesh) for name in TWINS.value)
     shape = from_flags.model_config()
     if X64.value:  # float64 throughout: the compute and the gradients
         shape = dataclasses.replace(shape, dtype='float64', reduce_dtype='float64')
@@ -127,10 +141,10 @@ def from_flags():
         task = tasks.shakespeare_task(config, shape, F.DATA_DIR.value, F.DOWNLOAD.value)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
-    steps = F.TRAIN['steps'].value or DEFAULT_STEPS
-    return D.bisect(
-        a, b, graphdef, task.loss_fn, tx, widen(state), Batches(task), steps, tolerance()
-    )
+    return types.SimpleNamespace(
+        plan=plan, mesh=mesh, graphdef=graphdef, loss_fn=task.loss_fn, tx=tx,
+        state=widen(state), batches=Batches(task),
+    )  # fmt: skip
 
 
 class Batches:

@@ -207,8 +207,12 @@ class _Seen(list):
 def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report, step=None):
     """(phase, layer, differing leaves) of one step from `state`, or (None, None, A's state)."""
     n = _rows(ra.side, rb.side)
-    acts_a, acts_b = ra.activations(state, batch), dict(rb.activations(state, batch))
-    common = [(p, x) for p, x in acts_a if p in acts_b]
+    common, acts_a, acts_b = [], [], {}
+    # Under 'seq' a side's per-example outputs hold its positions in its layout (zigzag's
+    # chunks reordered), which have no counterpart in the other's: the loss and gradients speak
+    if not any(s.mesh and s.plan.size(SEQ) > 1 for s in (ra.side, rb.side)):
+        acts_a, acts_b = ra.activations(state, batch), dict(rb.activations(state, batch))
+        common = [(p, x) for p, x in acts_a if p in acts_b]
     report.compared['forward'] = len(common)
     terms = min(np.size(x) for x in jax.tree.leaves(batch))  # the loss's: rows x positions
     depth = max(len(acts_a), len(acts_b), 1)  # the modules either side runs (seq: none compared)

@@ -276,4 +276,9 @@ ROWS = [
         "--prompt is 17 bytes, longer than the model's context of 16 bytes",
         'test_generate.test_cli_on_a_closed_pipe_a_sigterm_and_a_long_prompt',
     ),
+    (
+        'fuzz: --twins with nothing to compare with one device',
+        'name a twin or module to compare with one_device',
+        'test_fuzz.test_a_bad_twins_flag_is_one_line_exit_2',
+    ),
 ]

@@ -1,0 +1,199 @@
+"""Claim: the fuzzer (python -m tools.fuzz) can fail, and says what fails in one command.
+
+Its refusal table (tools/fuzz_table.py) is written apart from shard_parity/checks.py, so the
+two are held to each other here, by hand and on random draws; its shrinking runs in the
+domain's order (the MLP, one axis, the devices on 'data'); a planted bug (a zoo entry as the
+twin) is found and shrunk to a mesh where its axis is not 1; and a short seeded run, after the
+corpus, ends with no failure it cannot explain.
+"""
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, find, given, settings
+
+from parity_tests.helpers import REPO
+from shard_parity import UsageError, checks
+from shard_parity import plan as plans
+from shard_parity.model.mlp import MLPConfig
+from shard_parity.model.transformer import TransformerConfig
+from tools import fuzz_judge
+from tools.fuzz_draws import Draw, command, draws
+from tools.fuzz_table import agrees, violations
+
+T = dict(model='transformer', layers=4, heads=4, kv_heads=4, embed=16, seq_len=16)
+
+
+def refusal(d: Draw) -> str | None:
+    """What the project's checks say of a draw (as the train CLI builds its plan), or None."""
+    precision = plans.Precision(compute=d.dtype, reduce=d.reduce_dtype, matmul=d.matmul)
+    options = dict(microbatches=d.microbatches, schedule=d.schedule, layout=d.layout,
+                   virtual=d.virtual if d.schedule == 'interleaved' else None)  # fmt: skip
+    try:
+        plan = plans.parse(','.join(f'{a}:{n}' for a, n in d.mesh), None, d.devices,
+                           d.model == 'transformer' and d.experts > 0, precision=precision,
+                           **options)  # fmt: skip
+        if d.model == 'mlp':
+            config = MLPConfig(dtype=d.dtype, reduce_dtype=d.reduce_dtype)
+        else:
+            config = TransformerConfig(
+                seq_len=d.seq_len, num_layers=d.layers, num_heads=d.heads, num_kv_heads=d.kv_heads,
+                embed_dim=d.embed, num_experts=d.experts, experts_per_token=d.k,
+                capacity_factor=d.capacity, dtype=d.dtype, reduce_dtype=d.reduce_dtype,
+            )  # fmt: skip
+        checks.check(plan, config, d.batch)
+    except UsageError as e:
+        return str(e)
+    return None
+
+
+HAND = [  # (draw, the flag the refusal names; None: accepted)
+    (Draw(), None),
+    (Draw(mesh=(('seq', 8),)), '--model=mlp'),
+    (Draw(**T, mesh=(('data', 2), ('model', 4))), None),
+    (Draw(**{**T, 'kv_heads': 2}, mesh=(('model', 4), ('data', 2))), '--num_kv_heads'),
+    (Draw(**{**T, 'seq_len': 12}, mesh=(('seq', 4), ('data', 2))), '--seq_len'),
+    (Draw(**{**T, 'seq_len': 12}, mesh=(('seq', 4), ('data', 2)), layout='contiguous'), None),
+    (Draw(**{**T, 'layers': 3}, mesh=(('stage', 2), ('fsdp', 4)), batch=16), '--num_layers'),
+    (Draw(**T, experts=2, mesh=(('expert', 4), ('data', 2))), '--num_experts'),
+    (Draw(**T, experts=2, mesh=(('expert', 2), ('seq', 4))), '--num_experts'),
+    (Draw(mesh=(('data', 4), ('fsdp', 2)), batch=12), '--batch_size'),
+    (
+        Draw(**T, mesh=(('data', 2), ('stage', 4)), batch=8, microbatches=2, schedule='1f1b'),
+        '--microbatches',
+    ),  # fmt: skip
+    (Draw(**T, mesh=(('fsdp', 2), ('stage', 4)), batch=8, schedule='1f1b'), '--pp_schedule'),
+    (Draw(mesh=(('model', 8),), reduce_dtype='bfloat16'), '--reduce_dtype'),
+]
+
+
+@pytest.mark.parametrize('draw,flag', HAND)
+def test_the_table_and_the_checks_agree_by_hand(draw, flag):
+    said, broken = refusal(draw), violations(draw)
+    assert (said is None) == (flag is None) == (not broken), (said, broken)
+    if flag:
+        assert flag in said and agrees(said, broken) and flag in {b.flag for b in broken}
+    # the agreement can fail: a refusal that names another constraint is no agreement
+    assert not agrees('--embed_dim=7 is wrong', broken)
+
+
+@settings(max_examples=300, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+@given(draws(8, bf16=True))
+def test_the_table_and_the_checks_agree_on_random_draws(draw):
+    """No JAX program: only the plan's checks, 300 draws in a few seconds."""
+    said, broken = refusal(draw), violations(draw)
+    assert (said is None) == (not broken), (draw.flags(), said, broken)
+    assert said is None or agrees(said, broken), (draw.flags(), said, broken)
+
+
+def test_shrinking_runs_in_the_domains_order():
+    """The simplest draw is the MLP on data:8; a draw that needs a transformer split over
+    'model' shrinks to one axis and the fewest, smallest layers and heads that allow it."""
+    assert find(draws(8), lambda d: True) == Draw()
+    d = find(draws(8), lambda d: d.model == 'transformer' and dict(d.mesh).get('model', 1) > 1)
+    assert d.mesh == (('model', 8),) and (d.layers, d.experts, d.schedule) == (1, 0, 'gpipe')
+    zoo = find(draws(8, required=('data', 'model')), lambda d: dict(d.mesh)['model'] > 1)
+    assert zoo.model == 'mlp' and dict(zoo.mesh).keys() == {'data', 'model'}
+
+
+def test_a_failure_is_one_bisect_command():
+    d = Draw(**T, mesh=(('data', 2), ('model', 4)), batch=4, experts=4, k=2)
+    assert command(d, 'typed') == (
+        'python -m tools.bisect --twins=one_device,typed --model=transformer '
+        '--mesh=data:2,model:4 --batch_size=4 --seq_len=16 --num_layers=4 --num_heads=4 '
+        '--num_kv_heads=4 --embed_dim=16 --num_experts=4 --experts_per_token=2 '
+        '--capacity_factor=1.25 --steps=1'
+    )
+    sixteen = Draw(mesh=(('fsdp', 16),), batch=16)
+    assert command(sixteen, 'auto').endswith('--steps=1 --cpu_devices=16')
+    assert Draw.from_json(d.to_json()) == d
+
+
+def test_every_corpus_entry_reads_and_says_why():
+    entries = fuzz_judge.corpus()
+    for e in entries:
+        assert e['status'] in ('known', 'fixed') and e['reason'] and e['twins'], e['name']
+        assert e['status'] == 'fixed' or e['match'], e['name']
+
+
+class PlantedWorker:
+    """A worker whose 'explicit' diverges wherever 'model' splits something: the driver's
+    search and shrinking, without a JAX program."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def run(self, draw, twins, timeout):
+        self.calls += 1
+        broken = violations(draw)
+        if broken:  # the project's refusal, naming what is broken
+            return {'status': 'refused', 'message': f'{broken[0].flag}=... is not divisible'}
+        bad = dict(draw.mesh).get('model', 1) > 1
+        verdict = {'verdict': 'diverges', 'message': 'diverge at step 0, phase gradients'}
+        return {'status': 'ran', 'twins': {'explicit': verdict if bad else {'verdict': 'agrees'}}}
+
+
+def test_the_driver_finds_and_shrinks_a_planted_bug():
+    """In a process of its own: tools.fuzz's flags (--seed, --verbose...) are other CLIs' names
+    too, and absl refuses a flag defined twice in one process (the whole suite imports both)."""
+    code = 'from parity_tests.test_fuzz import planted_driver_run; planted_driver_run()'
+    result = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def planted_driver_run():
+    from absl import flags
+
+    from tools import fuzz as F
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()  # the defaults of tools.fuzz's flags
+    driver = F.Fuzz(['explicit'], 8)
+    driver.worker, driver.entries = PlantedWorker(), []
+    driver.search(seed=0, count=30, minutes=None)
+    assert len(driver.found) == 1, driver.counts
+    draw, failure = driver.found[0]
+    assert failure.kind == 'diverges' and failure.twin == 'explicit'
+    assert draw.model == 'mlp' and draw.mesh == (('model', 8),), draw  # the simplest that fails
+    assert driver.counts['failed'] >= 1 and sum(driver.counts.values()) <= 30
+    assert command(draw, 'explicit').startswith(
+        'python -m tools.bisect --twins=one_device,explicit '
+    )
+
+
+def fuzz(*flags, timeout=300):
+    return subprocess.run([sys.executable, '-m', 'tools.fuzz', *flags], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def test_a_bad_twins_flag_is_one_line_exit_2():
+    result = fuzz('--twins=one_device')
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        'error: --twins=one_device: name a twin or module to compare with one_device'
+    ], result.stderr
+
+
+@pytest.mark.slow  # ~35 s: a worker, 4 draws to the bug, then its shrinking
+def test_a_planted_bug_is_found_and_shrunk_to_its_axis():
+    """tools.zoo.tp_pmean (a pmean over 'model' where the psum belongs): found within 20
+    draws, shrunk to the MLP on a mesh whose 'model' axis is not 1, printed as the bisect
+    command, which says the same."""
+    result = fuzz('--draws=20', '--seed=0', '--twins=one_device,tools.zoo.tp_pmean')
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    line = result.stdout.strip().splitlines()[-1]
+    assert line.startswith('reproduce: python -m tools.bisect --twins=one_device,tools.zoo.tp_')
+    mesh = dict(p.split(':') for p in line.split('--mesh=')[1].split()[0].split(','))
+    assert '--model=mlp' in line and int(mesh['model']) > 1, line
+    argv = [sys.executable, *line.removeprefix('reproduce: ').split()[1:]]
+    replay = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert replay.returncode == 1 and "'model' axis size" in replay.stdout, replay.stdout
+
+
+@pytest.mark.slow  # ~60 s: the corpus, then 6 draws on 8 devices, every twin
+def test_a_short_seeded_run_has_no_unexplained_failure():
+    result = fuzz('--draws=6', '--seed=3')
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert ' 0 failed' in result.stdout and '6 draws' in result.stdout, result.stdout

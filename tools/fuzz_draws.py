@@ -1,0 +1,176 @@
+"""What the fuzzer draws (python -m tools.fuzz): a model, a mesh and the rest of a plan, as one
+frozen Draw, and the flags that run it.
+
+The strategy is written so that Hypothesis's shrinking runs in the domain's order: the MLP
+before the transformer, fewer mesh axes before more ('data' first), the devices on the first
+axis (the others halved towards 1), fewer and smaller layers, heads and experts, GPipe before
+1F1B, float32 before bfloat16. Sizes are powers of two mostly, so that most draws are ones the
+project accepts; an odd size, a stray axis or a batch off by one are drawn now and then, so
+that its refusals are tested too (tools/fuzz_table.py).
+"""
+
+import dataclasses
+
+from hypothesis import strategies as st
+
+ORDER = ('data', 'fsdp', 'model', 'seq', 'stage', 'expert')  # the simplest first
+DENSE = ('data', 'fsdp', 'model')  # the MLP's axes (and the transformer's, with seq, stage)
+
+
+@dataclasses.dataclass(frozen=True)
+class Draw:
+    model: str = 'mlp'
+    mesh: tuple = (('data', 8),)
+    batch: int = 8
+    layers: int = 1
+    heads: int = 1
+    kv_heads: int = 1
+    embed: int = 8
+    seq_len: int = 8
+    experts: int = 0
+    k: int = 1
+    capacity: float = 1.25
+    attention: str = 'naive'
+    microbatches: int = 4
+    schedule: str = 'gpipe'
+    virtual: int = 2
+    layout: str = 'zigzag'
+    dtype: str = 'float32'
+    reduce_dtype: str = 'float32'
+    matmul: str = 'default'
+
+    @property
+    def devices(self) -> int:
+        n = 1
+        for _, size in self.mesh:
+            n *= size
+        return n
+
+    def flags(self) -> list[str]:
+        """The train CLI's flags for this draw (those at their defaults left out)."""
+        axes = dict(self.mesh)
+        out = [f'--model={self.model}', f'--mesh={mesh_text(self.mesh)}']
+        out.append(f'--batch_size={self.batch}')
+        if self.model == 'transformer':
+            out += [f'--seq_len={self.seq_len}', f'--num_layers={self.layers}',
+                    f'--num_heads={self.heads}', f'--num_kv_heads={self.kv_heads}',
+                    f'--embed_dim={self.embed}']  # fmt: skip
+            if self.attention != 'naive':
+                out.append(f'--attention={self.attention}')
+            if self.experts:
+                out += [f'--num_experts={self.experts}', f'--experts_per_token={self.k}',
+                        f'--capacity_factor={self.capacity:g}']  # fmt: skip
+        if 'stage' in axes:
+            out.append(f'--microbatches={self.microbatches}')
+        if self.schedule != 'gpipe':
+            out.append(f'--pp_schedule={self.schedule}')
+        if self.schedule == 'interleaved':
+            out.append(f'--pp_virtual={self.virtual}')
+        if 'seq' in axes and self.layout != 'zigzag':
+            out.append(f'--cp_layout={self.layout}')
+        for flag, value in (('dtype', self.dtype), ('reduce_dtype', self.reduce_dtype)):
+            if value != 'float32':
+                out.append(f'--{flag}={value}')
+        if self.matmul != 'default':
+            out.append(f'--matmul_precision={self.matmul}')
+        return out
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), 'mesh': mesh_text(self.mesh)}
+
+    @classmethod
+    def from_json(cls, saved: dict) -> 'Draw':
+        mesh = tuple((a, int(n)) for a, n in (p.split(':') for p in saved['mesh'].split(',')))
+        return cls(**{**saved, 'mesh': mesh})
+
+
+def mesh_text(mesh) -> str:
+    return ','.join(f'{a}:{n}' for a, n in mesh)
+
+
+def command(draw: Draw, twin: str) -> str:
+    """The one command that replays a draw against one device for a step."""
+    devices = f' --cpu_devices={draw.devices}' if draw.devices != 8 else ''
+    return (f'python -m tools.bisect --twins=one_device,{twin} ' + ' '.join(draw.flags())
+            + f' --steps=1{devices}')  # fmt: skip
+
+
+def up(x: int, n: int) -> int:
+    """The least multiple of n that is x or more."""
+    return -(-x // n) * n
+
+
+def pow2(low: int, high: int):
+    """2**low .. 2**high, shrinking towards 2**low."""
+    return st.integers(low, high).map(lambda e: 2**e)
+
+
+@st.composite
+def meshes(draw, devices: int, pool, required=()):
+    """Axes from `pool` in a drawn order (the `required` ones always), sizes whose product is
+    `devices` (a power of two): each factor 2 goes to a drawn axis, the first by default."""
+    names = draw(st.lists(st.sampled_from(pool), min_size=0 if required else 1,
+                          max_size=len(pool), unique=True))  # fmt: skip
+    names += [a for a in required if a not in names]
+    owners = draw(st.lists(st.integers(0, len(names) - 1), min_size=devices.bit_length() - 1,
+                           max_size=devices.bit_length() - 1))  # fmt: skip
+    return tuple((a, 2 ** owners.count(i)) for i, a in enumerate(names))
+
+
+@st.composite
+def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp', 'transformer')):
+    """One Draw over `devices` devices; `required`: the axes a strategy module of yours (a zoo
+    entry) needs on every mesh (then only those are drawn)."""
+    model = draw(st.sampled_from(models))
+    t = model == 'transformer'
+    experts = draw(st.sampled_from([0, 2, 4, 8, 3])) if t else 0
+    # a pipeline of data and stage alone (what 1F1B and interleaved run on) a quarter of the time
+    pipeline = t and not experts and not required and draw(st.integers(0, 3)) == 3
+    if required:
+        pool = list(required)
+    elif pipeline:
+        pool, required = ['data', 'stage'], ('stage',)
+    else:  # experts route per whole sequence: 'seq' with them only as a stray axis
+        pool = list(DENSE + (('stage',) if t else ()) + (('seq',) if t and not experts else ()))
+        pool += ['expert'] if experts else []
+        if draw(st.integers(0, 7)) == 7:  # now and then an axis it cannot take
+            pool += [a for a in ORDER if a not in pool][:1]
+    mesh = draw(meshes(devices, pool, required))
+    axes = dict(mesh)
+    # three draws in four fit their mesh (what an axis splits rounded up to a multiple of it),
+    # the fourth is left as drawn: mostly accepted draws, and refusals enough to test them
+    fit = draw(st.integers(0, 3)) != 3
+    n = {a: axes.get(a, 1) if fit else 1 for a in ORDER}
+    heads = up(draw(pow2(0, 3)), n['model'])
+    kind = draw(st.sampled_from(['mha', 'gqa', 'mqa']))
+    kv = up({'mha': heads, 'gqa': max(1, heads // 2), 'mqa': 1}[kind], n['model'])
+    schedules = ['gpipe', '1f1b', 'interleaved']
+    if not (pipeline or draw(st.integers(0, 7)) == 7):  # else now and then one on no pipeline
+        schedules = ['gpipe']
+    schedule = draw(st.sampled_from(schedules)) if 'stage' in axes else 'gpipe'
+    virtual = draw(st.sampled_from([2, 3])) if schedule == 'interleaved' else 2
+    chunks = virtual if schedule == 'interleaved' else 1
+    layers = up(draw(st.sampled_from([1, 2, 4, 3, 8])), n['stage'] * chunks) if t else 1
+    m = draw(st.sampled_from([1, 2, 4, 3, 8])) if 'stage' in axes else 4
+    m = max(m, n['stage']) if schedule == '1f1b' else m
+    m = up(m, n['stage']) if schedule == 'interleaved' else m
+    layout = draw(st.sampled_from(['zigzag', 'contiguous'])) if 'seq' in axes else 'zigzag'
+    seq_len = draw(st.sampled_from([8, 16, 32, 12])) if t else 8
+    seq_len = up(seq_len, n['seq'] * (2 if layout == 'zigzag' else 1))
+    experts = up(experts, n['expert']) if experts else 0
+    rows = 1
+    for a in ('data', 'fsdp', 'expert'):
+        rows *= axes.get(a, 1)
+    batch = rows * (m if 'stage' in axes else 1) * draw(st.integers(1, 2))
+    batch += draw(st.integers(0, 15)) == 15  # now and then a batch that does not split
+    dtypes = ['float32', 'bfloat16'] if bf16 else ['float32']
+    return Draw(
+        model=model, mesh=mesh, batch=batch, layers=layers, heads=heads, kv_heads=kv,
+        embed=heads * draw(st.sampled_from([8, 4, 16])), seq_len=seq_len,
+        experts=experts, k=draw(st.integers(1, min(2, experts))) if experts else 1,
+        capacity=draw(st.sampled_from([1.25, 1.0, 2.0])) if experts else 1.25,
+        attention=draw(st.sampled_from(['naive', 'fused'])) if t else 'naive',
+        microbatches=m, schedule=schedule, virtual=virtual, layout=layout,
+        dtype=draw(st.sampled_from(dtypes)), reduce_dtype=draw(st.sampled_from(dtypes)),
+        matmul=draw(st.sampled_from(['default', 'high', 'highest'])),
+    )  # fmt: skip

@@ -1,0 +1,151 @@
+"""The fuzzer's verdicts (python -m tools.fuzz): a worker's answer for a draw, judged against the
+independent refusal table (tools/fuzz_table.py) and the one-device run; the workers themselves
+(a subprocess per device count, restarted after a crash or a hang); and the corpus of failures
+found, tools/fuzz_corpus/*.json, replayed first on every run.
+"""
+
+import json
+import os
+import pathlib
+import re
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from typing import NamedTuple
+
+from .fuzz_draws import Draw
+from .fuzz_table import agrees, violations
+
+CORPUS = pathlib.Path(__file__).parent / 'fuzz_corpus'
+
+
+class Failure(NamedTuple):
+    kind: str  # refused, reason, accepted, diverges, fails, refused_twin, hang, crash
+    twin: str | None  # the twin it concerns (None: the draw as a whole)
+    message: str
+
+    @property
+    def signature(self) -> tuple:
+        """What makes two failures the same bug while shrinking (as Hypothesis tells errors
+        apart by type and line): the kind, the twin, and the line that raised or the phase
+        that diverged."""
+        where = re.search(r' at (\S+:\d+)|phase (\w+)', self.message)
+        return self.kind, self.twin, where and where.group(1) or where and where.group(2)
+
+
+def judge(draw: Draw, answer: dict, bf16_judged: bool = False) -> tuple[str, list[Failure]]:
+    """(outcome, failures): outcome 'refused', 'passed' or 'failed'. A bfloat16 draw's
+    divergence is not judged (no bf16 verdict yet): only a refusal, crash or raise counts."""
+    status, broken = answer['status'], violations(draw)
+    whys = '; '.join(f'{b.flag}: {b.why}' for b in broken)
+    if status in ('hang', 'crash'):
+        return 'failed', [Failure(status, None, answer['message'])]
+    if status == 'refused':
+        msg = answer['message']
+        if not broken:
+            return 'failed', [Failure('refused', None, f'refused, the table accepts it: {msg}')]
+        if not agrees(msg, broken):
+            return 'failed', [Failure('reason', None, f'refused: {msg} (the table: {whys})')]
+        return 'refused', []
+    if broken:
+        return 'failed', [Failure('accepted', None, f'accepted, the table refuses it: {whys}')]
+    wide = draw.dtype == 'float32' and draw.reduce_dtype == 'float32'
+    failures = []
+    for twin, v in answer['twins'].items():
+        if v['verdict'] == 'diverges' and not (wide or bf16_judged):
+            continue
+        if v['verdict'] != 'agrees':
+            kind = 'refused_twin' if v['verdict'] == 'refused' else v['verdict']
+            failures.append(Failure(kind, twin, v['message']))
+    return ('failed' if failures else 'passed'), failures
+
+
+class Worker:
+    """A `python -m tools.fuzz_worker N` subprocess, started on first use, reused across draws,
+    restarted after a crash or a hang (its stderr kept in a temporary file, whose end a crash
+    reports)."""
+
+    def __init__(self, devices: int, env: dict):
+        self.devices, self.env, self.proc = devices, env, None
+        self.log = tempfile.NamedTemporaryFile('w+', prefix='fuzz_worker_', suffix='.log')
+
+    def start(self):
+        self.log.seek(0)
+        self.log.truncate()
+        root = str(pathlib.Path(__file__).parent.parent)
+        self.proc = subprocess.Popen(
+            [sys.executable, '-m', 'tools.fuzz_worker', str(self.devices)], cwd=root,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=self.env,
+        )  # fmt: skip
+
+    def run(self, draw: Draw, twins, timeout: float) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+            timeout += 60  # JAX's start
+        job = {'flags': draw.flags(), 'twins': list(twins)}
+        try:
+            self.proc.stdin.write((json.dumps(job) + '\n').encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return self.died()
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([self.proc.stdout], [], [], left)[0]:
+                break
+            line = self.proc.stdout.readline().decode()
+            if not line:
+                return self.died()
+            if line.startswith('FUZZ '):
+                return json.loads(line[5:])
+        self.stop()
+        return {'status': 'hang', 'message': f'no answer in {timeout:.0f} s (killed)'}
+
+    def died(self) -> dict:
+        code = self.proc.wait()
+        self.log.flush()
+        self.log.seek(0)
+        tail = [ln for ln in self.log.read().splitlines() if ln.strip()][-3:]
+        self.proc = None
+        return {'status': 'crash', 'message': f'the worker died (exit {code}): ' + ' | '.join(tail)}
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+def worker_env(fast_compile: bool) -> dict:
+    """The workers' environment: the tests' compile settings (parity_tests/conftest.py: XLA's
+    optimisation level 0, a sixth of the CPU per compile) unless XLA_FLAGS names a level."""
+    env = dict(os.environ)
+    level = '--xla_backend_optimization_level'
+    if fast_compile and level not in env.get('XLA_FLAGS', ''):
+        env['XLA_FLAGS'] = f"{env.get('XLA_FLAGS', '')} {level}=0".strip()
+    return env
+
+
+# --- the corpus ---
+
+
+def corpus() -> list[dict]:
+    """Every entry of tools/fuzz_corpus/: {'draw', 'twins', 'status' ('fixed': must pass now;
+    'known': an open bug, reported as known), 'reason', 'match' (a known entry's: the regular
+    expression on a failure's message that says a new draw hit the same bug)}."""
+    entries = []
+    for path in sorted(CORPUS.glob('*.json')):
+        entry = json.loads(path.read_text())
+        entry['name'], entry['draw'] = path.stem, Draw.from_json(entry['draw'])
+        entries.append(entry)
+    return entries
+
+
+def known(failure: Failure, entries) -> dict | None:
+    """The known-open entry a failure is an instance of, if any."""
+    for e in entries:
+        twin_ok = failure.twin is None or failure.twin in e['twins']
+        if e['status'] == 'known' and twin_ok and re.search(e['match'], failure.message):
+            return e
+    return None

@@ -1,0 +1,95 @@
+"""The fuzzer's worker (python -m tools.fuzz starts one per device count): runs draws, one per
+line of stdin, each a JSON object {"flags": [...], "twins": [...]}, and answers each with one
+line `FUZZ {...}` on stdout (all else it prints goes to stderr).
+
+A draw starts as the bisector's run does (tools/bisect.py, `started`: the train CLI's plan and
+checks, the task, the initial state), so that its command replays it: a refusal is the CLI's
+line; else each twin takes one step beside one device (tools/divergence.py's compare_step: the
+activations, the loss and every gradient, then the update), one-device programs compiled once
+for all the twins. A hang or a crash here is the driver's to see: it kills and restarts this.
+
+    python -m tools.fuzz_worker 8 < jobs.jsonl
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import jax
+import numpy as np
+from absl import flags, logging
+
+from shard_parity import UsageError
+from shard_parity.step import apply_gradients
+
+from . import bisect
+from . import divergence as D
+from .sides import SideFailed, load_side
+
+
+def run(job: dict) -> dict:
+    """One draw: {'status': 'refused', 'message'} or {'status': 'ran', 'twins': {twin:
+    {'verdict': 'agrees'|'diverges'|'fails'|'refused', 'message'}}}."""
+    flags.FLAGS.unparse_flags()
+    try:
+        flags.FLAGS(['fuzz', *job['flags'], '--steps=1'])
+        start = bisect.started()
+    except (UsageError, flags.Error) as e:
+        return {'status': 'refused', 'message': str(e)}
+    one = D.Runner(load_side('one_device', start.plan, None), start.graphdef, start.loss_fn,
+                   start.tx, 'A')  # fmt: skip
+    on_one = jax.jit(lambda s, g: apply_gradients(s, g, start.tx))
+
+    def apply(state, grads):  # the shared optimizer's update of `grads`, on one device
+        return jax.device_get(on_one(jax.tree.map(np.array, state), grads))
+
+    batch, verdicts = start.batches.batch(0), {}
+    for twin in job['twins']:
+        verdicts[twin] = one_twin(twin, start, one, apply, batch)
+    return {'status': 'ran', 'twins': verdicts}
+
+
+def one_twin(twin: str, start, one, apply, batch) -> dict:
+    """{'verdict', 'message'}: `twin`'s step beside one device's (`one`, its Runner)."""
+    try:
+        side = load_side(twin, start.plan, start.mesh)
+        runner = D.Runner(side, start.graphdef, start.loss_fn, start.tx, 'B')
+        report = D.Report(('one_device', twin), 'f32', 0)
+        phase, layer, out = D.compare_step(one, runner, apply, start.state, batch, 'f32', report)
+    except UsageError as e:
+        return {'verdict': 'refused', 'message': str(e)}
+    except SideFailed as e:
+        return {'verdict': 'fails', 'message': str(e)}
+    except Exception as e:  # the one-device side, or the comparison itself
+        last = traceback.extract_tb(e.__traceback__)[-1]
+        first = (str(e).strip().splitlines() or [''])[0][:200]
+        where = f'{os.path.relpath(last.filename)}:{last.lineno}'
+        return {'verdict': 'fails', 'message': f'{where}: {type(e).__name__}: {first}'}
+    if phase is None:
+        return {'verdict': 'agrees', 'message': ''}
+    D._diverged(report, 0, phase, layer, out, one.side, side)
+    return {'verdict': 'diverges', 'message': bisect.render(report)}
+
+
+def main() -> None:
+    devices = int(sys.argv[1])
+    answers = os.fdopen(os.dup(1), 'w')
+    os.dup2(2, 1)  # what the draws print (warnings, notes) goes to stderr
+    from shard_parity.devices import configure_jax
+
+    configure_jax(devices)  # before anything starts JAX's backend
+    logging.set_verbosity(logging.WARNING)
+
+    for line in sys.stdin:
+        t0 = time.monotonic()
+        result = run(json.loads(line))
+        jax.clear_caches()  # each draw's programs are its own: memory stays flat
+        result['seconds'] = round(time.monotonic() - t0, 2)
+        answers.write('FUZZ ' + json.dumps(result) + '\n')
+        answers.flush()
+
+
+if __name__ == '__main__':
+    main()
