@@ -7,6 +7,7 @@ twin) is found and shrunk to a mesh where its axis is not 1; and a short seeded 
 corpus, ends with no failure it cannot explain.
 """
 
+import os
 import subprocess
 import sys
 
@@ -173,6 +174,23 @@ def test_a_bad_twins_flag_is_one_line_exit_2():
     result = fuzz('--twins=one_device')
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         'error: --twins=one_device: name a twin or module to compare with one_device'
+    ], result.stderr
+
+
+def test_without_hypothesis_the_fuzzer_says_what_it_needs(tmp_path):
+    """Installed without the test extra: one line naming what to install, exit 2, no traceback."""
+    (tmp_path / 'sitecustomize.py').write_text(
+        'import sys\n\n\nclass NoHypothesis:\n'
+        '    def find_spec(self, name, path=None, target=None):\n'
+        "        if name.split('.')[0] == 'hypothesis':\n"
+        '            raise ModuleNotFoundError(name, name=name)\n\n\n'
+        'sys.meta_path.insert(0, NoHypothesis())\n'
+    )
+    result = subprocess.run([sys.executable, '-m', 'tools.fuzz', '--help'], cwd=REPO,
+                            env={**os.environ, 'PYTHONPATH': str(tmp_path)}, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "error: tools.fuzz draws with Hypothesis, which is not installed: pip install -e '.[test]'"
     ], result.stderr
 
 

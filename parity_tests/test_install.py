@@ -157,7 +157,8 @@ def readme_commands() -> list[str]:
 
 
 # The commands whose bare run is a refusal (the others start work: train, bisect and inspect at
-# their defaults, margins runs the fast tier's parity tests); margins too where pytest is missing.
+# their defaults, fuzz draws, margins runs the fast tier's parity tests); margins too where pytest
+# is missing.
 REFUSE_NO_ARGUMENTS = {'tools.compare', 'tools.launch', 'auto.generate', 'explicit.generate',
                        'typed.generate'}  # fmt: skip
 BLOCK_PYTEST = """
@@ -174,7 +175,7 @@ sys.meta_path.insert(0, NoPytest())
 """
 
 
-@pytest.mark.slow  # 33 runs, 2 s for each that imports JAX, two at a time: 40 s
+@pytest.mark.slow  # 35 runs, 2 s for each that imports JAX, two at a time: 40 s
 def test_every_readme_command_runs_from_any_directory_with_and_without_pytest(tmp_path):
     """By its installed name from a folder outside the checkout: --help exits 0; a bare command
     that is a refusal says so in one line, exit 2; the same where pytest cannot be imported
@@ -182,7 +183,7 @@ def test_every_readme_command_runs_from_any_directory_with_and_without_pytest(tm
     if installed(DIST) is None:
         pytest.skip(f'{DIST} is not installed (pip install -e .): only a checkout can run it')
     commands = readme_commands()
-    assert REFUSE_NO_ARGUMENTS <= set(commands) and len(commands) == 11, commands
+    assert REFUSE_NO_ARGUMENTS <= set(commands) and len(commands) == 12, commands
     elsewhere, blocker = tmp_path / 'elsewhere', tmp_path / 'no_pytest'
     elsewhere.mkdir()
     blocker.mkdir()
@@ -213,6 +214,6 @@ def test_every_readme_command_runs_from_any_directory_with_and_without_pytest(tm
                 printed = [x for x in (result.stdout + result.stderr).splitlines() if x.strip()]
                 assert result.returncode == 2 and len(printed) == 1, said
                 assert printed[0].startswith('error: '), said
-    assert len(runs) == 33 and not list(elsewhere.iterdir())  # nothing written where they ran
+    assert len(runs) == 35 and not list(elsewhere.iterdir())  # nothing written where they ran
     margins = run(no_pytest, '-m', 'shard_parity.tools.margins')
     assert 'pytest, which is not installed: pip install -e' in margins.stderr, margins.stderr

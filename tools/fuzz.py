@@ -23,6 +23,13 @@ from absl import app, flags
 
 from shard_parity import UsageError, refuse
 
+try:
+    import hypothesis  # noqa: F401  (the test extra's)
+except ModuleNotFoundError:
+    if __name__ == '__main__':
+        refuse("tools.fuzz draws with Hypothesis, which is not installed: pip install -e '.[test]'")
+    raise
+
 from . import fuzz_judge as J
 from .fuzz_draws import command, draws
 

@@ -281,4 +281,9 @@ ROWS = [
         'name a twin or module to compare with one_device',
         'test_fuzz.test_a_bad_twins_flag_is_one_line_exit_2',
     ),
+    (
+        'fuzz: Hypothesis not installed (no test extra)',
+        'tools.fuzz draws with Hypothesis, which is not installed',
+        'test_fuzz.test_without_hypothesis_the_fuzzer_says_what_it_needs',
+    ),
 ]
