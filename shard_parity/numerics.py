@@ -72,6 +72,18 @@ def coarser(*dtypes: str) -> str:
     return max(('float32', *map(str, dtypes)), key=unit_roundoff)
 
 
+def coarsest(policies) -> tuple[str, str]:
+    """(compute, reduce): the coarser of each over (compute, reduce) pairs, one per side or run."""
+    computes, reduces = zip(*policies, strict=True) if policies else ((), ())
+    return coarser(*computes), coarser(*reduces)
+
+
+def saved(model_config: dict) -> tuple[str, str]:
+    """A run's (compute, reduce) from its config.json's model_config (float32 where a run saved
+    before the policy recorded none)."""
+    return model_config.get('dtype', 'float32'), model_config.get('reduce_dtype', 'float32')
+
+
 def error(a, b) -> float:
     """||a - b|| / max(||a||, ||b||) over the leaf, in float64: 0 where both are zero, inf where
     the shapes differ or either holds a NaN or infinity."""
@@ -100,8 +112,7 @@ class Budget:
     def of(cls, precisions, devices: int = 1, modules: int = 1) -> 'Budget':
         """The budget of sides with `precisions` (shard_parity.plan.Precision each)."""
         return cls(
-            coarser(*(p.compute for p in precisions)),
-            coarser(*(p.reduce for p in precisions)),
+            *coarsest([(p.compute, p.reduce) for p in precisions]),
             max(devices, 1),
             max(modules, 1),
         )

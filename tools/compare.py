@@ -196,10 +196,8 @@ def policy(names) -> tuple[str, str] | None:
     from shard_parity import numerics
 
     found = [settings.settings(n) or {} for n in names]
-    dtypes = [f.get('model_config', {}) for f in found]
-    compute = numerics.coarser(*(d.get('dtype', 'float32') for d in dtypes))
-    reduce = numerics.coarser(*(d.get('reduce_dtype', 'float32') for d in dtypes))
-    return None if compute == reduce == 'float32' else (compute, reduce)
+    coarse = numerics.coarsest([numerics.saved(f.get('model_config', {})) for f in found])
+    return None if coarse == ('float32', 'float32') else coarse
 
 
 def main(argv):

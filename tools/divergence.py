@@ -14,8 +14,10 @@ the loss under intercepted module calls. Only per-example outputs (leading dimen
 that are whole on every device are kept: under explicit tensor parallelism a column-parallel
 layer's output is one device's columns and a row-parallel one's a partial sum, which have no
 counterpart on the other side; under context parallelism ('seq') an output holds one device's
-positions only, and is left out the same way. flax's nnx.capture(method_outputs=) records
-outputs too, but sorted by name; here the order they were computed in names the first layer that differs.
+positions only, and is left out the same way (and where 'seq' splits positions, compare_step
+compares no output at all: a side holds them in its own layout). flax's
+nnx.capture(method_outputs=) records outputs too, but sorted by name; here the order they were
+computed in names the first layer that differs.
 
 Under --tolerance=model (the default where either side computes or reduces in less than
 float32) each leaf is held to its budget in shard_parity/numerics.py's error model, norm-wise:
@@ -177,16 +179,12 @@ class Runner:
         return jax.device_get(self.step(place(self.side, state), place(self.side, batch, True)))
 
 
-def _rows(a: Side, b: Side) -> int:
-    """How many blocks of rows the batch is split into (the row axes' devices), at most."""
-    blocks = [s.plan for s in (a, b) if s.mesh]
-    return max((math.prod(p.size(x) for x in p.rows) for p in blocks), default=1)
-
-
-def _devices(a: Side, b: Side) -> int:
-    """The most devices a gradient is reduced over (the batch axes': rows and positions)."""
-    blocks = [s.plan for s in (a, b) if s.mesh]
-    return max((math.prod(p.size(x) for x in p.batch_axes) for p in blocks), default=1)
+def _split(a: Side, b: Side, axes: str) -> int:
+    """The most devices either side's plan spreads over its `axes` ('rows': how many blocks of
+    rows the batch is split into; 'batch_axes': the devices a gradient is reduced over, rows
+    and positions)."""
+    plans = [s.plan for s in (a, b) if s.mesh]
+    return max((math.prod(p.size(x) for x in getattr(p, axes)) for p in plans), default=1)
 
 
 class _Seen(list):
@@ -206,7 +204,7 @@ class _Seen(list):
 
 def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report, step=None):
     """(phase, layer, differing leaves) of one step from `state`, or (None, None, A's state)."""
-    n = _rows(ra.side, rb.side)
+    n = _split(ra.side, rb.side, 'rows')
     common, acts_a, acts_b = [], [], {}
     # Under 'seq' a side's per-example outputs hold its positions in its layout (zigzag's
     # chunks reordered), which have no counterpart in the other's: the loss and gradients speak
@@ -280,7 +278,8 @@ def bisect(
     tolerance = tolerance or default_tolerance(a, b)
     report = Report((a.name, b.name), tolerance, 0)
     if tolerance == 'model':
-        report.model = numerics.Budget.of([a.plan.precision, b.plan.precision], _devices(a, b))
+        devices = _split(a, b, 'batch_axes')
+        report.model = numerics.Budget.of([a.plan.precision, b.plan.precision], devices)
     if state_b is not None:
         model = report.model  # two runs' checkpoints: their trajectories' band at `start`
         allowed = model and max(model.update(), model.along(start))
@@ -288,11 +287,7 @@ def bisect(
         if leaves:
             return _diverged(report, start, 'state', None, leaves, a, b)
     ra, rb = Runner(a, graphdef, loss_fn, tx, 'A'), Runner(b, graphdef, loss_fn, tx, 'B')
-    one_device = jax.jit(lambda s, g: apply_gradients(s, g, tx))
-
-    def apply(state, grads):  # the update the shared optimizer makes of `grads`, on one device
-        return jax.device_get(one_device(jax.tree.map(np.array, state), grads))
-
+    apply = shared_update(tx)
     for i in range(start, start + steps):
         batch = batches.batch(i)
         phase, layer, out = compare_step(ra, rb, apply, state, batch, tolerance, report, i)
@@ -303,11 +298,22 @@ def bisect(
     return report
 
 
+def shared_update(tx):
+    """apply(state, grads): the update the shared optimizer `tx` makes of `grads`, on one
+    device (compare_step holds each side's train_step to it)."""
+    one_device = jax.jit(lambda s, g: apply_gradients(s, g, tx))
+
+    def apply(state, grads):
+        return jax.device_get(one_device(jax.tree.map(np.array, state), grads))
+
+    return apply
+
+
 def default_tolerance(a: Side, b: Side) -> str:
     """'model' where either side computes or reduces in less than float32, else 'f32'."""
-    policies = [s.plan.precision for s in (a, b)]
-    return 'model' if numerics.coarser(*(p.compute for p in policies),
-                                       *(p.reduce for p in policies)) != 'float32' else 'f32'  # fmt: skip
+    precisions = (a.plan.precision, b.plan.precision)
+    policy = numerics.coarsest([(p.compute, p.reduce) for p in precisions])
+    return 'model' if numerics.coarser(*policy) != 'float32' else 'f32'
 
 
 def _diverged(report, step, phase, layer, leaves, a, b) -> Report:

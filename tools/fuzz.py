@@ -78,10 +78,14 @@ class Fuzz:
         self.deadline = self.shrink_until = 0.0
         self.limit = None
 
+    def key(self, draw, twins=None) -> tuple:
+        """What a draw runs, by which its answer is remembered: its flags and the twins."""
+        return tuple(draw.flags()), tuple(twins or self.twins)
+
     def run(self, draw, twins=None):
         """(outcome, new failures, known entries hit) of one draw, on `twins` (default
         --twins'); a draw seen before (shrinking meets many) is answered from memory."""
-        key = tuple(draw.flags()), tuple(twins or self.twins)  # what runs: the flags
+        key = self.key(draw, twins)
         if key in self.answers:
             return self.answers[key]
         answer = self.worker.run(draw, key[1], TIMEOUT.value)
@@ -126,7 +130,7 @@ class Fuzz:
             raise BudgetSpent
         if self.signature is None and self.limit is not None and len(self.seconds) >= self.limit:
             raise BudgetSpent
-        t0, fresh = time.monotonic(), (tuple(draw.flags()), tuple(self.twins)) not in self.answers
+        t0, fresh = time.monotonic(), self.key(draw) not in self.answers
         outcome, new, _ = self.run(draw)
         if self.signature is None and fresh:
             self.seconds.append(time.monotonic() - t0)

@@ -18,11 +18,9 @@ import time
 import traceback
 
 import jax
-import numpy as np
 from absl import flags, logging
 
 from shard_parity import UsageError
-from shard_parity.step import apply_gradients
 
 from . import bisect
 from . import divergence as D
@@ -40,11 +38,7 @@ def run(job: dict) -> dict:
         return {'status': 'refused', 'message': str(e)}
     one = D.Runner(load_side('one_device', start.plan, None), start.graphdef, start.loss_fn,
                    start.tx, 'A')  # fmt: skip
-    on_one = jax.jit(lambda s, g: apply_gradients(s, g, start.tx))
-
-    def apply(state, grads):  # the shared optimizer's update of `grads`, on one device
-        return jax.device_get(on_one(jax.tree.map(np.array, state), grads))
-
+    apply = D.shared_update(start.tx)
     batch, verdicts = start.batches.batch(0), {}
     for twin in job['twins']:
         verdicts[twin] = one_twin(twin, start, one, apply, batch)

@@ -118,9 +118,7 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
         raise UsageError(
             f'{run_a} and {run_b} were trained with other settings: ' + '; '.join(diffs)
         )
-    shapes = [s['model_config'] for s in (saved_a, saved_b)]  # each run's compute and reduce
-    policy = (numerics.coarser(*(m.get('dtype', 'float32') for m in shapes)),
-              numerics.coarser(*(m.get('reduce_dtype', 'float32') for m in shapes)))  # fmt: skip
+    policy = numerics.coarsest([numerics.saved(s['model_config']) for s in (saved_a, saved_b)])
     if tolerance is None:  # the error model where either run is not float32 throughout
         tolerance = 'model' if numerics.coarser(*policy) != 'float32' else 'f32'
     policy = policy if tolerance == 'model' else None

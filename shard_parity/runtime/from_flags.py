@@ -46,7 +46,7 @@ def plan(fit_default_batch: bool = False, devices=None) -> plans.Plan:
     """The flags' plan over at most the `devices` (default this process's; a --target's),
     checked: a named mesh's sizes multiply to --num_devices (default: all of them); AxB gives
     --strategy's two axes. `fit_default_batch` (the train CLI): with neither --mesh nor
-    --batch_size given, the most devices the default batch splits over (`devices`)."""
+    --batch_size given, the most devices the default batch splits over (`device_count`)."""
     target = devices is not None
     devices = jax.devices() if devices is None else list(devices)
     if NUM_DEVICES.value is not None and NUM_DEVICES.value > len(devices):
