@@ -8,6 +8,7 @@ corpus, ends with no failure it cannot explain.
 """
 
 import os
+import random
 import subprocess
 import sys
 
@@ -90,13 +91,23 @@ def test_the_table_and_the_checks_agree_on_random_draws(draw):
 
 
 def test_shrinking_runs_in_the_domains_order():
-    """The simplest draw is the MLP on data:8; a draw that needs a transformer split over
-    'model' shrinks to one axis and the fewest, smallest layers and heads that allow it."""
-    assert find(draws(8), lambda d: True) == Draw()
-    d = find(draws(8), lambda d: d.model == 'transformer' and dict(d.mesh).get('model', 1) > 1)
-    assert d.mesh == (('model', 8),) and (d.layers, d.experts, d.schedule) == (1, 0, 'gpipe')
-    zoo = find(draws(8, required=('data', 'model')), lambda d: dict(d.mesh)['model'] > 1)
-    assert zoo.model == 'mlp' and dict(zoo.mesh).keys() == {'data', 'model'}
+    """The simplest draw is the MLP on data:8. Shrinking is Hypothesis's heuristic search: it
+    stops at a local minimum that moves with its version and seed (a fresh CI clone once got
+    data:4,fsdp:1,stage:1,model:2 where this machine got model:8). So, over three seeds, a
+    draw that needs a transformer split over 'model' shrinks to one layer, GPipe, float32, naive
+    attention and at most one split axis beside 'model'; 31 seeds were checked by hand."""
+    assert find(draws(8), lambda d: True, settings=settings(database=None)) == Draw()
+    quiet = settings(database=None, max_examples=1000)
+    for seed in range(3):
+        d = find(draws(8), lambda d: d.model == 'transformer' and dict(d.mesh).get('model', 1) > 1,
+                 settings=quiet, random=random.Random(seed))  # fmt: skip
+        split = [a for a, n in d.mesh if n > 1]
+        assert 'model' in split and len(split) <= 2, d
+        assert (d.layers, d.schedule, d.attention) == (1, 'gpipe', 'naive'), d
+        assert (d.dtype, d.reduce_dtype, d.matmul) == ('float32', 'float32', 'default'), d
+        zoo = find(draws(8, required=('data', 'model')), lambda d: dict(d.mesh)['model'] > 1,
+                   settings=quiet, random=random.Random(seed))  # fmt: skip
+        assert zoo.model == 'mlp' and dict(zoo.mesh).keys() == {'data', 'model'}, zoo
 
 
 def test_a_failure_is_one_bisect_command():
