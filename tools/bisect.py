@@ -219,6 +219,9 @@ def render(r) -> str:
         what = (
             f'shapes A {leaf.shapes[0]}, B {leaf.shapes[1]}'
             if leaf.shapes
+            else f'stored as {leaf.dtypes[1]} where the shared optimizer keeps '
+            f'{leaf.dtypes[0]} (the precision policy: parameters and AdamW state in float32)'
+            if leaf.dtypes
             else f'max abs err {leaf.max_abs:.3g}, max rel err {leaf.max_rel:.3g}'
             + (f', B/A = {leaf.ratio:.6g} everywhere' if leaf.ratio is not None else '')
         )

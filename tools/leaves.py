@@ -30,6 +30,7 @@ class Leaf:
     max_rel: float
     ratio: float | None = None  # B / A, when constant over the leaf
     shapes: tuple | None = None  # (A's, B's) when they differ
+    dtypes: tuple | None = None  # (A's, B's) when they differ where they must not (the state)
     blocks: list | None = None  # which devices' rows differ, when only some do
     error: float | None = None  # --tolerance=model: ||A - B|| / max(||A||, ||B||)
     budget: float | None = None  # ...and the error model's budget for it
@@ -109,12 +110,19 @@ def named_leaves(tree) -> list:
     return [('.'.join(name(k) for k in path if name(k) != 'value'), x) for path, x in flat]
 
 
-def compare_trees(prefix, a, b, tolerance, budget=None, seen=None, before=None) -> list[Leaf]:
+def compare_trees(
+    prefix, a, b, tolerance, budget=None, seen=None, before=None, dtypes=False
+) -> list[Leaf]:
     """The leaves of a and b that differ. With `before` (the tree a and b were made from),
-    `budget` is a function of (before's leaf, b's leaf): the model's budget of the change."""
+    `budget` is a function of (before's leaf, b's leaf): the model's budget of the change.
+    `dtypes`: a leaf whose element type differs is a difference whatever its values."""
     out = []
     olds = [x for _, x in named_leaves(before)] if before is not None else None
     for i, ((path, x), (_, y)) in enumerate(zip(named_leaves(a), named_leaves(b), strict=True)):
+        if dtypes and np.dtype(x.dtype) != np.dtype(y.dtype):
+            kinds = (np.dtype(x.dtype).name, np.dtype(y.dtype).name)
+            out.append(Leaf(f'{prefix}{path}', math.inf, math.inf, dtypes=kinds))
+            continue
         allowed = budget(olds[i], y) if olds is not None and budget else budget
         leaf = compare(f'{prefix}{path}', x, y, tolerance, budget=allowed, seen=seen)
         if leaf:

@@ -31,6 +31,9 @@ original's only in its BUG lines.
     loss_one_short    explicit/dp.py with the loss averaged over one position too few (sum /
                       B(T - 1)): 6% at T = 16, within a bf16 gradient's round-off, caught
                       by the loss's budget (docs/numerics.md; test_numerics.py)
+    adamw_bf16        explicit/dp.py with AdamW's moments stored in bf16 where the policy
+                      keeps float32: within bf16's round-off, caught by the state's dtypes
+                      (divergence.compare_step; test_numerics.py)
     dropout           explicit/dp.py with input dropout drawn per global row: no bug, a variant
                       (it adds functions and changes none of dp.py's), the reference for...
     dropout_key       ...dropout.py with the key folded with the device's local row index
