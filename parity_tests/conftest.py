@@ -139,6 +139,18 @@ def pytest_terminal_summary(terminalreporter, config):
         margin = 'exact' if used == 0 else f'{1 / used:.3g}x'
         flag = '  <-- under 10x' if used > 0.1 else ''
         write(f'{margin:>10}  {tolerance:<9}  {test}{flag}')
+    if not helpers.MODEL_MARGINS:
+        return
+    write('')
+    write('error model (docs/numerics.md): a correct pair\'s largest error as a fraction of')
+    write('its budget (kept at 1/3 or less), a bug\'s first leaf in budgets (10 or more)')
+    for test, kind, figure in sorted(helpers.MODEL_MARGINS, key=lambda r: (r[1], -r[2], r[0])):
+        if kind == 'agrees':
+            flag = '  <-- over 1/3' if figure > 1 / 3 else ''
+            write(f'{figure:>10.3g}  of budget  {test}{flag}')
+        else:
+            flag = '  <-- under 10' if figure < 10 else ''
+            write(f'{figure:>10.3g}  budgets    {test}{flag}')
 
 
 @pytest.fixture(scope='session')

@@ -146,6 +146,21 @@ def assert_close(actual, desired, what: str = '', **tol):
     MARGINS.append((test, tolerance_name(tol), float(used.max(initial=0.0))))
 
 
+MODEL_MARGINS: list[tuple[str, str, float]] = []  # (test, 'agrees' or 'caught', figure)
+
+
+def record_model(report):
+    """For --margins, a bisector's report under the error model (docs/numerics.md): a correct
+    pair's largest error as a fraction of its budget (every phase, every leaf compared), or a
+    bug's first differing leaf in budgets over (none where it is caught by shapes or dtypes)."""
+    test = os.environ.get('PYTEST_CURRENT_TEST', '?').split(' ')[0]
+    if not report.diverged:
+        MODEL_MARGINS.append((test, 'agrees', max((f for _, _, f in report.seen), default=0.0)))
+    elif report.leaves[0].budgets is not None:
+        MODEL_MARGINS.append((test, 'caught', report.leaves[0].budgets))
+    return report
+
+
 def assert_trees_close(a, b, **tol):
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(a)]
     for path, x, y in zip(paths, jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
@@ -355,7 +370,5 @@ def inspect_collectives(model='mlp', strategy='dp', mesh=(8, 1), batch_size=None
         config = dataclasses.replace(config, batch_size=batch_size)
     model_config = cfg.TransformerConfig(**shape)
     mesh = make_mesh(shape=mesh, axes=mesh_axes(strategy))
-    report = inspect(
-        model, config, mesh, plan_of(mesh, strategy, schedule=schedule), model_config
-    )
+    report = inspect(model, config, mesh, plan_of(mesh, strategy, schedule=schedule), model_config)
     return json.loads(json.dumps(report))  # as the CLI's JSON: tuples become lists

@@ -59,7 +59,9 @@ def test_parity_lists_every_file_that_compares_within_a_tolerance():
     compares = {
         f'parity_tests/{path.name}'
         for path in pathlib.Path(REPO, 'parity_tests').glob('test_*.py')
-        if re.search(r'\bassert_(close|trees_close|params_close)\(', path.read_text())
+        if re.search(
+            r'\b(assert_(close|trees_close|params_close)|record_model)\(', path.read_text()
+        )
     }
     assert len(compares) > 1 and sorted(margins.PARITY) == sorted(compares)
 

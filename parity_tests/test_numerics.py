@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from benchmarks import numerics as calibration
-from parity_tests.helpers import REPO
+from parity_tests.helpers import REPO, record_model
 from shard_parity import numerics
 from shard_parity.tools import runs
 
@@ -151,7 +151,8 @@ def test_compare_judges_bf16_runs_by_the_band_and_prints_it(tmp_path):
 
 
 def bisect(a, b, model, strategy, axes, extra=None, steps=2, compute='bfloat16'):
-    return calibration.run(a, b, model, strategy, axes, compute, 'float32', extra or {}, steps)
+    report = calibration.run(a, b, model, strategy, axes, compute, 'float32', extra or {}, steps)
+    return record_model(report)  # for python -m tools.margins
 
 
 @pytest.mark.slow

@@ -7,7 +7,9 @@
 Runs pytest with --margins: every comparison made through helpers.assert_close records its
 largest error / allowed, and the summary prints each test's worst as a margin (allowed / error),
 flagging any under 10x, so that the next tolerance at the edge of one processor's round-off is
-seen before it fails on another (docs/determinism.md, "Tolerances").
+seen before it fails on another (docs/determinism.md, "Tolerances"). The bf16 tests under the
+error model (test_numerics.py) print, per case, a correct pair's largest error as a fraction of
+its budget (flagged over 1/3) and a bug's in budgets over (flagged under 10).
 
 The tests are the checkout's (parity_tests/ is not installed) and run with pytest (the `test`
 extra): `python -m shard_parity.tools.margins` runs from any directory in a checkout's install
@@ -23,7 +25,8 @@ import sys
 from shard_parity import refuse
 
 # Every test file that compares through helpers.assert_close (assert_trees_close,
-# assert_params_close), whose margins --margins records (test_margins.py keeps this list whole).
+# assert_params_close) or records a bisector's report under the error model (record_model),
+# whose margins --margins records (test_margins.py keeps this list whole).
 # test_tp.py is not one: its claims are exact (bytes, bitwise checkpoints); tp's parity is
 # test_mesh_parity.py's.
 PARITY = [
@@ -40,6 +43,7 @@ PARITY = [
     'parity_tests/test_typed.py',
     'parity_tests/test_transformer.py',
     'parity_tests/test_multiprocess.py',
+    'parity_tests/test_numerics.py',  # the error model's: fractions of budgets (record_model)
 ]
 # This file is tools/margins.py of a checkout (an editable install maps shard_parity.tools to
 # it); installed from a wheel, its parent holds no parity_tests/.
