@@ -191,6 +191,47 @@ def test_the_mlp_under_dp_agrees_within_the_model():
     assert report.tolerance == 'model' and not report.diverged, report.leaves
 
 
+MOE = {'num_experts': 4, 'experts_per_token': 2}
+GRID = {  # the issue's grid of correct bf16 pairs: (model, strategy, axes, extra, reduce)
+    'dp': ('transformer', 'dp', (('data', 8), ('model', 1)), {}, 'float32'),
+    'fsdp': ('transformer', 'fsdp', (('fsdp', 8), ('model', 1)), {}, 'float32'),
+    'fsdp-reduce-bf16': ('transformer', 'fsdp', (('fsdp', 8), ('model', 1)), {}, 'bfloat16'),
+    'tp': ('transformer', 'tp', (('data', 4), ('model', 2)), {}, 'float32'),
+    'fsdp_tp': ('transformer', 'fsdp_tp', (('fsdp', 4), ('model', 2)), {}, 'float32'),
+    'cp': ('transformer', 'cp', (('data', 2), ('seq', 4)), {}, 'float32'),
+    'pp': ('transformer', 'pp', (('data', 4), ('stage', 2)), {}, 'float32'),
+    'ep': ('transformer', 'ep', (('data', 2), ('expert', 2)), MOE, 'float32'),
+    'composed-reduce-bf16': ('transformer', 'composed', COMPOSED, {}, 'bfloat16'),
+    'composed-stage': ('transformer', 'composed', (('fsdp', 2), ('model', 2), ('stage', 2)),
+                       {}, 'float32'),
+    'composed-seq': ('transformer', 'composed', (('data', 2), ('seq', 2), ('model', 2)), {},
+                     'float32'),
+    'composed-expert': ('transformer', 'composed', (('data', 2), ('expert', 2), ('model', 2)),
+                        MOE, 'float32'),
+    'mlp-dp': ('mlp', 'dp', (('data', 8), ('model', 1)), {}, 'float32'),
+    'mlp-fsdp': ('mlp', 'fsdp', (('fsdp', 8), ('model', 1)), {}, 'float32'),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.exhaustive
+@pytest.mark.parametrize('twin', ['auto', 'explicit', 'typed'])
+@pytest.mark.parametrize('case', GRID)
+def test_no_false_alarm_in_bf16_on_every_strategy_and_composed_mesh(case, twin):
+    """Every strategy file on one mesh, four composed meshes, the MLP under dp and fsdp, and
+    reduce bf16 on fsdp and the first composed mesh, in every twin: 2 bf16 steps against one
+    device, no divergence (the bisector's exit 0), each pair within 1/3 of every budget, and
+    the two sides not equal (round-off is there to be judged). Flips are counted, not hidden."""
+    model, strategy, axes, extra, reduce = GRID[case]
+    report = calibration.run('one_device', twin, model, strategy, axes, 'bfloat16', reduce,
+                             extra, 2)  # fmt: skip
+    record_model(report)
+    print(f'{case} {twin}: {report.worst}; flips {report.flips}')
+    assert report.tolerance == 'model' and not report.diverged, (report.leaves, report.worst)
+    assert max(f for _, _, f in report.seen) <= 1 / 3, report.worst
+    assert max(f for _, _, f in report.seen) > 0, report.worst  # they differ
+
+
 ZOO = {  # entry: (reference, model, strategy, axes, extra, phase, layer) where f32 catches it
     'dp_psum': ('explicit', 'mlp', 'dp', calibration.DP8, {}, 'gradients', None),
     'scatter_no_div': ('one_device', 'mlp', 'fsdp', (('fsdp', 8), ('model', 1)), {},
@@ -255,5 +296,32 @@ def test_compare_passes_bf16_twins_and_fails_a_doubled_learning_rate(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
     agree = compare(tmp_path / 'auto', tmp_path / 'explicit')
     assert agree.returncode == 0, agree.stdout[-3000:] + agree.stderr
+    apart = compare(tmp_path / 'auto', tmp_path / 'explicit_lr', '--allow_other_settings')
+    assert apart.returncode == 1 and 'outside the band' in apart.stderr, apart.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.exhaustive
+def test_compare_over_300_bf16_steps_keeps_twins_in_the_band_and_a_doubled_rate_out(tmp_path):
+    """The issue's run: 300 steps of a small transformer in bf16, auto against explicit within
+    the band (measured 2026-12-05: the largest gap 0.0041 against a band of 0.05); explicit with
+    the learning rate doubled outside it. About 30 s a run alone. The smallest change the band
+    sees at 300 steps lies between 5% (largest difference 0.0475, inside) and 7% (0.0536 at
+    step 40 against 0.0451, outside): docs/numerics.md."""
+    common = ['--model=transformer', '--num_layers=2', '--num_heads=4', '--embed_dim=32',
+              '--seq_len=16', '--batch_size=16', '--mesh=data:2,fsdp:2,model:2',
+              '--cpu_devices=8', '--steps=300', '--log_every=10', '--eval_every=300',
+              '--dtype=bfloat16']  # fmt: skip
+    for twin, extra in (('auto', []), ('explicit', []), ('explicit', ['--learning_rate=0.002'])):
+        name = twin + ('_lr' if extra else '')
+        done = subprocess.run(
+            [sys.executable, '-m', f'{twin}.train', *common, *extra, f'--workdir={tmp_path / name}'],
+            cwd=REPO, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+    agree = compare(tmp_path / 'auto', tmp_path / 'explicit')
+    assert agree.returncode == 0, agree.stdout[-3000:] + agree.stderr
+    gaps = [float(line.split()[-2]) for line in agree.stdout.splitlines() if 'train_loss' in line]
+    assert len(gaps) == 30 and 0 < max(gaps), agree.stdout  # they differ: not one run twice
     apart = compare(tmp_path / 'auto', tmp_path / 'explicit_lr', '--allow_other_settings')
     assert apart.returncode == 1 and 'outside the band' in apart.stderr, apart.stderr

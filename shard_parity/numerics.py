@@ -170,6 +170,7 @@ def band(compute: str, reduce: str, step: int) -> float:
     return BAND_0 * u * min((1 + max(step, 0) / BAND_STEPS) ** BAND_POWER, BAND_CAP)
 
 
+FLIP_LOOK = 1 / 3  # a MoE output past this share of its budget is searched for flips
 FLIP_SHARE = 0.02  # at most this share of a mixture-of-experts layer's tokens may flip
 
 
