@@ -19,11 +19,13 @@ roundings add as a random walk (Higham's probabilistic bound), so after n bounda
 with n the boundaries the quantity has passed (the k-th module output of the forward: k x
 BOUNDARIES; the loss: every module's; a gradient: the forward's and the backward's, twice as
 many), and d the devices a gradient's collective reduces over (a ring or tree adds a rounding
-per hop, log2(d) + 1 of them in a tree; a per-device sum of its own rows is one more).  The
-state after the update (parameters, AdamW's moments) gets C_UPDATE x sqrt(the gradients'
-budget) x the share of the leaf this step changed (`Budget.update`: AdamW's first steps are
-sign-like, and elements within round-off of zero flip). Along a trajectory (tools/compare.py's
-band) the difference of two correctly rounded runs grows with the step: `band`.
+per hop, log2(d) + 1 of them in a tree; a per-device sum of its own rows is one more).  After the
+update, AdamW's moments get the gradients' budget x their order x the share of the leaf this
+step changed (`Budget.moment`), and a parameter gets 2 sqrt(the share of its gradient that
+rounding may flip) x that share (`Budget.parameters`: AdamW's first steps are sign-like). A
+leaf whose gradient is not at hand gets sqrt(the gradients' budget) (`Budget.update`). Along a
+trajectory (tools/compare.py's band) the difference of two correctly rounded runs grows with
+the step: `band`.
 
 The constants are calibrated by measurement (benchmarks/numerics.py; its table is
 docs/numerics.md's): correct pairs sit at most 1/3 of the budget, their median within a factor
@@ -50,7 +52,8 @@ C_GRAD = 1.2  # ...of the backward (a gradient), in units of u
 C_LOSS = 0.02  # the loss, a mean of many terms: x (the last module's budget) / sqrt(terms)
 C_FLIP = 1.5  # a gradient after flips: C_FLIP x sqrt(flipped tokens / tokens)
 C_REDUCE = 3.0  # per hop of a gradient's collective, in units of the reduce dtype's u
-C_UPDATE = 2.0  # the state after the update: sqrt(the gradients' budget) x the leaf's change
+C_MOMENT = 1.0  # AdamW's moments: order x the gradients' budget x the leaf's change
+C_UPDATE = 2.5  # a parameter after the update: max(2 sqrt(flip share), gradients' budget)
 # Along a trajectory (compare's band), relative to the figure:
 #     band(step) = BAND_0 x u x min((1 + step / BAND_STEPS)^BAND_POWER, BAND_CAP)
 # fitted to auto against explicit (bf16, data:2,fsdp:2,model:2), 100 and 300 steps.
@@ -144,6 +147,21 @@ class Budget:
         flips = C_FLIP * math.sqrt(self.flipped / self.terms)  # their gradients went elsewhere
         return self._ops(2 * BOUNDARIES * self.modules, C_GRAD) + self._reduce() + flips
 
+    def moment(self, change: float, order: int) -> float:
+        """AdamW's moment of `order` (1: m, 2: v) after the step: the term it added is
+        (1 - beta) g^order, whose relative error is `order` times the gradient's, so the budget
+        is linear in the gradients' (not their square root, as the parameters' is)."""
+        return C_MOMENT * order * self.gradients() * change + C_OP * unit_roundoff('float32')
+
+    def parameters(self, change: float, share: float) -> float:
+        """A parameter after the step, `share` the share of its gradient's elements whose sign
+        rounding may flip (`flip_share`). AdamW's first updates are sign-like, so a flipped
+        element moves its update by twice its size: a norm-wise error of 2 sqrt(share). An
+        element that does not flip still carries the gradients' relative error into the
+        update, and the larger of the two is taken."""
+        flipped = max(2 * math.sqrt(share), self.gradients())
+        return C_UPDATE * flipped * change + C_OP * unit_roundoff('float32')
+
     def update(self, change: float = 1.0) -> float:
         """Each leaf of the state after the update (parameters, AdamW's moments): the error of
         what the step added, `change` = ||after - before|| / ||after|| of the leaf (the
@@ -156,6 +174,31 @@ class Budget:
     def along(self, step: int) -> float:
         """A figure of two runs after `step` steps: `band`."""
         return band(self.compute, self.reduce, step)
+
+
+def flip_share(grad, other) -> float:
+    """The expected share of `grad`'s elements whose sign rounding flips, `other` the other
+    side's gradient of the same leaf: each element's rounding taken as Gaussian at the scale
+    the two sides measure, sigma = ||grad - other|| / sqrt(N) (the magnitudes measured on the
+    terms, not assumed), so that an element of size |g_i| flips with probability
+    P(|noise| > |g_i|) / 2 = erfc(|g_i| / (sigma sqrt 2)) / 2."""
+    g = np.abs(np.asarray(grad, np.float64)).ravel()
+    d = np.asarray(grad, np.float64).ravel() - np.asarray(other, np.float64).ravel()
+    sigma = np.linalg.norm(d) / math.sqrt(max(g.size, 1))
+    if not g.size or sigma == 0:
+        return 0.0
+    return float(np.mean(_erfc(g / (sigma * math.sqrt(2)))) / 2)
+
+
+def _erfc(x: np.ndarray) -> np.ndarray:
+    """erfc for x >= 0, to 1.2e-7 relative (Numerical Recipes' Chebyshev fit): numpy has none."""
+    t = 1 / (1 + x / 2)
+    poly = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
+            -1.13520398, 1.48851587, -0.82215223, 0.17087277)  # fmt: skip
+    acc = np.zeros_like(x)
+    for c in reversed(poly):
+        acc = acc * t + c
+    return t * np.exp(-x * x + acc)
 
 
 def change(before, after) -> float:

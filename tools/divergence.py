@@ -42,7 +42,7 @@ from shard_parity.mesh import MODEL, SEQ
 from shard_parity.model.ops import varying
 from shard_parity.step import apply_gradients, bind
 
-from .leaves import compare, compare_trees, hints
+from .leaves import compare, compare_trees, hints, named_leaves
 from .sides import Side, SideFailed, guarded, load_side, place  # noqa: F401 (its API: load, bisect)
 
 
@@ -259,7 +259,7 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     # more. So each side's train_step is held to what its own gradient makes of the state.
     leaves = []
     (sa, _), (sb, _) = ra.train_step(state, batch), rb.train_step(state, batch)
-    update = model and (lambda before, after: model.update(numerics.change(before, after)))
+    update = model and state_budget(model, ga, gb)
     # the policy keeps the parameters and AdamW's state in float32 whatever --dtype says: a
     # leaf stored in another type is a bug even where its numbers are within round-off
     for prefix, x, y in (('A: ', apply(state, ga), sa), ('B: ', apply(state, gb), sb)):
@@ -270,6 +270,29 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     if leaves:
         return 'update', None, leaves
     return None, None, sa
+
+
+def state_budget(model: numerics.Budget, grads, other):
+    """budget(before, after, path) of a leaf of the state after the step: AdamW's moments
+    linear in the gradients' budget, a parameter by the share of its gradient that rounding
+    may flip (`grads` and `other`, the two sides': numerics.flip_share), else the square-root
+    law."""
+    by_path, others = dict(named_leaves(grads)), dict(named_leaves(other))
+    shares = {}
+
+    def budget(before, after, path):
+        change = numerics.change(before, after)
+        for tag, order in (('.mu.', 1), ('.nu.', 2)):
+            if tag in f'.{path}.':
+                return model.moment(change, order)
+        grad = by_path.get(path.removeprefix('params.'))
+        if path.startswith('params.') and grad is not None:
+            if path not in shares:
+                shares[path] = numerics.flip_share(grad, others[path.removeprefix('params.')])
+            return model.parameters(change, shares[path])
+        return model.update(change)
+
+    return budget
 
 
 def bisect(

@@ -114,7 +114,8 @@ def compare_trees(
     prefix, a, b, tolerance, budget=None, seen=None, before=None, dtypes=False
 ) -> list[Leaf]:
     """The leaves of a and b that differ. With `before` (the tree a and b were made from),
-    `budget` is a function of (before's leaf, b's leaf): the model's budget of the change.
+    `budget` is a function of (before's leaf, b's leaf, the leaf's path): the model's budget
+    of the change.
     `dtypes`: a leaf whose element type differs is a difference whatever its values."""
     out = []
     olds = [x for _, x in named_leaves(before)] if before is not None else None
@@ -123,7 +124,7 @@ def compare_trees(
             kinds = (np.dtype(x.dtype).name, np.dtype(y.dtype).name)
             out.append(Leaf(f'{prefix}{path}', math.inf, math.inf, dtypes=kinds))
             continue
-        allowed = budget(olds[i], y) if olds is not None and budget else budget
+        allowed = budget(olds[i], y, path) if olds is not None and budget else budget
         leaf = compare(f'{prefix}{path}', x, y, tolerance, budget=allowed, seen=seen)
         if leaf:
             out.append(leaf)
