@@ -176,6 +176,28 @@ def planted_driver_run():
     )
 
 
+@pytest.mark.slow  # ~5 s: a worker, one bf16 MLP draw (one device and two sides compile)
+def test_a_bf16_draw_is_judged_by_the_error_model():
+    """A bf16 draw is held to the bisector's error model (--tolerance=model), not to float32's
+    1e-5, which calls a correct bf16 twin divergent: explicit/ passes, and on the same draw
+    tools.zoo.tp_pmean (a pmean over 'model' where the psum belongs) is still caught."""
+    draw = Draw(mesh=(('data', 4), ('model', 2)), dtype='bfloat16', reduce_dtype='bfloat16')
+    worker = fuzz_judge.Worker(8, fuzz_judge.worker_env(True))
+    try:
+        answer = worker.run(draw, ['explicit', 'tools.zoo.tp_pmean'], timeout=240)
+    finally:
+        worker.stop()
+    assert answer['status'] == 'ran', answer
+    right, planted = answer['twins']['explicit'], answer['twins']['tools.zoo.tp_pmean']
+    assert right == {'verdict': 'agrees', 'message': '', 'tolerance': 'model'}, right
+    assert planted['verdict'] == 'diverges' and planted['tolerance'] == 'model', planted
+    assert 'bf16 error model' in planted['message'] and 'budgets over' in planted['message']
+    outcome, failures = fuzz_judge.judge(draw, answer)
+    assert outcome == 'failed' and [(f.kind, f.twin) for f in failures] == [
+        ('diverges', 'tools.zoo.tp_pmean')
+    ]
+
+
 def fuzz(*flags, timeout=300):
     return subprocess.run([sys.executable, '-m', 'tools.fuzz', *flags], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip

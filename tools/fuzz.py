@@ -1,7 +1,8 @@
 """Random configurations against one device: `python -m tools.fuzz` draws models, meshes and
 schedules (tools/fuzz_draws.py), and every draw is either refused in the train CLI's one line,
 for a reason tools/fuzz_table.py's independent table gives, or each twin's step equals the
-one-device run's (the bisector's activations, loss, gradients and update, its f32 tolerance).
+one-device run's (the bisector's activations, loss, gradients and update, at its tolerance:
+f32 round-off, or the error model where a draw computes or reduces in bfloat16).
 
     python -m tools.fuzz --minutes=10
     python -m tools.fuzz --draws=6 --seed=1 --twins=one_device,explicit
@@ -53,8 +54,8 @@ SHRINK_MINUTES = flags.DEFINE_float(
     'shrink_minutes', 5, 'Wall-clock budget of shrinking a failure.', lower_bound=0
 )
 BF16 = flags.DEFINE_bool(
-    'bf16', False, 'Draw bfloat16 --dtype/--reduce_dtype too. No bf16 verdict exists yet: such a '
-    "draw's refusal, crash or raise is judged, its divergence from one device is not.",
+    'bf16', False, 'Draw bfloat16 --dtype/--reduce_dtype too, judged by the error model of '
+    'docs/numerics.md (the bisector\'s --tolerance=model).',
 )  # fmt: skip
 MAX_FAILURES = flags.DEFINE_integer(
     'max_failures', 1, 'Stop after this many failures, each shrunk; another search starts after '

@@ -35,9 +35,9 @@ class Failure(NamedTuple):
         return self.kind, self.twin, where and where.group(1) or where and where.group(2)
 
 
-def judge(draw: Draw, answer: dict, bf16_judged: bool = False) -> tuple[str, list[Failure]]:
-    """(outcome, failures): outcome 'refused', 'passed' or 'failed'. A bfloat16 draw's
-    divergence is not judged (no bf16 verdict yet): only a refusal, crash or raise counts."""
+def judge(draw: Draw, answer: dict) -> tuple[str, list[Failure]]:
+    """(outcome, failures): outcome 'refused', 'passed' or 'failed'. A divergence is the
+    worker's verdict at the bisector's tolerance (a bfloat16 draw's: the error model's)."""
     status, broken = answer['status'], violations(draw)
     whys = '; '.join(f'{b.flag}: {b.why}' for b in broken)
     if status in ('hang', 'crash'):
@@ -51,11 +51,8 @@ def judge(draw: Draw, answer: dict, bf16_judged: bool = False) -> tuple[str, lis
         return 'refused', []
     if broken:
         return 'failed', [Failure('accepted', None, f'accepted, the table refuses it: {whys}')]
-    wide = draw.dtype == 'float32' and draw.reduce_dtype == 'float32'
     failures = []
     for twin, v in answer['twins'].items():
-        if v['verdict'] == 'diverges' and not (wide or bf16_judged):
-            continue
         if v['verdict'] != 'agrees':
             kind = 'refused_twin' if v['verdict'] == 'refused' else v['verdict']
             failures.append(Failure(kind, twin, v['message']))

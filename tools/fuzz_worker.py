@@ -5,8 +5,9 @@ line `FUZZ {...}` on stdout (all else it prints goes to stderr).
 A draw starts as the bisector's run does (tools/bisect.py, `started`: the train CLI's plan and
 checks, the task, the initial state), so that its command replays it: a refusal is the CLI's
 line; else each twin takes one step beside one device (tools/divergence.py's compare_step: the
-activations, the loss and every gradient, then the update), one-device programs compiled once
-for all the twins. A hang or a crash here is the driver's to see: it kills and restarts this.
+activations, the loss and every gradient, then the update) at the bisector's tolerance for the
+pair (new_report: f32 round-off, or the error model of docs/numerics.md where either side
+computes or reduces in bfloat16), one-device programs compiled once for all the twins. A hang or a crash here is the driver's to see: it kills and restarts this.
 
     python -m tools.fuzz_worker 8 < jobs.jsonl
 """
@@ -46,12 +47,15 @@ def run(job: dict) -> dict:
 
 
 def one_twin(twin: str, start, one, apply, batch) -> dict:
-    """{'verdict', 'message'}: `twin`'s step beside one device's (`one`, its Runner)."""
+    """{'verdict', 'message', 'tolerance'}: `twin`'s step beside one device's (`one`, its
+    Runner), at the bisector's tolerance for the pair ('f32' or 'model')."""
     try:
         side = load_side(twin, start.plan, start.mesh)
         runner = D.Runner(side, start.graphdef, start.loss_fn, start.tx, 'B')
-        report = D.Report(('one_device', twin), 'f32', 0)
-        phase, layer, out = D.compare_step(one, runner, apply, start.state, batch, 'f32', report)
+        report = D.new_report(one.side, side)  # the bisector's: bf16's error model, or f32's
+        phase, layer, out = D.compare_step(
+            one, runner, apply, start.state, batch, report.tolerance, report
+        )
     except UsageError as e:
         return {'verdict': 'refused', 'message': str(e)}
     except SideFailed as e:
@@ -62,9 +66,9 @@ def one_twin(twin: str, start, one, apply, batch) -> dict:
         where = f'{os.path.relpath(last.filename)}:{last.lineno}'
         return {'verdict': 'fails', 'message': f'{where}: {type(e).__name__}: {first}'}
     if phase is None:
-        return {'verdict': 'agrees', 'message': ''}
+        return {'verdict': 'agrees', 'message': '', 'tolerance': report.tolerance}
     D._diverged(report, 0, phase, layer, out, one.side, side)
-    return {'verdict': 'diverges', 'message': bisect.render(report)}
+    return {'verdict': 'diverges', 'message': bisect.render(report), 'tolerance': report.tolerance}
 
 
 def main() -> None:
