@@ -12,10 +12,12 @@ import random
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, find, given, settings
 
-from parity_tests.helpers import REPO
+from parity_tests.helpers import REPO, fresh_state
 from shard_parity import UsageError, checks
 from shard_parity import plan as plans
 from shard_parity.model.mlp import MLPConfig
@@ -137,7 +139,7 @@ class PlantedWorker:
     def __init__(self):
         self.calls = 0
 
-    def run(self, draw, twins, timeout):
+    def run(self, draw, twins, timeout, checkpoint=None):
         self.calls += 1
         broken = violations(draw)
         if broken:  # the project's refusal, naming what is broken
@@ -196,6 +198,36 @@ def test_a_bf16_draw_is_judged_by_the_error_model():
     assert outcome == 'failed' and [(f.kind, f.twin) for f in failures] == [
         ('diverges', 'tools.zoo.tp_pmean')
     ]
+
+
+def test_a_checkpoint_round_trip_sees_one_ulp():
+    """The round trip's verdict (tools/fuzz_checkpoint.py) is bitwise: a restored state one
+    float32 ulp off in one element of one leaf differs, its path named; the same state, and
+    the same arrays rebuilt by another graphdef of the same model, do not."""
+    from tools.fuzz_checkpoint import difference
+
+    graphdef, _, state = fresh_state()
+    x = np.random.default_rng(0).normal(size=(4, 784)).astype(np.float32)
+    assert difference(state, state, (graphdef, graphdef), x) is None
+    other, _, _ = fresh_state(seed=1)  # other weights, the same structure: the same program
+    assert difference(state, state, (graphdef, other), x) is None
+    moved = jax.tree.map(np.array, state)
+    kernel = moved.params['layers'][1]['kernel'][...]
+    kernel[3, 5] = np.nextafter(kernel[3, 5], np.float32(np.inf))
+    said = difference(state, moved, (graphdef, graphdef), x)
+    assert said and 'differs' in said and "'layers'" in said and 'kernel' in said, said
+
+
+@pytest.mark.slow  # ~40 s: the corpus's explicit entry, then 2 draws, each with a round trip
+def test_a_run_with_checkpoints_restores_on_other_meshes():
+    """--checkpoint_every=1: every draw also trains 3 steps, saves, restores on another drawn
+    mesh, and its arrays and one-device logits come back bitwise."""
+    result = fuzz('--draws=2', '--seed=2', '--checkpoint_every=1', '--verbose',
+                  '--twins=one_device,explicit')  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert ' 0 failed; 2 with a checkpoint round trip' in result.stdout, result.stdout
+    restored = [ln for ln in result.stdout.splitlines() if '(checkpoint restored on ' in ln]
+    assert len(restored) == 2 and all(ln.startswith('passed') for ln in restored), restored
 
 
 def fuzz(*flags, timeout=300):

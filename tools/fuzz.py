@@ -17,6 +17,7 @@ reported as known, and so is a new draw that hits one. Exit 0: no new failure; 1
 2: bad input. docs/fuzzing.md says more.
 """
 
+import random
 import statistics
 import time
 
@@ -32,7 +33,7 @@ except ModuleNotFoundError:
     raise
 
 from . import fuzz_judge as J
-from .fuzz_draws import command, draws
+from .fuzz_draws import command, draws, mesh_text, other_mesh
 
 MINUTES = flags.DEFINE_float(
     'minutes', None, 'Wall-clock budget of the random draws.', lower_bound=0
@@ -61,6 +62,11 @@ MAX_FAILURES = flags.DEFINE_integer(
     'max_failures', 1, 'Stop after this many failures, each shrunk; another search starts after '
     'each with the next seed, and draws that fail as one found did pass.', lower_bound=1,
 )  # fmt: skip
+CHECKPOINT_EVERY = flags.DEFINE_integer(
+    'checkpoint_every', 10, 'One draw in this many also trains 3 steps with each twin that '
+    'agrees, saves an Orbax checkpoint, restores it on another drawn mesh and holds its arrays '
+    "and its logits (on one device) bitwise to the saved run's. 0: never.", lower_bound=0,
+)  # fmt: skip
 CORPUS_ONLY = flags.DEFINE_bool('corpus_only', False, 'Replay the corpus, draw nothing.')
 VERBOSE = flags.DEFINE_bool('verbose', False, 'One line per draw: its flags and its outcome.')
 
@@ -75,28 +81,44 @@ class Fuzz:
         self.worker = J.Worker(devices, J.worker_env(True))
         self.entries = J.corpus()
         self.counts = {'refused': 0, 'passed': 0, 'failed': 0, 'known': 0}
+        self.counts['checkpoints'] = 0  # of those, draws that also took the round trip
         self.seconds, self.signature, self.found, self.answers = [], None, [], {}
         self.deadline = self.shrink_until = 0.0
         self.limit = None
 
-    def key(self, draw, twins=None) -> tuple:
-        """What a draw runs, by which its answer is remembered: its flags and the twins."""
-        return tuple(draw.flags()), tuple(twins or self.twins)
+    def key(self, draw, twins=None, checkpoint=None) -> tuple:
+        """What a draw runs, by which its answer is remembered: its flags, the twins and the
+        mesh its checkpoint is restored on (None: no round trip)."""
+        return tuple(draw.flags()), tuple(twins or self.twins), checkpoint
 
-    def run(self, draw, twins=None):
+    def checkpoint(self, draw) -> str | None:
+        """The mesh this draw's checkpoint is restored on, or None: one fresh draw in
+        --checkpoint_every, and every draw while a checkpoint's failure is shrunk. Drawn from
+        the draw itself, so that shrinking meets the same mesh for the same draw."""
+        every, shrinking = CHECKPOINT_EVERY.value, self.signature is not None
+        if not every or (shrinking and self.signature[0] != 'checkpoint'):
+            return None
+        if not shrinking and (len(self.seconds) + 1) % every:
+            return None
+        return mesh_text(other_mesh(draw, random.Random(' '.join(draw.flags()))))
+
+    def run(self, draw, twins=None, checkpoint=None):
         """(outcome, new failures, known entries hit) of one draw, on `twins` (default
-        --twins'); a draw seen before (shrinking meets many) is answered from memory."""
-        key = self.key(draw, twins)
+        --twins'), with a checkpoint's round trip to the mesh `checkpoint`; a draw seen
+        before (shrinking meets many) is answered from memory."""
+        key = self.key(draw, twins, checkpoint)
         if key in self.answers:
             return self.answers[key]
-        answer = self.worker.run(draw, key[1], TIMEOUT.value)
+        answer = self.worker.run(draw, key[1], TIMEOUT.value, checkpoint)
         outcome, failures = J.judge(draw, answer)
         hits = [J.known(f, self.entries) for f in failures]
         new = [f for f, k in zip(failures, hits) if k is None]
         if failures and not new:
             outcome = 'known'
         if VERBOSE.value:
-            print(f'{outcome}: {answer.get("seconds", "-")} s {" ".join(draw.flags())}', flush=True)
+            restored = f' (checkpoint restored on {checkpoint})' if checkpoint else ''
+            print(f'{outcome}: {answer.get("seconds", "-")} s {" ".join(draw.flags())}{restored}',
+                  flush=True)  # fmt: skip
             for f in failures:
                 print(f'  {f.kind} {f.twin or ""}: {f.message.splitlines()[0]}')
         self.answers[key] = outcome, new, [k for k in hits if k]
@@ -131,8 +153,11 @@ class Fuzz:
             raise BudgetSpent
         if self.signature is None and self.limit is not None and len(self.seconds) >= self.limit:
             raise BudgetSpent
-        t0, fresh = time.monotonic(), self.key(draw) not in self.answers
-        outcome, new, _ = self.run(draw)
+        checkpoint = self.checkpoint(draw)
+        t0, fresh = time.monotonic(), self.key(draw, None, checkpoint) not in self.answers
+        outcome, new, _ = self.run(draw, None, checkpoint)
+        if self.signature is None and fresh and checkpoint:
+            self.counts['checkpoints'] += 1
         if self.signature is None and fresh:
             self.seconds.append(time.monotonic() - t0)
             self.counts['failed' if new else outcome] += 1
@@ -232,17 +257,22 @@ def main(argv):
             print(f"  {command(entry['draw'], f.twin or twins[0])}")
     for draw, f in fuzz.found:
         print(f'FAILURE ({f.kind}{" of " + f.twin if f.twin else ""}), shrunk:\n{f.message}')
-        print(f'reproduce: {command(draw, f.twin or twins[0])}')
+        if f.kind == 'checkpoint':  # no bisect command replays a round trip: the fuzzer does
+            print(f'draw: {" ".join(draw.flags())}')
+        else:
+            print(f'reproduce: {command(draw, f.twin or twins[0])}')
     raise SystemExit(1 if bad or fuzz.found else 0)
 
 
 def summary(fuzz: Fuzz, elapsed: float) -> str:
-    c, n = fuzz.counts, sum(fuzz.counts.values())
+    c = fuzz.counts
+    n = sum(c[k] for k in ('refused', 'passed', 'failed', 'known'))
     rate = f'{100 * c["refused"] / n:.0f}%' if n else '-'
     median = f'{statistics.median(fuzz.seconds):.1f} s' if fuzz.seconds else '-'
     per_minute = f'{60 * n / sum(fuzz.seconds):.1f}' if fuzz.seconds else '-'
     return (f'{n} draws in {elapsed:.0f} s: {c["passed"]} passed, {c["refused"]} refused '
-            f'({rate}), {c["known"]} known, {c["failed"]} failed; median {median} a draw, '
+            f'({rate}), {c["known"]} known, {c["failed"]} failed; {c["checkpoints"]} with a '
+            f'checkpoint round trip; median {median} a draw, '
             f'{per_minute} draws/minute')  # fmt: skip
 
 

@@ -13,6 +13,8 @@ import dataclasses
 
 from hypothesis import strategies as st
 
+from .fuzz_table import violations
+
 ORDER = ('data', 'fsdp', 'model', 'seq', 'stage', 'expert')  # the simplest first
 DENSE = ('data', 'fsdp', 'model')  # the MLP's axes (and the transformer's, with seq, stage)
 
@@ -174,3 +176,22 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
         dtype=draw(st.sampled_from(dtypes)), reduce_dtype=draw(st.sampled_from(dtypes)),
         matmul=draw(st.sampled_from(['default', 'high', 'highest'])),
     )  # fmt: skip
+
+
+def other_mesh(draw: Draw, rng) -> tuple:
+    """Another mesh of the draw's devices that its model can be placed on (the refusal table
+    holds it: the heads split over 'model', the layers over 'stage'...), drawn with `rng` (a
+    random.Random): where the checkpoint round trip restores what the draw's mesh saved."""
+    pool = [a for a in ORDER if a in (DENSE if draw.model == 'mlp' else ORDER)]
+    pool = [a for a in pool if a != 'expert' or draw.experts]
+    pool = [a for a in pool if a != 'seq' or not draw.experts]
+    for _ in range(50):
+        names = rng.sample(pool, rng.randint(1, len(pool)))
+        owners = [rng.randrange(len(names)) for _ in range(draw.devices.bit_length() - 1)]
+        mesh = tuple((a, 2 ** owners.count(i)) for i, a in enumerate(names))
+        m = draw.microbatches if 'stage' in names else 1
+        placed = dataclasses.replace(draw, mesh=mesh, schedule='gpipe', batch=draw.devices * m)
+        if mesh != draw.mesh and not violations(placed):
+            return mesh
+    data = (('data', draw.devices),)
+    return data if draw.mesh != data else (('fsdp', draw.devices),)

@@ -22,7 +22,7 @@ CORPUS = pathlib.Path(__file__).parent / 'fuzz_corpus'
 
 
 class Failure(NamedTuple):
-    kind: str  # refused, reason, accepted, diverges, fails, refused_twin, hang, crash
+    kind: str  # refused, reason, accepted, diverges, fails, refused_twin, checkpoint, hang, crash
     twin: str | None  # the twin it concerns (None: the draw as a whole)
     message: str
 
@@ -77,11 +77,15 @@ class Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=self.env,
         )  # fmt: skip
 
-    def run(self, draw: Draw, twins, timeout: float) -> dict:
+    def run(self, draw: Draw, twins, timeout: float, checkpoint: str | None = None) -> dict:
+        """The worker's answer for `draw` on `twins`; `checkpoint`: the mesh each twin that
+        agrees restores its checkpoint on (tools/fuzz_checkpoint.py)."""
         if self.proc is None or self.proc.poll() is not None:
             self.start()
             timeout += 60  # JAX's start
         job = {'flags': draw.flags(), 'twins': list(twins)}
+        if checkpoint:
+            job['checkpoint'] = checkpoint
         try:
             self.proc.stdin.write((json.dumps(job) + '\n').encode())
             self.proc.stdin.flush()

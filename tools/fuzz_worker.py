@@ -1,6 +1,8 @@
 """The fuzzer's worker (python -m tools.fuzz starts one per device count): runs draws, one per
 line of stdin, each a JSON object {"flags": [...], "twins": [...]}, and answers each with one
-line `FUZZ {...}` on stdout (all else it prints goes to stderr).
+line `FUZZ {...}` on stdout (all else it prints goes to stderr). A job with "checkpoint": a
+mesh also saves each twin that agrees after 3 steps and restores it there
+(tools/fuzz_checkpoint.py).
 
 A draw starts as the bisector's run does (tools/bisect.py, `started`: the train CLI's plan and
 checks, the task, the initial state), so that its command replays it: a refusal is the CLI's
@@ -25,6 +27,7 @@ from shard_parity import UsageError
 
 from . import bisect
 from . import divergence as D
+from .fuzz_checkpoint import round_trip
 from .sides import SideFailed, load_side
 
 
@@ -42,11 +45,11 @@ def run(job: dict) -> dict:
     apply = D.shared_update(start.tx)
     batch, verdicts = start.batches.batch(0), {}
     for twin in job['twins']:
-        verdicts[twin] = one_twin(twin, start, one, apply, batch)
+        verdicts[twin] = one_twin(twin, start, one, apply, batch, job.get('checkpoint'))
     return {'status': 'ran', 'twins': verdicts}
 
 
-def one_twin(twin: str, start, one, apply, batch) -> dict:
+def one_twin(twin: str, start, one, apply, batch, checkpoint: str | None = None) -> dict:
     """{'verdict', 'message', 'tolerance'}: `twin`'s step beside one device's (`one`, its
     Runner), at the bisector's tolerance for the pair ('f32' or 'model')."""
     try:
@@ -61,14 +64,25 @@ def one_twin(twin: str, start, one, apply, batch) -> dict:
     except SideFailed as e:
         return {'verdict': 'fails', 'message': str(e)}
     except Exception as e:  # the one-device side, or the comparison itself
-        last = traceback.extract_tb(e.__traceback__)[-1]
-        first = (str(e).strip().splitlines() or [''])[0][:200]
-        where = f'{os.path.relpath(last.filename)}:{last.lineno}'
-        return {'verdict': 'fails', 'message': f'{where}: {type(e).__name__}: {first}'}
+        return {'verdict': 'fails', 'message': raised(e)}
+    if phase is None and checkpoint:  # a twin that agrees: then its checkpoint's round trip
+        try:
+            wrong = round_trip(runner, start, checkpoint)
+        except Exception as e:
+            wrong = f'checkpoint restored on {checkpoint}: {raised(e)}'
+        if wrong:
+            return {'verdict': 'checkpoint', 'message': wrong, 'tolerance': report.tolerance}
     if phase is None:
         return {'verdict': 'agrees', 'message': '', 'tolerance': report.tolerance}
     D._diverged(report, 0, phase, layer, out, one.side, side)
     return {'verdict': 'diverges', 'message': bisect.render(report), 'tolerance': report.tolerance}
+
+
+def raised(e: Exception) -> str:
+    """'file:line: Type: first line' of an exception, where it was raised."""
+    last = traceback.extract_tb(e.__traceback__)[-1]
+    first = (str(e).strip().splitlines() or [''])[0][:200]
+    return f'{os.path.relpath(last.filename)}:{last.lineno}: {type(e).__name__}: {first}'
 
 
 def main() -> None:
