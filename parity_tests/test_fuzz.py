@@ -139,7 +139,7 @@ class PlantedWorker:
     def __init__(self):
         self.calls = 0
 
-    def run(self, draw, twins, timeout, checkpoint=None):
+    def run(self, draw, twins, timeout, checkpoint=None, target=None):
         self.calls += 1
         broken = violations(draw)
         if broken:  # the project's refusal, naming what is broken
@@ -228,6 +228,74 @@ def test_a_run_with_checkpoints_restores_on_other_meshes():
     assert ' 0 failed; 2 with a checkpoint round trip' in result.stdout, result.stdout
     restored = [ln for ln in result.stdout.splitlines() if '(checkpoint restored on ' in ln]
     assert len(restored) == 2 and all(ln.startswith('passed') for ln in restored), restored
+
+
+def test_the_collectives_rules_can_fail():
+    """tools/fuzz_target.py's rules on hand-made programs: a gradient reduced over the plan's
+    axes passes; over 'model' too, not at all, or an expert's weights gathered over 'expert',
+    each is named; an activation's shape over 'model' is not blamed."""
+    from tools.fuzz_target import wrong
+
+    grads = [
+        {'path': "['w']", 'shapes': {(4, 8)}, 'must': {'data'}, 'may': {'data', 'fsdp'},
+         'expert': False},
+        {'path': "['e']", 'shapes': {(2, 8, 8)}, 'must': {'data'}, 'may': {'data'}, 'expert': True},
+    ]  # fmt: skip
+
+    def op(kind, axes, *shapes, phase='outside-grad'):
+        return {'kind': kind, 'axes': list(axes), 'phase': phase, 'shapes': [list(s) for s in shapes],
+                'stands_for': [], 'file': 'planted.py', 'line': 7, 'name': kind}  # fmt: skip
+
+    right = [op('all-reduce', ['data'], (4, 8), (2, 8, 8), ())]
+    assert wrong(right, grads) == []
+    too_many = wrong([op('all-reduce', ['data', 'model'], (4, 8), (2, 8, 8))], grads)
+    assert len(too_many) == 2 and all('over data/model at planted.py:7' in w for w in too_many)
+    assert "the gradient of ['w'] is never reduced over data" in wrong([], grads)[0]
+    gathered = wrong(right + [op('all-gather', ['expert'], (2, 8, 8), phase='forward')], grads)
+    assert gathered and "gathers ['e'], an expert's weights" in gathered[0]
+    tp = right + [op('all-reduce', ['model'], (4, 8), phase='backward')]
+    assert wrong(tp, grads) and wrong(tp, grads, lambda shape: shape == (4, 8)) == []
+
+
+@pytest.mark.slow  # ~35 s: a worker, one transformer draw compiled for tpu-v5e-8 twice
+def test_a_planted_wrong_reduction_is_caught_compiled_for_a_tpu():
+    """--target: explicit/'s step compiled for tpu-v5e-8 (nothing runs) reduces every gradient
+    as the plan says; tools.zoo.composed_too_many, which also averages over 'model', is caught
+    by the program's structure, naming the axes and the line."""
+    pytest.importorskip('libtpu')
+    d = Draw(**{**T, 'layers': 2, 'kv_heads': 2}, mesh=(('data', 2), ('fsdp', 2), ('model', 2)))
+    worker = fuzz_judge.Worker(8, fuzz_judge.worker_env(True))
+    try:
+        answer = worker.run(d, ['explicit', 'tools.zoo.composed_too_many'], 300,
+                            target='tpu-v5e-8')  # fmt: skip
+    finally:
+        worker.stop()
+    assert answer['status'] == 'ran', answer
+    right, planted = answer['twins']['explicit'], answer['twins']['tools.zoo.composed_too_many']
+    assert right == {'verdict': 'agrees', 'message': ''}, right
+    assert planted['verdict'] == 'collectives', planted
+    assert 'all-reduce over data/model at tools/zoo/composed_too_many.py:' in planted['message']
+    outcome, failures = fuzz_judge.judge(d, answer)
+    assert outcome == 'failed' and [f.kind for f in failures] == ['collectives']
+
+
+def test_a_target_of_other_chips_is_one_line_exit_2():
+    result = fuzz('--target=tpu-v5e-4')
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        'error: --target=tpu-v5e-4: expected tpu or a TPU slice of --devices=8 chips: '
+        'tpu-v5e-8, tpu-v5p-16, tpu-v4-16'
+    ], result.stderr
+
+
+def test_a_target_without_libtpu_says_what_to_install(tmp_path):
+    (tmp_path / 'sitecustomize.py').write_text("import sys\n\nsys.modules['libtpu'] = None\n")
+    result = subprocess.run([sys.executable, '-m', 'tools.fuzz', '--target=tpu'], cwd=REPO,
+                            env={**os.environ, 'PYTHONPATH': str(tmp_path)}, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        'error: --target=tpu compiles with the TPU compiler, libtpu, which is not installed '
+        'here: pip install -e ".[tpu]"'
+    ], result.stderr
 
 
 def fuzz(*flags, timeout=300):

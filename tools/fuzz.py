@@ -67,6 +67,20 @@ CHECKPOINT_EVERY = flags.DEFINE_integer(
     'agrees, saves an Orbax checkpoint, restores it on another drawn mesh and holds its arrays '
     "and its logits (on one device) bitwise to the saved run's. 0: never.", lower_bound=0,
 )  # fmt: skip
+TARGET = flags.DEFINE_string(
+    'target', None, "A TPU slice (inspector/target.py's, e.g. tpu-v5e-8) of --devices chips, or "
+    "'tpu': one such slice drawn per draw. Each draw's step is then compiled for it with libtpu "
+    "and its collectives held to the plan's axes (tools/fuzz_target.py), instead of run.",
+)  # fmt: skip
+MODELS = flags.DEFINE_multi_enum(
+    'models', ['mlp', 'transformer'], ['mlp', 'transformer'],
+    'The models drawn (a module of yours that runs one only: --models=transformer).',
+)  # fmt: skip
+PP_SCHEDULES = flags.DEFINE_multi_enum(
+    'pp_schedules', None, ['gpipe', '1f1b', 'interleaved'],
+    "The schedules a 'stage' axis is drawn with (default all, GPipe mostly); 1f1b or interleaved "
+    'alone draw data x stage pipelines of the transformer without experts, what they run on.',
+)  # fmt: skip
 CORPUS_ONLY = flags.DEFINE_bool('corpus_only', False, 'Replay the corpus, draw nothing.')
 VERBOSE = flags.DEFINE_bool('verbose', False, 'One line per draw: its flags and its outcome.')
 
@@ -76,8 +90,8 @@ class BudgetSpent(BaseException):
 
 
 class Fuzz:
-    def __init__(self, twins, devices: int):
-        self.twins, self.devices = twins, devices
+    def __init__(self, twins, devices: int, target: str | None = None):
+        self.twins, self.devices, self.target = twins, devices, target
         self.worker = J.Worker(devices, J.worker_env(True))
         self.entries = J.corpus()
         self.counts = {'refused': 0, 'passed': 0, 'failed': 0, 'known': 0}
@@ -87,16 +101,23 @@ class Fuzz:
         self.limit = None
 
     def key(self, draw, twins=None, checkpoint=None) -> tuple:
-        """What a draw runs, by which its answer is remembered: its flags, the twins and the
-        mesh its checkpoint is restored on (None: no round trip)."""
-        return tuple(draw.flags()), tuple(twins or self.twins), checkpoint
+        """What a draw runs, by which its answer is remembered: its flags, the twins, the
+        mesh its checkpoint is restored on (None: no round trip) and the slice it compiles for."""
+        return tuple(draw.flags()), tuple(twins or self.twins), checkpoint, self.slice(draw)
+
+    def slice(self, draw) -> str | None:
+        """The TPU slice a draw compiles for (None: it runs on the CPU): --target's, or under
+        --target=tpu one of --devices chips, drawn from the draw itself."""
+        if self.target != 'tpu':
+            return self.target
+        return random.Random(' '.join(draw.flags())).choice(slices(self.devices))
 
     def checkpoint(self, draw) -> str | None:
         """The mesh this draw's checkpoint is restored on, or None: one fresh draw in
         --checkpoint_every, and every draw while a checkpoint's failure is shrunk. Drawn from
         the draw itself, so that shrinking meets the same mesh for the same draw."""
         every, shrinking = CHECKPOINT_EVERY.value, self.signature is not None
-        if not every or (shrinking and self.signature[0] != 'checkpoint'):
+        if not every or self.target or (shrinking and self.signature[0] != 'checkpoint'):
             return None
         if not shrinking and (len(self.seconds) + 1) % every:
             return None
@@ -109,7 +130,7 @@ class Fuzz:
         key = self.key(draw, twins, checkpoint)
         if key in self.answers:
             return self.answers[key]
-        answer = self.worker.run(draw, key[1], TIMEOUT.value, checkpoint)
+        answer = self.worker.run(draw, key[1], TIMEOUT.value, checkpoint, key[3])
         outcome, failures = J.judge(draw, answer)
         hits = [J.known(f, self.entries) for f in failures]
         new = [f for f, k in zip(failures, hits) if k is None]
@@ -117,6 +138,7 @@ class Fuzz:
             outcome = 'known'
         if VERBOSE.value:
             restored = f' (checkpoint restored on {checkpoint})' if checkpoint else ''
+            restored += f' (compiled for {key[3]})' if key[3] else ''
             print(f'{outcome}: {answer.get("seconds", "-")} s {" ".join(draw.flags())}{restored}',
                   flush=True)  # fmt: skip
             for f in failures:
@@ -130,9 +152,18 @@ class Fuzz:
         bad = []
         for e in self.entries:
             twins = [t for t in e['twins'] if t in self.twins]  # those this run compares
-            if e['draw'].devices != self.devices or not twins:
+            # an entry found compiling for a slice replays under --target only, and on its slice
+            if (
+                e['draw'].devices != self.devices
+                or not twins
+                or bool(e.get('target')) != bool(self.target)
+            ):
                 continue
-            outcome, new, hits = self.run(e['draw'], twins)
+            saved, self.target = self.target, e.get('target') or self.target
+            try:
+                outcome, new, hits = self.run(e['draw'], twins)
+            finally:
+                self.target = saved
             still = bool(hits) or outcome == 'known'
             if e['status'] == 'known':
                 print(
@@ -189,7 +220,8 @@ class Fuzz:
         from hypothesis import HealthCheck, Phase, given, settings
         from hypothesis import seed as seeded
 
-        strategy = draws(self.devices, required=zoo_axes(self.twins), bf16=BF16.value)
+        strategy = draws(self.devices, required=zoo_axes(self.twins), bf16=BF16.value,
+                         models=tuple(MODELS.value), schedules=PP_SCHEDULES.value)  # fmt: skip
         checks = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
         @seeded(seed)
@@ -241,7 +273,9 @@ def main(argv):
         zoo_axes(twins)
     except UsageError as e:
         refuse(str(e))
-    fuzz = Fuzz(twins, int(DEVICES.value))
+    if TARGET.value:
+        target_or_refuse(TARGET.value, int(DEVICES.value))
+    fuzz = Fuzz(twins, int(DEVICES.value), TARGET.value)
     t0 = time.monotonic()
     try:
         bad = fuzz.replay()
@@ -259,9 +293,34 @@ def main(argv):
         print(f'FAILURE ({f.kind}{" of " + f.twin if f.twin else ""}), shrunk:\n{f.message}')
         if f.kind == 'checkpoint':  # no bisect command replays a round trip: the fuzzer does
             print(f'draw: {" ".join(draw.flags())}')
+        elif f.kind == 'collectives' or fuzz.target:  # the program, as the inspector reads it
+            print(f'draw: {" ".join(draw.flags())} compiled for {fuzz.slice(draw)}')
+            print(
+                f'inspect: python -m inspector {" ".join(draw.flags())} --target={fuzz.slice(draw)}'
+            )
         else:
             print(f'reproduce: {command(draw, f.twin or twins[0])}')
     raise SystemExit(1 if bad or fuzz.found else 0)
+
+
+def slices(devices: int) -> list[str]:
+    """The TPU slices (inspector/target.py's) of `devices` chips."""
+    from shard_parity.inspector.target import TARGETS
+
+    return [n for n, t in TARGETS.items() if t.platform == 'tpu' and t.devices == devices]
+
+
+def target_or_refuse(name: str, devices: int) -> None:
+    """--target: a TPU slice of --devices chips (or 'tpu'), and libtpu to compile for it."""
+    from shard_parity.devices import libtpu_installed
+
+    fits = slices(devices)
+    if name != 'tpu' and name not in fits:
+        refuse(f'--target={name}: expected tpu or a TPU slice of --devices={devices} chips: '
+               f'{", ".join(fits)}')  # fmt: skip
+    if not libtpu_installed():
+        refuse(f'--target={name} compiles with the TPU compiler, libtpu, which is not installed '
+               'here: pip install -e ".[tpu]"')  # fmt: skip
 
 
 def summary(fuzz: Fuzz, elapsed: float) -> str:

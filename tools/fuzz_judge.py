@@ -22,7 +22,8 @@ CORPUS = pathlib.Path(__file__).parent / 'fuzz_corpus'
 
 
 class Failure(NamedTuple):
-    kind: str  # refused, reason, accepted, diverges, fails, refused_twin, checkpoint, hang, crash
+    kind: str  # refused, reason, accepted, diverges, fails, refused_twin, checkpoint, collectives,
+    # hang, crash
     twin: str | None  # the twin it concerns (None: the draw as a whole)
     message: str
 
@@ -77,15 +78,19 @@ class Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=self.env,
         )  # fmt: skip
 
-    def run(self, draw: Draw, twins, timeout: float, checkpoint: str | None = None) -> dict:
+    def run(self, draw: Draw, twins, timeout: float, checkpoint: str | None = None,
+            target: str | None = None) -> dict:  # fmt: skip
         """The worker's answer for `draw` on `twins`; `checkpoint`: the mesh each twin that
-        agrees restores its checkpoint on (tools/fuzz_checkpoint.py)."""
+        agrees restores its checkpoint on (tools/fuzz_checkpoint.py); `target`: the TPU slice
+        each twin's step compiles for instead of running (tools/fuzz_target.py)."""
         if self.proc is None or self.proc.poll() is not None:
             self.start()
             timeout += 60  # JAX's start
         job = {'flags': draw.flags(), 'twins': list(twins)}
         if checkpoint:
             job['checkpoint'] = checkpoint
+        if target:
+            job['target'] = target
         try:
             self.proc.stdin.write((json.dumps(job) + '\n').encode())
             self.proc.stdin.flush()

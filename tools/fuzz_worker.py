@@ -2,7 +2,8 @@
 line of stdin, each a JSON object {"flags": [...], "twins": [...]}, and answers each with one
 line `FUZZ {...}` on stdout (all else it prints goes to stderr). A job with "checkpoint": a
 mesh also saves each twin that agrees after 3 steps and restores it there
-(tools/fuzz_checkpoint.py).
+(tools/fuzz_checkpoint.py); one with "target": a TPU slice compiles each twin's step for
+it and checks its collectives, running nothing (tools/fuzz_target.py).
 
 A draw starts as the bisector's run does (tools/bisect.py, `started`: the train CLI's plan and
 checks, the task, the initial state), so that its command replays it: a refusal is the CLI's
@@ -27,6 +28,7 @@ from shard_parity import UsageError
 
 from . import bisect
 from . import divergence as D
+from . import fuzz_target
 from .fuzz_checkpoint import round_trip
 from .sides import SideFailed, load_side
 
@@ -43,6 +45,11 @@ def run(job: dict) -> dict:
     one = D.Runner(load_side('one_device', start.plan, None), start.graphdef, start.loss_fn,
                    start.tx, 'A')  # fmt: skip
     apply = D.shared_update(start.tx)
+    if job.get('target'):  # compiled for a TPU slice, held to the plan's axes: nothing runs
+        return {
+            'status': 'ran',
+            'twins': {t: compiled(t, start, job['target']) for t in job['twins']},
+        }
     batch, verdicts = start.batches.batch(0), {}
     for twin in job['twins']:
         verdicts[twin] = one_twin(twin, start, one, apply, batch, job.get('checkpoint'))
@@ -76,6 +83,21 @@ def one_twin(twin: str, start, one, apply, batch, checkpoint: str | None = None)
         return {'verdict': 'agrees', 'message': '', 'tolerance': report.tolerance}
     D._diverged(report, 0, phase, layer, out, one.side, side)
     return {'verdict': 'diverges', 'message': bisect.render(report), 'tolerance': report.tolerance}
+
+
+def compiled(twin: str, start, target: str) -> dict:
+    """{'verdict': 'agrees'|'collectives'|'fails'|'refused', 'message'}: `twin`'s train step
+    compiled for `target` and held to the plan's axes (tools/fuzz_target.py)."""
+    try:
+        side = load_side(twin, start.plan, start.mesh)
+        wrong = fuzz_target.check(side, start, target)
+    except UsageError as e:
+        return {'verdict': 'refused', 'message': str(e)}
+    except SideFailed as e:
+        return {'verdict': 'fails', 'message': str(e)}
+    except Exception as e:
+        return {'verdict': 'fails', 'message': raised(e)}
+    return {'verdict': 'collectives' if wrong else 'agrees', 'message': wrong or ''}
 
 
 def raised(e: Exception) -> str:
