@@ -77,6 +77,7 @@ def leaves(plan, params, mesh) -> list[dict]:
         shapes = {tuple(local), tuple(gathered)}
         if stacked:  # a scan over the layers may reduce each layer's gradient inside it
             shapes |= {s[1:] for s in list(shapes)}
+        shapes = {dims(s) for s in shapes}
         out.append({'path': jax.tree_util.keystr(path), 'shapes': shapes, 'must': set(must),
                     'may': may, 'expert': is_expert(path) and EXPERT in axes})  # fmt: skip
     return out
@@ -106,7 +107,7 @@ def wrong(ops, grads, is_activation=lambda shape: False) -> list[str]:
         axes = set(op['axes'] or ())
         gathers = any(p['kind'] == 'all-gather' for p in op.get('stands_for', []))
         for shape in {tuple(s) for s in op['shapes'] if len(s)}:
-            mine = [g for g in grads if shape in g['shapes']]
+            mine = [g for g in grads if dims(shape) in g['shapes']]
             if is_activation(shape):  # counted, never blamed
                 for g in mine:
                     reduced[g['path']] |= axes if op['kind'] in REDUCTIONS else set()
@@ -115,9 +116,11 @@ def wrong(ops, grads, is_activation=lambda shape: False) -> list[str]:
                 for g in mine:
                     reduced[g['path']] |= axes
                 if not any(axes <= g['may'] for g in mine):
+                    paths = ' or '.join(g['path'] for g in mine)
+                    may = '/'.join(sorted(set().union(*(g['may'] for g in mine)))) or 'nothing'
                     out.append(f'{op["kind"]} over {"/".join(sorted(axes))} at {where(op)} '
-                               f'reduces the gradient of {mine[0]["path"]} {list(shape)}, which the '
-                               f'plan reduces over {"/".join(sorted(mine[0]["may"])) or "nothing"}')  # fmt: skip
+                               f'reduces the gradient of {paths} {list(shape)}, which the plan '
+                               f'reduces over {may}')  # fmt: skip
             if op['kind'] == 'all-gather' and EXPERT in axes and any(g['expert'] for g in mine):
                 path = next(g['path'] for g in mine if g['expert'])
                 out.append(f"all-gather over 'expert' at {where(op)} gathers {path}, an expert's "
@@ -128,6 +131,12 @@ def wrong(ops, grads, is_activation=lambda shape: False) -> list[str]:
             out.append(f'the gradient of {g["path"]} is never reduced over '
                        f'{"/".join(sorted(missing))}, as the plan says it must be')  # fmt: skip
     return out
+
+
+def dims(shape) -> tuple:
+    """A shape's dimensions in order of size: the partitioner may reduce a gradient
+    transposed (a dot's [out, in]) and transpose it after."""
+    return tuple(sorted(shape))
 
 
 def where(op) -> str:

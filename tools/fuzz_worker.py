@@ -30,7 +30,7 @@ from . import bisect
 from . import divergence as D
 from . import fuzz_target
 from .fuzz_checkpoint import round_trip
-from .sides import SideFailed, load_side
+from .sides import SideFailed, load_side, where
 
 
 def run(job: dict) -> dict:
@@ -90,13 +90,18 @@ def compiled(twin: str, start, target: str) -> dict:
     compiled for `target` and held to the plan's axes (tools/fuzz_target.py)."""
     try:
         side = load_side(twin, start.plan, start.mesh)
-        wrong = fuzz_target.check(side, start, target)
     except UsageError as e:
         return {'verdict': 'refused', 'message': str(e)}
     except SideFailed as e:
         return {'verdict': 'fails', 'message': str(e)}
-    except Exception as e:
-        return {'verdict': 'fails', 'message': raised(e)}
+    try:
+        wrong = fuzz_target.check(side, start, target)
+    except UsageError as e:
+        return {'verdict': 'refused', 'message': str(e)}
+    except Exception as e:  # as the bisector says a side that cannot trace (sides.guarded)
+        first = (str(e).strip().splitlines() or [''])[0][:200]
+        at = f'B ({twin}) fails to compile for {target} at {where(e, side)}'
+        return {'verdict': 'fails', 'message': f'{at}: {type(e).__name__}: {first}'}
     return {'verdict': 'collectives' if wrong else 'agrees', 'message': wrong or ''}
 
 
