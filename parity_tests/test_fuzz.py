@@ -348,3 +348,35 @@ def test_a_short_seeded_run_has_no_unexplained_failure():
     result = fuzz('--draws=6', '--seed=3')
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert ' 0 failed' in result.stdout and '6 draws' in result.stdout, result.stdout
+
+
+ZOO = [  # (entry, the axis its bug needs above 1, what else it needs drawn)
+    ('tp_pmean', 'model', ()),
+    ('dp_psum', 'data', ()),
+    ('no_pcast', 'data', ()),
+    ('replicated_batch', 'data', ()),
+    ('scatter_no_div', 'fsdp', ()),
+    ('ep_swapped_axes', 'data', ()),  # all_to_all over 'data' where 'expert' belongs
+    ('pp_wrong_way', 'stage', ()),
+    ('pp_1f1b_wrong_slot', 'stage', ('--pp_schedules=1f1b', '--pp_schedules=interleaved')),
+    ('composed_no_data', 'data', ()),
+    ('composed_too_many', 'model|stage', ()),
+    ('composed_data_only', 'seq|expert', ()),
+    ('loss_one_short', 'data', ('--models=transformer',)),
+]
+
+
+@pytest.mark.exhaustive  # 5 s to 4 min each (docs/fuzzing.md's table: seed 0, 16 draws at most)
+@pytest.mark.parametrize('entry,axis,more', ZOO, ids=[z[0] for z in ZOO])
+def test_every_zoo_entry_is_found_and_shrunk_to_its_axis(entry, axis, more):
+    result = fuzz('--draws=200', '--minutes=8', '--seed=0', '--shrink_minutes=1.5',
+                  '--checkpoint_every=0', f'--twins=one_device,tools.zoo.{entry}', *more,
+                  timeout=900)  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f'FAILURE (diverges of tools.zoo.{entry})' in result.stdout or (
+        entry == 'ep_swapped_axes'
+        and 'FAILURE (fails of tools.zoo.ep_swapped_axes)' in result.stdout
+    ), result.stdout[-3000:]
+    line = result.stdout.strip().splitlines()[-1]
+    mesh = dict(p.split(':') for p in line.split('--mesh=')[1].split()[0].split(','))
+    assert any(int(mesh.get(a, 1)) > 1 for a in axis.split('|')), line
