@@ -187,8 +187,8 @@ class Fuzz:
         checkpoint = self.checkpoint(draw)
         t0, fresh = time.monotonic(), self.key(draw, None, checkpoint) not in self.answers
         outcome, new, _ = self.run(draw, None, checkpoint)
-        if self.signature is None and fresh and checkpoint:
-            self.counts['checkpoints'] += 1
+        if self.signature is None and fresh and checkpoint and outcome != 'refused':
+            self.counts['checkpoints'] += 1  # (a refused draw runs no step to save)
         if self.signature is None and fresh:
             self.seconds.append(time.monotonic() - t0)
             self.counts['failed' if new else outcome] += 1
