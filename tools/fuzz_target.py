@@ -67,9 +67,9 @@ def leaves(plan, params, mesh) -> list[dict]:
         split += [()] * (len(p.shape) - len(split))
         axes = tuple(a for d in split for a in d)
         stacked = bool(layer_dims(path))
-        must = averaged_over(plan, Array(0, axes, stacked, is_expert(path)))
-        must = [a for a in must if plan.size(a) > 1]  # over an axis of 1 nothing is reduced
-        may = set(must) | ({FSDP} if plan.uses(FSDP) else set())
+        plan_says = averaged_over(plan, Array(0, axes, stacked, is_expert(path)))
+        must = [a for a in plan_says if plan.size(a) > 1]  # over an axis of 1: nothing to do
+        may = set(plan_says) | ({FSDP} if plan.uses(FSDP) else set())
         if not stacked and plan.uses(STAGE) and plan.schedule in PER_LEAF_STAGE:
             may |= {STAGE}
         local = [n // math.prod(plan.size(a) for a in d) for n, d in zip(p.shape, split)]
