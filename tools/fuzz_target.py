@@ -33,7 +33,8 @@ from shard_parity.step import create_state
 
 REDUCTIONS = ('all-reduce', 'reduce-scatter')
 PARTITIONED = ('auto', 'typed')  # twins whose collectives the partitioner places
-PER_LEAF_STAGE = ('1f1b', 'interleaved')  # schedules that reduce the non-block leaves over 'stage'
+PER_LEAF_STAGE = ('1f1b', 'interleaved')
+LAYERS = 'shard_parity/model/'  # where the layers' own collectives are attributed  # schedules that reduce the non-block leaves over 'stage'
 
 
 def compiled_ops(side, start, target: str) -> list[dict]:
@@ -94,18 +95,23 @@ def activation(shape, plan, start) -> bool:
     firsts = {b, max(b // (plan.microbatches if plan.uses(STAGE) else 1), 1)}
     if start.task.name == 'mlp':
         return len(shape) >= 1 and shape[0] in firsts
-    t = start.task.model_config.seq_len
-    return len(shape) >= 2 and shape[0] in firsts and shape[1] in {t, t // plan.size(SEQ)}
+    t, experts = start.task.model_config.seq_len, start.task.model_config.num_experts
+    seconds = {t, t // plan.size(SEQ)} | ({experts} if experts else set())  # positions, experts
+    return len(shape) >= 2 and shape[0] in firsts and shape[1] in seconds
 
 
-def wrong(ops, grads, is_activation=lambda shape: False, written: bool = True) -> list[str]:
+def wrong(ops, grads, is_activation=lambda shape: False, written: bool = True,
+          layers_own=lambda op: False) -> list[str]:  # fmt: skip
     """What breaks the rules above, one line each (none: the program is as the plan says).
     The forward's reductions are the activations'; a shape `is_activation` says may be an
     activation's counts towards the axes a leaf is reduced over, and is never called wrong.
     `written`: the twin writes its collectives (explicit/, a module of yours), so a leaf never
     reduced over an axis it must be is wrong; where the partitioner places them (auto/, typed/)
     it may gather the activations over the batch axes instead and make each gradient whole
-    where it is used (measured: auto/ and typed/ on data:2,stage:4; auto/'s experts on data:8)."""
+    where it is used (measured: auto/ and typed/ on data:2,stage:4; auto/'s experts on data:8).
+    `layers_own(op)`: a reduction the layers themselves make (a written twin's backward in
+    shard_parity/model/: tensor parallelism's psums, a gathered layer's reduce-scatter),
+    counted and never blamed; what the twin writes after grad is held to the rules."""
     out, reduced = [], {g['path']: set() for g in grads}
     for op in ops:
         if op['phase'] == 'forward' and op['kind'] in REDUCTIONS:  # the activations'
@@ -114,7 +120,7 @@ def wrong(ops, grads, is_activation=lambda shape: False, written: bool = True) -
         gathers = any(p['kind'] == 'all-gather' for p in op.get('stands_for', []))
         for shape in {tuple(s) for s in op['shapes'] if len(s)}:
             mine = [g for g in grads if dims(shape) in g['shapes']]
-            if is_activation(shape):  # counted, never blamed
+            if is_activation(shape) or layers_own(op):  # counted, never blamed
                 for g in mine:
                     reduced[g['path']] |= axes if op['kind'] in REDUCTIONS else set()
                 continue
@@ -156,7 +162,8 @@ def check(side, start, target: str) -> str | None:
     mesh = targets.mesh_on(side.mesh, targets.devices(target))
     grads = leaves(side.plan, start.state.params, mesh)
     written = side.name not in PARTITIONED
-    found = wrong(ops, grads, lambda shape: activation(shape, side.plan, start), written)
+    own = lambda op: written and op['phase'] == 'backward' and op['file'].startswith(LAYERS)  # noqa: E731
+    found = wrong(ops, grads, lambda shape: activation(shape, side.plan, start), written, own)
     if not found:
         return None
     more = f'\n... and {len(found) - 5} more' if len(found) > 5 else ''
