@@ -12,10 +12,12 @@ import random
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, find, given, settings
 
-from parity_tests.helpers import REPO
+from parity_tests.helpers import REPO, fresh_state
 from shard_parity import UsageError, checks
 from shard_parity import plan as plans
 from shard_parity.model.mlp import MLPConfig
@@ -137,7 +139,7 @@ class PlantedWorker:
     def __init__(self):
         self.calls = 0
 
-    def run(self, draw, twins, timeout):
+    def run(self, draw, twins, timeout, checkpoint=None, target=None):
         self.calls += 1
         broken = violations(draw)
         if broken:  # the project's refusal, naming what is broken
@@ -174,6 +176,127 @@ def planted_driver_run():
     assert command(draw, 'explicit').startswith(
         'python -m tools.bisect --twins=one_device,explicit '
     )
+
+
+@pytest.mark.slow  # ~5 s: a worker, one bf16 MLP draw (one device and two sides compile)
+def test_a_bf16_draw_is_judged_by_the_error_model():
+    """A bf16 draw is held to the bisector's error model (--tolerance=model), not to float32's
+    1e-5, which calls a correct bf16 twin divergent: explicit/ passes, and on the same draw
+    tools.zoo.tp_pmean (a pmean over 'model' where the psum belongs) is still caught."""
+    draw = Draw(mesh=(('data', 4), ('model', 2)), dtype='bfloat16', reduce_dtype='bfloat16')
+    worker = fuzz_judge.Worker(8, fuzz_judge.worker_env(True))
+    try:
+        answer = worker.run(draw, ['explicit', 'tools.zoo.tp_pmean'], timeout=240)
+    finally:
+        worker.stop()
+    assert answer['status'] == 'ran', answer
+    right, planted = answer['twins']['explicit'], answer['twins']['tools.zoo.tp_pmean']
+    assert right == {'verdict': 'agrees', 'message': '', 'tolerance': 'model'}, right
+    assert planted['verdict'] == 'diverges' and planted['tolerance'] == 'model', planted
+    assert 'bf16 error model' in planted['message'] and 'budgets over' in planted['message']
+    outcome, failures = fuzz_judge.judge(draw, answer)
+    assert outcome == 'failed' and [(f.kind, f.twin) for f in failures] == [
+        ('diverges', 'tools.zoo.tp_pmean')
+    ]
+
+
+def test_a_checkpoint_round_trip_sees_one_ulp():
+    """The round trip's verdict (tools/fuzz_checkpoint.py) is bitwise: a restored state one
+    float32 ulp off in one element of one leaf differs, its path named; the same state, and
+    the same arrays rebuilt by another graphdef of the same model, do not."""
+    from tools.fuzz_checkpoint import difference
+
+    graphdef, _, state = fresh_state()
+    x = np.random.default_rng(0).normal(size=(4, 784)).astype(np.float32)
+    assert difference(state, state, (graphdef, graphdef), x) is None
+    other, _, _ = fresh_state(seed=1)  # other weights, the same structure: the same program
+    assert difference(state, state, (graphdef, other), x) is None
+    moved = jax.tree.map(np.array, state)
+    kernel = moved.params['layers'][1]['kernel'][...]
+    kernel[3, 5] = np.nextafter(kernel[3, 5], np.float32(np.inf))
+    said = difference(state, moved, (graphdef, graphdef), x)
+    assert said and 'differs' in said and "'layers'" in said and 'kernel' in said, said
+
+
+@pytest.mark.slow  # ~40 s: the corpus's explicit entry, then 2 draws, each with a round trip
+def test_a_run_with_checkpoints_restores_on_other_meshes():
+    """--checkpoint_every=1: every draw also trains 3 steps, saves, restores on another drawn
+    mesh, and its arrays and one-device logits come back bitwise."""
+    result = fuzz('--draws=2', '--seed=2', '--checkpoint_every=1', '--verbose',
+                  '--twins=one_device,explicit')  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert ' 0 failed; 2 with a checkpoint round trip' in result.stdout, result.stdout
+    restored = [ln for ln in result.stdout.splitlines() if '(checkpoint restored on ' in ln]
+    assert len(restored) == 2 and all(ln.startswith('passed') for ln in restored), restored
+
+
+def test_the_collectives_rules_can_fail():
+    """tools/fuzz_target.py's rules on hand-made programs: a gradient reduced over the plan's
+    axes passes; over 'model' too, not at all, or an expert's weights gathered over 'expert',
+    each is named; an activation's shape over 'model' is not blamed."""
+    from tools.fuzz_target import wrong
+
+    grads = [
+        {'path': "['w']", 'shapes': {(4, 8)}, 'must': {'data'}, 'may': {'data', 'fsdp'},
+         'expert': False},
+        {'path': "['e']", 'shapes': {(2, 8, 8)}, 'must': {'data'}, 'may': {'data'}, 'expert': True},
+    ]  # fmt: skip
+
+    def op(kind, axes, *shapes, phase='outside-grad'):
+        return {'kind': kind, 'axes': list(axes), 'phase': phase, 'shapes': [list(s) for s in shapes],
+                'stands_for': [], 'file': 'planted.py', 'line': 7, 'name': kind}  # fmt: skip
+
+    right = [op('all-reduce', ['data'], (4, 8), (2, 8, 8), ())]
+    assert wrong(right, grads) == []
+    too_many = wrong([op('all-reduce', ['data', 'model'], (4, 8), (2, 8, 8))], grads)
+    assert len(too_many) == 2 and all('over data/model at planted.py:7' in w for w in too_many)
+    assert "the gradient of ['w'] is never reduced over data" in wrong([], grads)[0]
+    assert wrong([], grads, written=False) == []  # the partitioner may gather activations
+    gathered = wrong(right + [op('all-gather', ['expert'], (2, 8, 8), phase='forward')], grads)
+    assert gathered and "gathers ['e'], an expert's weights" in gathered[0]
+    tp = right + [op('all-reduce', ['model'], (4, 8), phase='backward')]
+    assert wrong(tp, grads) and wrong(tp, grads, lambda shape: shape == (4, 8)) == []
+
+
+@pytest.mark.slow  # ~35 s: a worker, one transformer draw compiled for tpu-v5e-8 twice
+def test_a_planted_wrong_reduction_is_caught_compiled_for_a_tpu():
+    """--target: explicit/'s step compiled for tpu-v5e-8 (nothing runs) reduces every gradient
+    as the plan says; tools.zoo.composed_too_many, which also averages over 'model', is caught
+    by the program's structure, naming the axes and the line."""
+    pytest.importorskip('libtpu')
+    d = Draw(**{**T, 'layers': 2, 'kv_heads': 2}, mesh=(('data', 2), ('fsdp', 2), ('model', 2)))
+    worker = fuzz_judge.Worker(8, fuzz_judge.worker_env(True))
+    try:
+        answer = worker.run(d, ['explicit', 'tools.zoo.composed_too_many'], 300,
+                            target='tpu-v5e-8')  # fmt: skip
+    finally:
+        worker.stop()
+    assert answer['status'] == 'ran', answer
+    right, planted = answer['twins']['explicit'], answer['twins']['tools.zoo.composed_too_many']
+    assert right == {'verdict': 'agrees', 'message': ''}, right
+    assert planted['verdict'] == 'collectives', planted
+    assert 'all-reduce over data/model at tools/zoo/composed_too_many.py:' in planted['message']
+    outcome, failures = fuzz_judge.judge(d, answer)
+    assert outcome == 'failed' and [f.kind for f in failures] == ['collectives']
+
+
+def test_a_target_of_other_chips_is_one_line_exit_2():
+    result = fuzz('--target=tpu-v5e-4')
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        'error: --target=tpu-v5e-4: expected tpu or a TPU slice of --devices=8 chips: '
+        'tpu-v5e-8, tpu-v5p-16, tpu-v4-16'
+    ], result.stderr
+
+
+def test_a_target_without_libtpu_says_what_to_install(tmp_path):
+    (tmp_path / 'sitecustomize.py').write_text("import sys\n\nsys.modules['libtpu'] = None\n")
+    result = subprocess.run([sys.executable, '-m', 'tools.fuzz', '--target=tpu'], cwd=REPO,
+                            env={**os.environ, 'PYTHONPATH': str(tmp_path)}, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        'error: --target=tpu compiles with the TPU compiler, libtpu, which is not installed '
+        'here: pip install -e ".[tpu]"'
+    ], result.stderr
 
 
 def fuzz(*flags, timeout=300):
@@ -226,3 +349,35 @@ def test_a_short_seeded_run_has_no_unexplained_failure():
     result = fuzz('--draws=6', '--seed=3')
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert ' 0 failed' in result.stdout and '6 draws' in result.stdout, result.stdout
+
+
+ZOO = [  # (entry, the axis its bug needs above 1, what else it needs drawn)
+    ('tp_pmean', 'model', ()),
+    ('dp_psum', 'data', ()),
+    ('no_pcast', 'data', ()),
+    ('replicated_batch', 'data', ()),
+    ('scatter_no_div', 'fsdp', ()),
+    ('ep_swapped_axes', 'data', ()),  # all_to_all over 'data' where 'expert' belongs
+    ('pp_wrong_way', 'stage', ()),
+    ('pp_1f1b_wrong_slot', 'stage', ('--pp_schedules=1f1b', '--pp_schedules=interleaved')),
+    ('composed_no_data', 'data', ()),
+    ('composed_too_many', 'model|stage', ()),
+    ('composed_data_only', 'seq|expert', ()),
+    ('loss_one_short', 'data', ('--models=transformer',)),
+]
+
+
+@pytest.mark.exhaustive  # 5 s to 4 min each (docs/fuzzing.md's table: seed 0, 16 draws at most)
+@pytest.mark.parametrize('entry,axis,more', ZOO, ids=[z[0] for z in ZOO])
+def test_every_zoo_entry_is_found_and_shrunk_to_its_axis(entry, axis, more):
+    result = fuzz('--draws=200', '--minutes=8', '--seed=0', '--shrink_minutes=1.5',
+                  '--checkpoint_every=0', f'--twins=one_device,tools.zoo.{entry}', *more,
+                  timeout=900)  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f'FAILURE (diverges of tools.zoo.{entry})' in result.stdout or (
+        entry == 'ep_swapped_axes'
+        and 'FAILURE (fails of tools.zoo.ep_swapped_axes)' in result.stdout
+    ), result.stdout[-3000:]
+    line = result.stdout.strip().splitlines()[-1]
+    mesh = dict(p.split(':') for p in line.split('--mesh=')[1].split()[0].split(','))
+    assert any(int(mesh.get(a, 1)) > 1 for a in axis.split('|')), line

@@ -143,7 +143,7 @@ def started():
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     return types.SimpleNamespace(
         plan=plan, mesh=mesh, graphdef=graphdef, loss_fn=task.loss_fn, tx=tx,
-        state=widen(state), batches=Batches(task),
+        state=widen(state), batches=Batches(task), task=task, config=config,
     )  # fmt: skip
 
 

@@ -311,11 +311,8 @@ def bisect(
     """Steps A and B side by side from `state` (B from `state_b` if given, e.g. its own
     checkpoint) on batches start..start+steps-1; stops at the first divergence. `tolerance`
     None: 'model' where either side's policy is not float32 throughout, else 'f32'."""
-    tolerance = tolerance or default_tolerance(a, b)
-    report = Report((a.name, b.name), tolerance, 0)
-    if tolerance == 'model':
-        devices = _split(a, b, 'batch_axes')
-        report.model = numerics.Budget.of([a.plan.precision, b.plan.precision], devices)
+    report = new_report(a, b, tolerance)
+    tolerance = report.tolerance
     if state_b is not None:
         model = report.model  # two runs' checkpoints: their trajectories' band at `start`
         allowed = model and max(model.update(), model.along(start))
@@ -343,6 +340,18 @@ def shared_update(tx):
         return jax.device_get(one_device(jax.tree.map(np.array, state), grads))
 
     return apply
+
+
+def new_report(a: Side, b: Side, tolerance: str | None = None) -> Report:
+    """An empty report of A against B at `tolerance` (None: default_tolerance's), with the two
+    sides' error model under 'model'. The bisector and the fuzzer's worker start here, so that
+    a draw's verdict is its bisect command's."""
+    tolerance = tolerance or default_tolerance(a, b)
+    report = Report((a.name, b.name), tolerance, 0)
+    if tolerance == 'model':
+        devices = _split(a, b, 'batch_axes')
+        report.model = numerics.Budget.of([a.plan.precision, b.plan.precision], devices)
+    return report
 
 
 def default_tolerance(a: Side, b: Side) -> str:

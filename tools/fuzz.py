@@ -1,7 +1,8 @@
 """Random configurations against one device: `python -m tools.fuzz` draws models, meshes and
 schedules (tools/fuzz_draws.py), and every draw is either refused in the train CLI's one line,
 for a reason tools/fuzz_table.py's independent table gives, or each twin's step equals the
-one-device run's (the bisector's activations, loss, gradients and update, its f32 tolerance).
+one-device run's (the bisector's activations, loss, gradients and update, at its tolerance:
+f32 round-off, or the error model where a draw computes or reduces in bfloat16).
 
     python -m tools.fuzz --minutes=10
     python -m tools.fuzz --draws=6 --seed=1 --twins=one_device,explicit
@@ -16,6 +17,7 @@ reported as known, and so is a new draw that hits one. Exit 0: no new failure; 1
 2: bad input. docs/fuzzing.md says more.
 """
 
+import random
 import statistics
 import time
 
@@ -31,7 +33,7 @@ except ModuleNotFoundError:
     raise
 
 from . import fuzz_judge as J
-from .fuzz_draws import command, draws
+from .fuzz_draws import command, draws, mesh_text, other_mesh
 
 MINUTES = flags.DEFINE_float(
     'minutes', None, 'Wall-clock budget of the random draws.', lower_bound=0
@@ -53,12 +55,31 @@ SHRINK_MINUTES = flags.DEFINE_float(
     'shrink_minutes', 5, 'Wall-clock budget of shrinking a failure.', lower_bound=0
 )
 BF16 = flags.DEFINE_bool(
-    'bf16', False, 'Draw bfloat16 --dtype/--reduce_dtype too. No bf16 verdict exists yet: such a '
-    "draw's refusal, crash or raise is judged, its divergence from one device is not.",
+    'bf16', False, 'Draw bfloat16 --dtype/--reduce_dtype too, judged by the error model of '
+    'docs/numerics.md (the bisector\'s --tolerance=model).',
 )  # fmt: skip
 MAX_FAILURES = flags.DEFINE_integer(
     'max_failures', 1, 'Stop after this many failures, each shrunk; another search starts after '
     'each with the next seed, and draws that fail as one found did pass.', lower_bound=1,
+)  # fmt: skip
+CHECKPOINT_EVERY = flags.DEFINE_integer(
+    'checkpoint_every', 10, 'One draw in this many also trains 3 steps with each twin that '
+    'agrees, saves an Orbax checkpoint, restores it on another drawn mesh and holds its arrays '
+    "and its logits (on one device) bitwise to the saved run's. 0: never.", lower_bound=0,
+)  # fmt: skip
+TARGET = flags.DEFINE_string(
+    'target', None, "A TPU slice (inspector/target.py's, e.g. tpu-v5e-8) of --devices chips, or "
+    "'tpu': one such slice drawn per draw. Each draw's step is then compiled for it with libtpu "
+    "and its collectives held to the plan's axes (tools/fuzz_target.py), instead of run.",
+)  # fmt: skip
+MODELS = flags.DEFINE_multi_enum(
+    'models', ['mlp', 'transformer'], ['mlp', 'transformer'],
+    'The models drawn (a module of yours that runs one only: --models=transformer).',
+)  # fmt: skip
+PP_SCHEDULES = flags.DEFINE_multi_enum(
+    'pp_schedules', None, ['gpipe', '1f1b', 'interleaved'],
+    "The schedules a 'stage' axis is drawn with (default all, GPipe mostly); 1f1b or interleaved "
+    'alone draw data x stage pipelines of the transformer without experts, what they run on.',
 )  # fmt: skip
 CORPUS_ONLY = flags.DEFINE_bool('corpus_only', False, 'Replay the corpus, draw nothing.')
 VERBOSE = flags.DEFINE_bool('verbose', False, 'One line per draw: its flags and its outcome.')
@@ -69,33 +90,57 @@ class BudgetSpent(BaseException):
 
 
 class Fuzz:
-    def __init__(self, twins, devices: int):
-        self.twins, self.devices = twins, devices
+    def __init__(self, twins, devices: int, target: str | None = None):
+        self.twins, self.devices, self.target = twins, devices, target
         self.worker = J.Worker(devices, J.worker_env(True))
         self.entries = J.corpus()
         self.counts = {'refused': 0, 'passed': 0, 'failed': 0, 'known': 0}
+        self.counts['checkpoints'] = 0  # of those, draws that also took the round trip
         self.seconds, self.signature, self.found, self.answers = [], None, [], {}
         self.deadline = self.shrink_until = 0.0
         self.limit = None
 
-    def key(self, draw, twins=None) -> tuple:
-        """What a draw runs, by which its answer is remembered: its flags and the twins."""
-        return tuple(draw.flags()), tuple(twins or self.twins)
+    def key(self, draw, twins=None, checkpoint=None) -> tuple:
+        """What a draw runs, by which its answer is remembered: its flags, the twins, the
+        mesh its checkpoint is restored on (None: no round trip) and the slice it compiles for."""
+        return tuple(draw.flags()), tuple(twins or self.twins), checkpoint, self.slice(draw)
 
-    def run(self, draw, twins=None):
+    def slice(self, draw) -> str | None:
+        """The TPU slice a draw compiles for (None: it runs on the CPU): --target's, or under
+        --target=tpu one of --devices chips, drawn from the draw itself."""
+        if self.target != 'tpu':
+            return self.target
+        return random.Random(' '.join(draw.flags())).choice(slices(self.devices))
+
+    def checkpoint(self, draw) -> str | None:
+        """The mesh this draw's checkpoint is restored on, or None: one fresh draw in
+        --checkpoint_every, and every draw while a checkpoint's failure is shrunk. Drawn from
+        the draw itself, so that shrinking meets the same mesh for the same draw."""
+        every, shrinking = CHECKPOINT_EVERY.value, self.signature is not None
+        if not every or self.target or (shrinking and self.signature[0] != 'checkpoint'):
+            return None
+        if not shrinking and (len(self.seconds) + 1) % every:
+            return None
+        return mesh_text(other_mesh(draw, random.Random(' '.join(draw.flags()))))
+
+    def run(self, draw, twins=None, checkpoint=None):
         """(outcome, new failures, known entries hit) of one draw, on `twins` (default
-        --twins'); a draw seen before (shrinking meets many) is answered from memory."""
-        key = self.key(draw, twins)
+        --twins'), with a checkpoint's round trip to the mesh `checkpoint`; a draw seen
+        before (shrinking meets many) is answered from memory."""
+        key = self.key(draw, twins, checkpoint)
         if key in self.answers:
             return self.answers[key]
-        answer = self.worker.run(draw, key[1], TIMEOUT.value)
+        answer = self.worker.run(draw, key[1], TIMEOUT.value, checkpoint, key[3])
         outcome, failures = J.judge(draw, answer)
         hits = [J.known(f, self.entries) for f in failures]
         new = [f for f, k in zip(failures, hits) if k is None]
         if failures and not new:
             outcome = 'known'
         if VERBOSE.value:
-            print(f'{outcome}: {answer.get("seconds", "-")} s {" ".join(draw.flags())}', flush=True)
+            restored = f' (checkpoint restored on {checkpoint})' if checkpoint else ''
+            restored += f' (compiled for {key[3]})' if key[3] else ''
+            print(f'{outcome}: {answer.get("seconds", "-")} s {" ".join(draw.flags())}{restored}',
+                  flush=True)  # fmt: skip
             for f in failures:
                 print(f'  {f.kind} {f.twin or ""}: {f.message.splitlines()[0]}')
         self.answers[key] = outcome, new, [k for k in hits if k]
@@ -107,9 +152,18 @@ class Fuzz:
         bad = []
         for e in self.entries:
             twins = [t for t in e['twins'] if t in self.twins]  # those this run compares
-            if e['draw'].devices != self.devices or not twins:
+            # an entry found compiling for a slice replays under --target only, and on its slice
+            if (
+                e['draw'].devices != self.devices
+                or not twins
+                or bool(e.get('target')) != bool(self.target)
+            ):
                 continue
-            outcome, new, hits = self.run(e['draw'], twins)
+            saved, self.target = self.target, e.get('target') or self.target
+            try:
+                outcome, new, hits = self.run(e['draw'], twins)
+            finally:
+                self.target = saved
             still = bool(hits) or outcome == 'known'
             if e['status'] == 'known':
                 print(
@@ -130,8 +184,11 @@ class Fuzz:
             raise BudgetSpent
         if self.signature is None and self.limit is not None and len(self.seconds) >= self.limit:
             raise BudgetSpent
-        t0, fresh = time.monotonic(), self.key(draw) not in self.answers
-        outcome, new, _ = self.run(draw)
+        checkpoint = self.checkpoint(draw)
+        t0, fresh = time.monotonic(), self.key(draw, None, checkpoint) not in self.answers
+        outcome, new, _ = self.run(draw, None, checkpoint)
+        if self.signature is None and fresh and checkpoint and outcome != 'refused':
+            self.counts['checkpoints'] += 1  # (a refused draw runs no step to save)
         if self.signature is None and fresh:
             self.seconds.append(time.monotonic() - t0)
             self.counts['failed' if new else outcome] += 1
@@ -163,7 +220,8 @@ class Fuzz:
         from hypothesis import HealthCheck, Phase, given, settings
         from hypothesis import seed as seeded
 
-        strategy = draws(self.devices, required=zoo_axes(self.twins), bf16=BF16.value)
+        strategy = draws(self.devices, required=zoo_axes(self.twins), bf16=BF16.value,
+                         models=tuple(MODELS.value), schedules=PP_SCHEDULES.value)  # fmt: skip
         checks = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
         @seeded(seed)
@@ -215,7 +273,9 @@ def main(argv):
         zoo_axes(twins)
     except UsageError as e:
         refuse(str(e))
-    fuzz = Fuzz(twins, int(DEVICES.value))
+    if TARGET.value:
+        target_or_refuse(TARGET.value, int(DEVICES.value))
+    fuzz = Fuzz(twins, int(DEVICES.value), TARGET.value)
     t0 = time.monotonic()
     try:
         bad = fuzz.replay()
@@ -231,17 +291,47 @@ def main(argv):
             print(f"  {command(entry['draw'], f.twin or twins[0])}")
     for draw, f in fuzz.found:
         print(f'FAILURE ({f.kind}{" of " + f.twin if f.twin else ""}), shrunk:\n{f.message}')
-        print(f'reproduce: {command(draw, f.twin or twins[0])}')
+        if f.kind == 'checkpoint':  # no bisect command replays a round trip: the fuzzer does
+            print(f'draw: {" ".join(draw.flags())}')
+        elif f.kind == 'collectives' or fuzz.target:  # the program, as the inspector reads it
+            print(f'draw: {" ".join(draw.flags())} compiled for {fuzz.slice(draw)}')
+            print(
+                f'inspect: python -m inspector {" ".join(draw.flags())} --target={fuzz.slice(draw)}'
+            )
+        else:
+            print(f'reproduce: {command(draw, f.twin or twins[0])}')
     raise SystemExit(1 if bad or fuzz.found else 0)
 
 
+def slices(devices: int) -> list[str]:
+    """The TPU slices (inspector/target.py's) of `devices` chips."""
+    from shard_parity.inspector.target import TARGETS
+
+    return [n for n, t in TARGETS.items() if t.platform == 'tpu' and t.devices == devices]
+
+
+def target_or_refuse(name: str, devices: int) -> None:
+    """--target: a TPU slice of --devices chips (or 'tpu'), and libtpu to compile for it."""
+    from shard_parity.devices import libtpu_installed
+
+    fits = slices(devices)
+    if name != 'tpu' and name not in fits:
+        refuse(f'--target={name}: expected tpu or a TPU slice of --devices={devices} chips: '
+               f'{", ".join(fits)}')  # fmt: skip
+    if not libtpu_installed():
+        refuse(f'--target={name} compiles with the TPU compiler, libtpu, which is not installed '
+               'here: pip install -e ".[tpu]"')  # fmt: skip
+
+
 def summary(fuzz: Fuzz, elapsed: float) -> str:
-    c, n = fuzz.counts, sum(fuzz.counts.values())
+    c = fuzz.counts
+    n = sum(c[k] for k in ('refused', 'passed', 'failed', 'known'))
     rate = f'{100 * c["refused"] / n:.0f}%' if n else '-'
     median = f'{statistics.median(fuzz.seconds):.1f} s' if fuzz.seconds else '-'
     per_minute = f'{60 * n / sum(fuzz.seconds):.1f}' if fuzz.seconds else '-'
     return (f'{n} draws in {elapsed:.0f} s: {c["passed"]} passed, {c["refused"]} refused '
-            f'({rate}), {c["known"]} known, {c["failed"]} failed; median {median} a draw, '
+            f'({rate}), {c["known"]} known, {c["failed"]} failed; {c["checkpoints"]} with a '
+            f'checkpoint round trip; median {median} a draw, '
             f'{per_minute} draws/minute')  # fmt: skip
 
 

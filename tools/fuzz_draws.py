@@ -13,6 +13,8 @@ import dataclasses
 
 from hypothesis import strategies as st
 
+from .fuzz_table import violations
+
 ORDER = ('data', 'fsdp', 'model', 'seq', 'stage', 'expert')  # the simplest first
 DENSE = ('data', 'fsdp', 'model')  # the MLP's axes (and the transformer's, with seq, stage)
 
@@ -118,15 +120,18 @@ def meshes(draw, devices: int, pool, required=()):
 
 
 @st.composite
-def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp', 'transformer')):
+def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp', 'transformer'),
+          schedules=None):  # fmt: skip
     """One Draw over `devices` devices; `required`: the axes a strategy module of yours (a zoo
-    entry) needs on every mesh (then only those are drawn)."""
+    entry) needs on every mesh (then only those are drawn); `models`, `schedules` (those a
+    'stage' axis takes; default all, GPipe mostly): what a module of yours can run."""
     model = draw(st.sampled_from(models))
     t = model == 'transformer'
-    experts = draw(st.sampled_from([0, 2, 4, 8, 3])) if t else 0
+    only_1f1b = bool(schedules) and not {'gpipe'} & set(schedules)  # a data x stage pipeline
+    experts = draw(st.sampled_from([0, 2, 4, 8, 3])) if t and not only_1f1b else 0
     # a pipeline of data and stage alone (what 1F1B and interleaved run on) a quarter of the time
-    pipeline = t and not experts and not required and draw(st.integers(0, 3)) == 3
-    if required:
+    pipeline = t and not experts and (only_1f1b or not required and draw(st.integers(0, 3)) == 3)
+    if required and not pipeline:
         pool = list(required)
     elif pipeline:
         pool, required = ['data', 'stage'], ('stage',)
@@ -144,9 +149,10 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
     heads = up(draw(pow2(0, 3)), n['model'])
     kind = draw(st.sampled_from(['mha', 'gqa', 'mqa']))
     kv = up({'mha': heads, 'gqa': max(1, heads // 2), 'mqa': 1}[kind], n['model'])
-    schedules = ['gpipe', '1f1b', 'interleaved']
+    chosen, schedules = schedules, ['gpipe', '1f1b', 'interleaved']
     if not (pipeline or draw(st.integers(0, 7)) == 7):  # else now and then one on no pipeline
         schedules = ['gpipe']
+    schedules = [x for x in schedules if x in (chosen or schedules)] or list(chosen)
     schedule = draw(st.sampled_from(schedules)) if 'stage' in axes else 'gpipe'
     virtual = draw(st.sampled_from([2, 3])) if schedule == 'interleaved' else 2
     chunks = virtual if schedule == 'interleaved' else 1
@@ -174,3 +180,22 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
         dtype=draw(st.sampled_from(dtypes)), reduce_dtype=draw(st.sampled_from(dtypes)),
         matmul=draw(st.sampled_from(['default', 'high', 'highest'])),
     )  # fmt: skip
+
+
+def other_mesh(draw: Draw, rng) -> tuple:
+    """Another mesh of the draw's devices that its model can be placed on (the refusal table
+    holds it: the heads split over 'model', the layers over 'stage'...), drawn with `rng` (a
+    random.Random): where the checkpoint round trip restores what the draw's mesh saved."""
+    pool = [a for a in ORDER if a in (DENSE if draw.model == 'mlp' else ORDER)]
+    pool = [a for a in pool if a != 'expert' or draw.experts]
+    pool = [a for a in pool if a != 'seq' or not draw.experts]
+    for _ in range(50):
+        names = rng.sample(pool, rng.randint(1, len(pool)))
+        owners = [rng.randrange(len(names)) for _ in range(draw.devices.bit_length() - 1)]
+        mesh = tuple((a, 2 ** owners.count(i)) for i, a in enumerate(names))
+        m = draw.microbatches if 'stage' in names else 1
+        placed = dataclasses.replace(draw, mesh=mesh, schedule='gpipe', batch=draw.devices * m)
+        if mesh != draw.mesh and not violations(placed):
+            return mesh
+    data = (('data', draw.devices),)
+    return data if draw.mesh != data else (('fsdp', draw.devices),)

@@ -22,7 +22,8 @@ CORPUS = pathlib.Path(__file__).parent / 'fuzz_corpus'
 
 
 class Failure(NamedTuple):
-    kind: str  # refused, reason, accepted, diverges, fails, refused_twin, hang, crash
+    kind: str  # refused, reason, accepted, diverges, fails, refused_twin, checkpoint, collectives,
+    # hang, crash
     twin: str | None  # the twin it concerns (None: the draw as a whole)
     message: str
 
@@ -35,9 +36,9 @@ class Failure(NamedTuple):
         return self.kind, self.twin, where and where.group(1) or where and where.group(2)
 
 
-def judge(draw: Draw, answer: dict, bf16_judged: bool = False) -> tuple[str, list[Failure]]:
-    """(outcome, failures): outcome 'refused', 'passed' or 'failed'. A bfloat16 draw's
-    divergence is not judged (no bf16 verdict yet): only a refusal, crash or raise counts."""
+def judge(draw: Draw, answer: dict) -> tuple[str, list[Failure]]:
+    """(outcome, failures): outcome 'refused', 'passed' or 'failed'. A divergence is the
+    worker's verdict at the bisector's tolerance (a bfloat16 draw's: the error model's)."""
     status, broken = answer['status'], violations(draw)
     whys = '; '.join(f'{b.flag}: {b.why}' for b in broken)
     if status in ('hang', 'crash'):
@@ -51,11 +52,8 @@ def judge(draw: Draw, answer: dict, bf16_judged: bool = False) -> tuple[str, lis
         return 'refused', []
     if broken:
         return 'failed', [Failure('accepted', None, f'accepted, the table refuses it: {whys}')]
-    wide = draw.dtype == 'float32' and draw.reduce_dtype == 'float32'
     failures = []
     for twin, v in answer['twins'].items():
-        if v['verdict'] == 'diverges' and not (wide or bf16_judged):
-            continue
         if v['verdict'] != 'agrees':
             kind = 'refused_twin' if v['verdict'] == 'refused' else v['verdict']
             failures.append(Failure(kind, twin, v['message']))
@@ -80,11 +78,19 @@ class Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=self.env,
         )  # fmt: skip
 
-    def run(self, draw: Draw, twins, timeout: float) -> dict:
+    def run(self, draw: Draw, twins, timeout: float, checkpoint: str | None = None,
+            target: str | None = None) -> dict:  # fmt: skip
+        """The worker's answer for `draw` on `twins`; `checkpoint`: the mesh each twin that
+        agrees restores its checkpoint on (tools/fuzz_checkpoint.py); `target`: the TPU slice
+        each twin's step compiles for instead of running (tools/fuzz_target.py)."""
         if self.proc is None or self.proc.poll() is not None:
             self.start()
             timeout += 60  # JAX's start
         job = {'flags': draw.flags(), 'twins': list(twins)}
+        if checkpoint:
+            job['checkpoint'] = checkpoint
+        if target:
+            job['target'] = target
         try:
             self.proc.stdin.write((json.dumps(job) + '\n').encode())
             self.proc.stdin.flush()

@@ -1,12 +1,16 @@
 """The fuzzer's worker (python -m tools.fuzz starts one per device count): runs draws, one per
 line of stdin, each a JSON object {"flags": [...], "twins": [...]}, and answers each with one
-line `FUZZ {...}` on stdout (all else it prints goes to stderr).
+line `FUZZ {...}` on stdout (all else it prints goes to stderr). A job with "checkpoint": a
+mesh also saves each twin that agrees after 3 steps and restores it there
+(tools/fuzz_checkpoint.py); one with "target": a TPU slice compiles each twin's step for
+it and checks its collectives, running nothing (tools/fuzz_target.py).
 
 A draw starts as the bisector's run does (tools/bisect.py, `started`: the train CLI's plan and
 checks, the task, the initial state), so that its command replays it: a refusal is the CLI's
 line; else each twin takes one step beside one device (tools/divergence.py's compare_step: the
-activations, the loss and every gradient, then the update), one-device programs compiled once
-for all the twins. A hang or a crash here is the driver's to see: it kills and restarts this.
+activations, the loss and every gradient, then the update) at the bisector's tolerance for the
+pair (new_report: f32 round-off, or the error model of docs/numerics.md where either side
+computes or reduces in bfloat16), one-device programs compiled once for all the twins. A hang or a crash here is the driver's to see: it kills and restarts this.
 
     python -m tools.fuzz_worker 8 < jobs.jsonl
 """
@@ -24,7 +28,9 @@ from shard_parity import UsageError
 
 from . import bisect
 from . import divergence as D
-from .sides import SideFailed, load_side
+from . import fuzz_target
+from .fuzz_checkpoint import round_trip
+from .sides import SideFailed, load_side, where
 
 
 def run(job: dict) -> dict:
@@ -39,32 +45,71 @@ def run(job: dict) -> dict:
     one = D.Runner(load_side('one_device', start.plan, None), start.graphdef, start.loss_fn,
                    start.tx, 'A')  # fmt: skip
     apply = D.shared_update(start.tx)
+    if job.get('target'):  # compiled for a TPU slice, held to the plan's axes: nothing runs
+        return {
+            'status': 'ran',
+            'twins': {t: compiled(t, start, job['target']) for t in job['twins']},
+        }
     batch, verdicts = start.batches.batch(0), {}
     for twin in job['twins']:
-        verdicts[twin] = one_twin(twin, start, one, apply, batch)
+        verdicts[twin] = one_twin(twin, start, one, apply, batch, job.get('checkpoint'))
     return {'status': 'ran', 'twins': verdicts}
 
 
-def one_twin(twin: str, start, one, apply, batch) -> dict:
-    """{'verdict', 'message'}: `twin`'s step beside one device's (`one`, its Runner)."""
+def one_twin(twin: str, start, one, apply, batch, checkpoint: str | None = None) -> dict:
+    """{'verdict', 'message', 'tolerance'}: `twin`'s step beside one device's (`one`, its
+    Runner), at the bisector's tolerance for the pair ('f32' or 'model')."""
     try:
         side = load_side(twin, start.plan, start.mesh)
         runner = D.Runner(side, start.graphdef, start.loss_fn, start.tx, 'B')
-        report = D.Report(('one_device', twin), 'f32', 0)
-        phase, layer, out = D.compare_step(one, runner, apply, start.state, batch, 'f32', report)
+        report = D.new_report(one.side, side)  # the bisector's: bf16's error model, or f32's
+        phase, layer, out = D.compare_step(
+            one, runner, apply, start.state, batch, report.tolerance, report
+        )
     except UsageError as e:
         return {'verdict': 'refused', 'message': str(e)}
     except SideFailed as e:
         return {'verdict': 'fails', 'message': str(e)}
     except Exception as e:  # the one-device side, or the comparison itself
-        last = traceback.extract_tb(e.__traceback__)[-1]
-        first = (str(e).strip().splitlines() or [''])[0][:200]
-        where = f'{os.path.relpath(last.filename)}:{last.lineno}'
-        return {'verdict': 'fails', 'message': f'{where}: {type(e).__name__}: {first}'}
+        return {'verdict': 'fails', 'message': raised(e)}
+    if phase is None and checkpoint:  # a twin that agrees: then its checkpoint's round trip
+        try:
+            wrong = round_trip(runner, start, checkpoint)
+        except Exception as e:
+            wrong = f'checkpoint restored on {checkpoint}: {raised(e)}'
+        if wrong:
+            return {'verdict': 'checkpoint', 'message': wrong, 'tolerance': report.tolerance}
     if phase is None:
-        return {'verdict': 'agrees', 'message': ''}
+        return {'verdict': 'agrees', 'message': '', 'tolerance': report.tolerance}
     D._diverged(report, 0, phase, layer, out, one.side, side)
-    return {'verdict': 'diverges', 'message': bisect.render(report)}
+    return {'verdict': 'diverges', 'message': bisect.render(report), 'tolerance': report.tolerance}
+
+
+def compiled(twin: str, start, target: str) -> dict:
+    """{'verdict': 'agrees'|'collectives'|'fails'|'refused', 'message'}: `twin`'s train step
+    compiled for `target` and held to the plan's axes (tools/fuzz_target.py)."""
+    try:
+        side = load_side(twin, start.plan, start.mesh)
+    except UsageError as e:
+        return {'verdict': 'refused', 'message': str(e)}
+    except SideFailed as e:
+        return {'verdict': 'fails', 'message': str(e)}
+    try:
+        wrong = fuzz_target.check(side, start, target)
+    except UsageError as e:
+        return {'verdict': 'refused', 'message': str(e)}
+    except Exception as e:  # as the bisector says a side that cannot trace (sides.guarded)
+        first = (str(e).strip().splitlines() or [''])[0][:200]
+        at = f'B ({twin}) fails to compile for {target} at {where(e, side)}'
+        return {'verdict': 'fails', 'message': f'{at}: {type(e).__name__}: {first}'}
+    return {'verdict': 'collectives' if wrong else 'agrees', 'message': wrong or ''}
+
+
+def raised(e: Exception) -> str:
+    """'file:line: Type: first line' of an exception, where it was raised."""
+    last = traceback.extract_tb(e.__traceback__)[-1]
+    first = (str(e).strip().splitlines() or [''])[0][:200]
+    return f'{os.path.relpath(last.filename)}:{last.lineno}: {type(e).__name__}: {first}'
 
 
 def main() -> None:

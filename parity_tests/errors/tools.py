@@ -282,6 +282,16 @@ ROWS = [
         'test_fuzz.test_a_bad_twins_flag_is_one_line_exit_2',
     ),
     (
+        'fuzz: --target of another chip count than --devices (or not a TPU slice)',
+        '--target=tpu-v5e-4: expected tpu or a TPU slice of --devices=8 chips',
+        'test_fuzz.test_a_target_of_other_chips_is_one_line_exit_2',
+    ),
+    (
+        'fuzz: --target without libtpu',
+        '--target=tpu compiles with the TPU compiler, libtpu, which is not installed here',
+        'test_fuzz.test_a_target_without_libtpu_says_what_to_install',
+    ),
+    (
         'fuzz: Hypothesis not installed (no test extra)',
         'tools.fuzz draws with Hypothesis, which is not installed',
         'test_fuzz.test_without_hypothesis_the_fuzzer_says_what_it_needs',
