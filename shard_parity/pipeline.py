@@ -25,7 +25,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import STAGE
+from shard_parity.mesh import MODEL, STAGE
 from shard_parity.schedules import Ticks
 from shard_parity.model.ops import typed, varying
 from shard_parity.placement import STACKED, activations
@@ -87,21 +87,31 @@ class Pieces(NamedTuple):
     head_loss: Callable  # (rest, y, batch) -> (loss, metrics): the last stage's
 
 
-def pieces(graphdef, loss_fn, params) -> Pieces:
+def pieces(graphdef, loss_fn, params, hooks=None) -> Pieces:
     """`loss_fn`'s model in three pieces: the embedding, a stack of blocks, and the final norm,
     the head and the loss, which `loss_fn` itself runs on activations the pipeline hands in
-    (the model's `pipeline` hook returning them), so every task's loss runs unchanged."""
-    blocks = params[STACKED]
+    (the model's `pipeline` hook returning them), so every task's loss runs unchanged.
+    `hooks`: the composed step's model-call keywords for the axes inside a stage (fsdp's
+    `layer_weights`, tp's `sum_partials`, the ring's `attention` and `positions`; explicit/
+    composed.py's `hooks` less its `pipeline`): the blocks run with them, the embedding takes
+    the positions, and the head and loss get them all, as the model call does."""
+    blocks, hooks = params[STACKED], dict(hooks or {})
+    positions = hooks.get('positions')
+    stack = {k: v for k, v in hooks.items() if k in STACK_HOOKS}
 
     def model(rest):
         return nnx.merge(graphdef, nnx.State({STACKED: blocks, **rest}))
 
     def head_loss(rest, y, batch, stats=None):
         hook = lambda x, run, weights: (y, stats or {})  # noqa: E731
-        return loss_fn(functools.partial(model(rest), pipeline=hook), batch)
+        return loss_fn(functools.partial(model(rest), pipeline=hook, **hooks), batch)
 
-    run = lambda weights, x: model(rest_of(params)).run_stack(weights, x)[0]  # noqa: E731
-    return Pieces(lambda rest, tokens: model(rest).embedding(tokens), run, head_loss)
+    run = lambda weights, x: model(rest_of(params)).run_stack(weights, x, **stack)[0]  # noqa: E731
+    embed = lambda rest, tokens: model(rest).embedding(tokens, positions=positions)  # noqa: E731
+    return Pieces(embed, run, head_loss)
+
+
+STACK_HOOKS = ('layer_weights', 'sum_partials', 'attention', 'experts')  # run_stack's keywords
 
 
 def rest_of(params) -> dict:
@@ -146,8 +156,12 @@ def explicit(tree) -> bool:
 
 
 def everywhere(tree):
-    """Inside shard_map: `tree` cast to varying over every Manual axis; elsewhere `tree`."""
-    axes = set(jax.sharding.get_abstract_mesh().manual_axes)
+    """Inside shard_map: `tree` cast to varying over every Manual axis but 'model'; elsewhere
+    `tree`. What a stage holds between ticks (activations, their gradients, the embedding's
+    and head's gradients) differs from device to device over every axis but 'model', whose
+    devices hold the same (tp's psum): typed invariant there, the transpose of each block's
+    first use of its input is the psum over 'model' that its gradient needs."""
+    axes = set(jax.sharding.get_abstract_mesh().manual_axes) - {MODEL}
     return jax.tree.map(lambda a: jax.lax.pcast(a, tuple(sorted(axes - varying(a))), to='varying'),
                         tree)  # fmt: skip
 
@@ -164,13 +178,16 @@ class Stage(NamedTuple):
 
 
 def start(p: Pieces, rest, chunks, batches, slots: int) -> Stage:
-    """A stage's state before the first tick: zeros."""
+    """A stage's state before the first tick: zeros. The chunks' gradients vary where the
+    chunks do (`zeros_like` keeps that): under 'model' a layer norm's weight is the same on
+    every device of the axis, and so is its gradient."""
     x = jnp.zeros_like(p.embed(rest, batches['x'][0]))
     _, metrics = jax.eval_shape(p.head_loss, rest, x, jax.tree.map(lambda a: a[0], batches))
-    zeros = jax.tree.map(jnp.zeros_like, (x, x, chunks, rest))
+    zeros = jax.tree.map(jnp.zeros_like, (x, x, rest))
     saved = jnp.broadcast_to(x, (slots, *x.shape))
     metrics = {k: jnp.zeros(m.shape, m.dtype) for k, m in metrics.items()}
-    return everywhere(Stage(zeros[0], zeros[1], saved, zeros[2], zeros[3], metrics))
+    grads = jax.tree.map(jnp.zeros_like, chunks)
+    return everywhere(Stage(zeros[0], zeros[1], saved, None, zeros[2], metrics))._replace(grads=grads)
 
 
 def tick(p: Pieces, rest, batches, stages: int, virtual: int, fwd=True, bwd=True, loss=True):
