@@ -176,8 +176,23 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
-        '--pp_schedule other than gpipe on a composed named mesh',
-        '--pp_schedule=1f1b on --mesh=data:2,stage:2,model:2: the composed step pipelines with gpipe only',
+        '--pp_schedule other than gpipe on a named mesh in a twin whose composed step has only gpipe (auto, typed)',
+        "--pp_schedule=1f1b on --mesh=data:2,stage:2,model:2: the auto twin's composed step pipelines with gpipe only",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--pp_schedule other than gpipe with experts on a named mesh',
+        '--pp_schedule=1f1b with --num_experts=4 on --mesh=data:2,expert:2,stage:2: the composed step runs 1f1b and interleaved for dense blocks only',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'layers not divisible by the stage axis x --pp_virtual on a named mesh',
+        '--num_layers=6 is not divisible by the stage axis x --pp_virtual (2 x 2 = 4)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'interleaved microbatches not a multiple of the stage axis on a named mesh',
+        '--microbatches=3 is not a multiple of the stage axis (2): the interleaved schedule',
         'test_bad_inputs.test_cli_row',
     ),
     (
