@@ -34,6 +34,7 @@ from . import composed, pp
 from .fsdp import gather, scatter
 
 STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
+PLANS = ('pp', 'composed')  # and on a named mesh with a stage axis (the bisector's sides)
 
 
 def pass_on(y, mesh, plan):  # f32[B/dM, T, C]: stage i's output to i + 1 (interleaved: S-1 to 0)

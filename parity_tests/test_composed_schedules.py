@@ -1,0 +1,273 @@
+"""Claim: 1F1B and interleaved 1F1B on a composed mesh (--mesh=...,stage:S --pp_schedule=1f1b|
+interleaved: explicit/pp_1f1b.py with each stage's blocks the composed block, fsdp's per-layer
+gather, tp's psum and cp's ring inside) give the one-device run's loss and every gradient leaf
+on fsdp:2,model:2,stage:2 (1f1b), data:2,seq:2,stage:2 (interleaved, V = 2), stage:2,seq:2,
+model:2 and data:2,fsdp:2,stage:2, and on the 16-device data:2,fsdp:2,model:2,stage:2; 20 AdamW
+steps track it; the planted wrong slot (tools/zoo/pp_1f1b_wrong_slot.py) is caught on a composed
+mesh, and found by the bisector in the gradients; 1F1B's temporary memory per device on
+fsdp:2,model:2,stage:2 stays flat as M goes 4, 8, 16 where GPipe's grows; a checkpoint of a
+composed 1f1b run resumes under interleaved on another mesh; auto and typed, whose composed
+step pipelines with GPipe only, refuse in one line (test_bad_inputs.py's rows), never running
+GPipe in its place. The refusals of bad input are test_bad_inputs.py's rows."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from parity_tests.helpers import (
+    LOSS_TOL,
+    REPO,
+    TOL,
+    X64_TOL,
+    assert_close,
+    assert_params_close,
+    assert_trees_close,
+    fresh_state,
+    make_case,
+    one_device_runs,
+    plan_of,
+    read_metrics,
+    run_cli,
+    train_twin,
+    train_twin_x64,
+)
+from shard_parity import UsageError, auto, explicit, typed
+from shard_parity import config as cfg
+from shard_parity import plan as plans
+from shard_parity.memory import abstract_state
+from shard_parity.mesh import mesh_for
+from shard_parity.model.transformer import Transformer
+from shard_parity.placement import activations, place_batch, place_state
+from shard_parity.runtime import tasks
+from shard_parity.step import make_optimizer, one_device_loss_and_grads, strategy_file
+from shard_parity.tools import divergence as D
+from shard_parity.tools.zoo import pp_1f1b_wrong_slot
+
+# test_composed.py's model: 4 layers (S x V = 4 with V = 2), 4 query heads and 2 key/value heads
+# (whole ones on 2 'model' devices), 16 positions (2 zigzag chunks on each of 2 'seq' devices)
+DENSE = cfg.TransformerConfig(seq_len=16, num_layers=4, num_heads=4, num_kv_heads=2, embed_dim=32)
+# mesh -> (schedule, M, V): each axis inside a stage at least once, both schedules
+MESHES = {
+    'fsdp:2,model:2,stage:2': ('1f1b', 2, None),
+    'data:2,seq:2,stage:2': ('interleaved', 2, 2),
+    'stage:2,seq:2,model:2': ('1f1b', 4, None),
+    'data:2,fsdp:2,stage:2': ('interleaved', 4, 2),
+}
+SIXTEEN = 'data:2,fsdp:2,model:2,stage:2'
+
+
+def mesh_of(text, twin=explicit):
+    return mesh_for(plans.parse(text, 'composed', jax.device_count()), twin.AXIS_TYPE)
+
+
+def plan_for(mesh, text):
+    schedule, m, v = MESHES.get(text, ('interleaved', 2, 2))
+    return plan_of(mesh, 'composed', microbatches=m, schedule=schedule, virtual=v)
+
+
+@pytest.fixture(scope='module')
+def one_device():
+    case = make_case('transformer', DENSE)
+    graphdef, _, state = fresh_state(case=case)
+    return case, *one_device_loss_and_grads(graphdef, case.loss_fn)(state.params, case.batches.batch(0))
+
+
+def schedule_loss_and_grads(module, case, text):
+    mesh = mesh_of(text)
+    plan = plan_for(mesh, text)
+    graphdef, _, state = fresh_state(case=case)
+    fn = module.loss_and_grads(graphdef, case.loss_fn, mesh, plan)
+    placed = place_state(jax.tree.map(np.array, state), mesh, plan)
+    return fn(placed.params, place_batch(case.batches.batch(0), mesh, plan))
+
+
+@pytest.mark.slow  # 3-5 s each
+@pytest.mark.parametrize('text', MESHES)
+def test_a_composed_schedule_matches_the_one_device_run(text, one_device):
+    """One step in float32: the loss and every gradient leaf, explicit's file for the plan
+    (step.strategy_file: pp_1f1b.py)."""
+    case, want_metrics, want_grads = one_device
+    module = strategy_file(explicit, plan_for(mesh_of(text), text))
+    assert module is explicit.pp_1f1b
+    metrics, grads = schedule_loss_and_grads(module, case, text)
+    assert_trees_close(metrics, want_metrics, **TOL)
+    assert_trees_close(grads, want_grads, **TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('text', ['fsdp:2,model:2,stage:2', 'data:2,seq:2,stage:2'])
+def test_the_wrong_slot_is_caught_on_a_composed_mesh(text, one_device):
+    """The comparison can fail: tools/zoo/pp_1f1b_wrong_slot.py on the same composed meshes,
+    each backward on the next slot's saved input: the loss matches, the gradients do not."""
+    case, want_metrics, want_grads = one_device
+    metrics, grads = schedule_loss_and_grads(pp_1f1b_wrong_slot, case, text)
+    assert_close(metrics['loss'], want_metrics['loss'], 'loss', **TOL)
+    with pytest.raises(AssertionError):
+        assert_trees_close(grads, want_grads, **TOL)
+
+
+@pytest.mark.parametrize('twin', [auto, typed])
+def test_a_twin_without_composed_schedules_refuses_them(twin):
+    """auto's and typed's composed steps pipeline with GPipe only: their file for a composed
+    1f1b plan is a one-line refusal, never their GPipe step in its place; explicit's is
+    pp_1f1b.py, and GPipe's plan stays composed.py in every twin."""
+    mesh = mesh_of('fsdp:2,model:2,stage:2', twin)
+    with pytest.raises(UsageError, match=f"the {twin.NAME} twin's composed step pipelines"):
+        strategy_file(twin, plan_for(mesh, 'fsdp:2,model:2,stage:2'))
+    assert strategy_file(twin, plan_of(mesh, 'composed')) is twin.composed
+
+
+# --- 20 steps, and the 16-device mesh ---
+
+
+def track_20_steps(twin, text):
+    case = make_case('transformer', DENSE)
+    mesh = mesh_of(text, twin)
+    schedule, m, v = MESHES.get(text, ('interleaved', 2, 2))
+    options = dict(strategy='composed', microbatches=m, schedule=schedule, virtual=v)
+    want_32, want_64 = one_device_runs(case)
+    losses, _ = train_twin(twin, mesh, case, **options)
+    assert_close(losses, want_32[0], 'float32 losses', **LOSS_TOL)
+    losses, params = train_twin_x64(twin, mesh, case, **options)
+    assert_close(losses, want_64[0], 'float64 losses', **X64_TOL)
+    assert_params_close(params, want_64[1], **X64_TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.exhaustive
+@pytest.mark.parametrize('text', MESHES)
+def test_20_steps_of_a_composed_schedule_track_the_one_device_run(text):
+    """20 AdamW steps: the float32 losses step by step, and every loss and parameter of the
+    float64 rerun (helpers.py's error model)."""
+    track_20_steps(explicit, text)
+
+
+@pytest.mark.slow
+def test_interleaved_on_a_4d_mesh_of_16_devices():
+    """data:2,fsdp:2,model:2,stage:2 under interleaved (V = 2, M = 2) needs 16 devices, and
+    this process has 8: the test below runs in a pytest of its own on 16 (conftest.py)."""
+    if jax.device_count() == 16:
+        pytest.skip('run by test_the_4d_mesh_on_16_devices')
+    env = dict(os.environ, SHARD_PARITY_TEST_DEVICES='16')
+    test = 'parity_tests/test_composed_schedules.py::test_the_4d_mesh_on_16_devices'
+    result = subprocess.run(
+        [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', test],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert '1 passed' in result.stdout
+
+
+@pytest.mark.slow
+def test_the_4d_mesh_on_16_devices(one_device):
+    """One step against the one-device run, and the planted wrong slot caught (the 20 steps:
+    the exhaustive tier, --exhaustive)."""
+    if jax.device_count() != 16:
+        pytest.skip('needs 16 devices: test_interleaved_on_a_4d_mesh_of_16_devices runs it')
+    case, want_metrics, want_grads = one_device
+    metrics, grads = schedule_loss_and_grads(explicit.pp_1f1b, case, SIXTEEN)
+    assert_trees_close(metrics, want_metrics, **TOL)
+    assert_trees_close(grads, want_grads, **TOL)
+    _, grads = schedule_loss_and_grads(pp_1f1b_wrong_slot, case, SIXTEEN)
+    with pytest.raises(AssertionError):
+        assert_trees_close(grads, want_grads, **TOL)
+
+
+# --- Memory: 1F1B's temp per device stays flat in M on a composed mesh, GPipe's grows ---
+
+MEMORY = cfg.TransformerConfig(seq_len=64, num_layers=8, num_heads=4, num_kv_heads=2, embed_dim=64)
+MEMORY_MESH = 'fsdp:2,model:2,stage:2'
+
+
+def temp_mib(schedule, microbatches, rows=2, text=MEMORY_MESH, module=None):
+    """The compiled loss_and_grads' temporary MiB per device (memory_analysis: compiled, never
+    run) of explicit's file for the composed plan, with `rows` rows per microbatch on each row
+    device: M microbatches of the same size."""
+    mesh = mesh_of(text)
+    v = 2 if schedule == 'interleaved' else None
+    plan = plan_of(mesh, 'composed', microbatches=microbatches, schedule=schedule, virtual=v)
+    tx = make_optimizer(cfg.TrainConfig())
+    graphdef, state = abstract_state(lambda r: Transformer(MEMORY, rngs=r), tx, mesh, plan)
+    row_devices = int(np.prod([plan.size(a) for a in plan.rows]))
+    shape = (row_devices * microbatches * rows, MEMORY.seq_len)
+    sharding = NamedSharding(mesh, P(*activations(plan)))
+    token = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding)
+    module = module or strategy_file(explicit, plan)
+    fn = module.loss_and_grads(graphdef, tasks.lm_loss, mesh, plan)
+    compiled = fn.lower(state.params, {'x': token, 'y': token}).compile()
+    return compiled.memory_analysis().temp_size_in_bytes / 2**20
+
+
+@pytest.mark.slow  # compiles 9 programs: 25 s
+def test_1f1b_on_a_composed_mesh_keeps_memory_flat_in_m_where_gpipe_grows():
+    """fsdp:2,model:2,stage:2, M = 4, 8, 16 microbatches of 2 rows each (8 layers, T 64, C 64):
+    GPipe's temp grows by at least the added microbatches' stage inputs at each doubling (the
+    check can fail), 1F1B's and interleaved's (V = 2) stay within 1% of their M = 4 figure
+    (they keep at most 2VS - 1 stage inputs, and fsdp gathers one layer at a time inside a unit),
+    and below GPipe's at every M. memory_analysis is per device and deterministic."""
+    ms = (4, 8, 16)
+    temps = {s: [temp_mib(s, m) for m in ms] for s in ('gpipe', '1f1b', 'interleaved')}
+    # a [2, T, C] f32 stage input per microbatch per layer of a stage, kept by GPipe's scan
+    per_mb = 2 * MEMORY.seq_len * MEMORY.embed_dim * 4 / 2**20
+    gpipe = temps['gpipe']
+    for a, b, m in zip(gpipe, gpipe[1:], ms):
+        assert b - a >= m * per_mb, temps
+    for s in ('1f1b', 'interleaved'):
+        assert max(temps[s]) <= temps[s][0] * 1.01, temps
+        assert all(f < g for f, g in zip(temps[s], gpipe)), temps
+
+
+# --- The bisector, checkpoints and the CLI ---
+
+
+@pytest.mark.slow
+def test_the_bisector_takes_a_composed_interleaved_schedule():
+    """tools.bisect's sides on data:2,seq:2,stage:2 under interleaved (V = 2, M = 2) against
+    the one-device step: explicit agrees at every phase of one step; the zoo's wrong slot parts
+    at the gradients."""
+    case = make_case('transformer', DENSE)
+    graphdef, tx, state = fresh_state(case=case)
+    text = 'data:2,seq:2,stage:2'
+    mesh = mesh_of(text)
+    plan = plan_for(mesh, text)
+    reports = {}
+    for other in ('explicit', 'tools.zoo.pp_1f1b_wrong_slot'):
+        sides = [D.load_side(n, plan, mesh) for n in ('one_device', other)]
+        reports[other] = D.bisect(*sides, graphdef, case.loss_fn, tx, state, case.batches, 1)
+    assert reports['explicit'].step is None, reports['explicit']
+    report = reports['tools.zoo.pp_1f1b_wrong_slot']
+    assert (report.step, report.phase) == (0, 'gradients'), report
+
+
+SHAPE = ['--model=transformer', '--seq_len=16', '--num_layers=4', '--num_heads=4',
+         '--num_kv_heads=2', '--embed_dim=32', '--batch_size=16', '--microbatches=2',
+         '--eval_every=10', '--cpu_devices=8', '--warmup_steps=2', '--decay_steps=20']  # fmt: skip
+
+
+@pytest.mark.slow  # three CLI runs: about 60 s
+def test_a_composed_1f1b_run_resumes_under_interleaved_on_another_mesh(tmp_path):
+    """The train CLI: 4 steps of 1f1b on fsdp:2,model:2,stage:2, then 4 more of interleaved on
+    data:2,seq:2,stage:2 from its checkpoint, end where 8 straight steps of the first end
+    (float32 round-off); config.json records each run's schedule."""
+    first, second = 'fsdp:2,model:2,stage:2', 'data:2,seq:2,stage:2'
+    straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
+    runs = ((straight, first, 8, '1f1b'), (resumed, first, 4, '1f1b'),
+            (resumed, second, 8, 'interleaved'))  # fmt: skip
+    for workdir, mesh, steps, schedule in runs:
+        result = run_cli('explicit', *SHAPE, f'--mesh={mesh}', f'--steps={steps}',
+                         f'--pp_schedule={schedule}', f'--workdir={workdir}', '--log_every=1')  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert f'"pp_schedule": "{schedule}"' in (workdir / 'config.json').read_text()
+    assert 'resuming from' in result.stderr
+    want = {m['step']: m for m in read_metrics(straight) if 'train_loss' in m}
+    got = {m['step']: m for m in read_metrics(resumed) if 'train_loss' in m}
+    assert sorted(got) == sorted(want) == list(range(1, 9))
+    assert_close([got[s]['train_loss'] for s in range(1, 9)],
+                 [want[s]['train_loss'] for s in range(1, 9)], 'losses', **LOSS_TOL)  # fmt: skip
