@@ -25,7 +25,18 @@ from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import FSDP, SEQ, STAGE
 from shard_parity.model.ring import reorder
-from shard_parity.pipeline import everywhere, joined, phases, pieces, rest_of, split, start, tick
+from shard_parity.pipeline import (
+    add,
+    everywhere,
+    joined,
+    moe_metrics,
+    phases,
+    pieces,
+    rest_of,
+    split,
+    start,
+    tick,
+)
 from shard_parity.schedules import interleave_pairs, one_f_one_b, sends
 from shard_parity.placement import REPLICATED, STACKED, activations, outside_layers, state_specs
 from shard_parity.step import as_dtype, make_train_step
@@ -97,10 +108,18 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
             state = phases(table, begin, step)
             # the embedding's gradient from stage 0, the head's from the last: an all-reduce, in
             # the dtype the gradients' collectives carry (--reduce_dtype)
-            rest, metrics = jax.lax.psum((as_dtype(state.rest, reduce), state.metrics), STAGE)
-            grads = joined(params, back(state.grads)[0], rest)
+            metrics = jax.tree.map(lambda m: m / microbatches, state.metrics)  # the last stage's
+            if state.stats:  # experts: each statistic's mean over the M microbatches and L
+                # layers (an all-reduce of scalars), and the metrics' terms in them, stage 0's
+                layers = stages * virtual * jax.tree.leaves(chunks)[0].shape[1]
+                means = jax.lax.psum(state.stats, STAGE)
+                means = {k: v / (microbatches * layers) for k, v in means.items()}
+                first = jax.tree.map(lambda a: a[0], batches)
+                terms = moe_metrics(model, rest, state.h, first, means)
+                metrics = add(metrics, jax.tree.map(lambda t: jnp.where(s == 0, t, 0), terms))
+            d_rest, metrics = jax.lax.psum((as_dtype(state.rest, reduce), metrics), STAGE)
+            grads = joined(params, back(state.grads)[0], d_rest)
             grads = outside_layers(scatter, grads, specs, plan=plan) if plan.uses(FSDP) else grads
-            metrics = jax.tree.map(lambda m: m / microbatches, metrics)
             # the all-reduce over 'data' (and the other batch axes of a named mesh)
             return jax.lax.pmean(metrics, plan.batch_axes), composed.reduce(grads, specs, plan)
 

@@ -197,11 +197,6 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
         'auto.train',
         [*TINY, '--num_layers=4', '--mesh=data:2,stage:2,model:2', '--pp_schedule=1f1b'],
     ),
-    '--pp_schedule other than gpipe with experts on a named mesh': (
-        'explicit.train',
-        [*TINY, '--num_layers=4', '--num_experts=4', '--mesh=data:2,expert:2,stage:2',
-         '--pp_schedule=1f1b'],
-    ),  # fmt: skip
     'layers not divisible by the stage axis x --pp_virtual on a named mesh': (
         'explicit.train',
         [*TINY, '--num_layers=6', '--mesh=fsdp:2,model:2,stage:2', '--pp_schedule=interleaved'],

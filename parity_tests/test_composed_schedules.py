@@ -1,8 +1,9 @@
 """Claim: 1F1B and interleaved 1F1B on a composed mesh (--mesh=...,stage:S --pp_schedule=1f1b|
 interleaved: explicit/pp_1f1b.py with each stage's blocks the composed block, fsdp's per-layer
 gather, tp's psum and cp's ring inside) give the one-device run's loss and every gradient leaf
-on fsdp:2,model:2,stage:2 (1f1b), data:2,seq:2,stage:2 (interleaved, V = 2), stage:2,seq:2,
-model:2 and data:2,fsdp:2,stage:2, and on the 16-device data:2,fsdp:2,model:2,stage:2; 20 AdamW
+on fsdp:2,model:2,stage:2 (1f1b), data:2,seq:2,stage:2 (interleaved, V = 2), data:2,expert:2,
+stage:2 with experts (1f1b; stage:2,expert:4 interleaved), stage:2,seq:2,model:2 and
+data:2,fsdp:2,stage:2, and on the 16-device data:2,fsdp:2,model:2,stage:2; 20 AdamW
 steps track it; the planted wrong slot (tools/zoo/pp_1f1b_wrong_slot.py) is caught on a composed
 mesh, and found by the bisector in the gradients; 1F1B's temporary memory per device on
 fsdp:2,model:2,stage:2 stays flat as M goes 4, 8, 16 where GPipe's grows; a checkpoint of a
@@ -10,6 +11,7 @@ composed 1f1b run resumes under interleaved on another mesh; auto and typed, who
 step pipelines with GPipe only, refuse in one line (test_bad_inputs.py's rows), never running
 GPipe in its place. The refusals of bad input are test_bad_inputs.py's rows."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -53,12 +55,15 @@ from shard_parity.tools.zoo import pp_1f1b_wrong_slot
 # test_composed.py's model: 4 layers (S x V = 4 with V = 2), 4 query heads and 2 key/value heads
 # (whole ones on 2 'model' devices), 16 positions (2 zigzag chunks on each of 2 'seq' devices)
 DENSE = cfg.TransformerConfig(seq_len=16, num_layers=4, num_heads=4, num_kv_heads=2, embed_dim=32)
-# mesh -> (schedule, M, V): each axis inside a stage at least once, both schedules
+MOE = dataclasses.replace(DENSE, num_experts=4, experts_per_token=2)  # test_composed.py's
+# mesh -> (schedule, M, V, model): each axis inside a stage at least once, both schedules
 MESHES = {
-    'fsdp:2,model:2,stage:2': ('1f1b', 2, None),
-    'data:2,seq:2,stage:2': ('interleaved', 2, 2),
-    'stage:2,seq:2,model:2': ('1f1b', 4, None),
-    'data:2,fsdp:2,stage:2': ('interleaved', 4, 2),
+    'fsdp:2,model:2,stage:2': ('1f1b', 2, None, DENSE),
+    'data:2,seq:2,stage:2': ('interleaved', 2, 2, DENSE),
+    'data:2,expert:2,stage:2': ('1f1b', 2, None, MOE),
+    'stage:2,seq:2,model:2': ('1f1b', 4, None, DENSE),
+    'data:2,fsdp:2,stage:2': ('interleaved', 4, 2, DENSE),
+    'stage:2,expert:4': ('interleaved', 2, 2, MOE),
 }
 SIXTEEN = 'data:2,fsdp:2,model:2,stage:2'
 
@@ -67,16 +72,31 @@ def mesh_of(text, twin=explicit):
     return mesh_for(plans.parse(text, 'composed', jax.device_count()), twin.AXIS_TYPE)
 
 
+def options(text):
+    """The plan's options on mesh `text` (the 16-device mesh: interleaved, M = 2, V = 2), and
+    the model."""
+    schedule, m, v, model = MESHES.get(text, ('interleaved', 2, 2, DENSE))
+    return dict(microbatches=m, schedule=schedule, virtual=v), model
+
+
 def plan_for(mesh, text):
-    schedule, m, v = MESHES.get(text, ('interleaved', 2, 2))
-    return plan_of(mesh, 'composed', microbatches=m, schedule=schedule, virtual=v)
+    return plan_of(mesh, 'composed', **options(text)[0])
 
 
 @pytest.fixture(scope='module')
 def one_device():
-    case = make_case('transformer', DENSE)
-    graphdef, _, state = fresh_state(case=case)
-    return case, *one_device_loss_and_grads(graphdef, case.loss_fn)(state.params, case.batches.batch(0))
+    """model config -> the one-device run's (case, metrics, gradients), computed once."""
+    cache = {}
+
+    def get(config):
+        if config not in cache:
+            case = make_case('transformer', config)
+            graphdef, _, state = fresh_state(case=case)
+            grads_fn = one_device_loss_and_grads(graphdef, case.loss_fn)
+            cache[config] = (case, *grads_fn(state.params, case.batches.batch(0)))
+        return cache[config]
+
+    return get
 
 
 def schedule_loss_and_grads(module, case, text):
@@ -91,9 +111,9 @@ def schedule_loss_and_grads(module, case, text):
 @pytest.mark.slow  # 3-5 s each
 @pytest.mark.parametrize('text', MESHES)
 def test_a_composed_schedule_matches_the_one_device_run(text, one_device):
-    """One step in float32: the loss and every gradient leaf, explicit's file for the plan
-    (step.strategy_file: pp_1f1b.py)."""
-    case, want_metrics, want_grads = one_device
+    """One step in float32: the loss (with experts, the auxiliary loss and dropped share too)
+    and every gradient leaf, explicit's file for the plan (step.strategy_file: pp_1f1b.py)."""
+    case, want_metrics, want_grads = one_device(options(text)[1])
     module = strategy_file(explicit, plan_for(mesh_of(text), text))
     assert module is explicit.pp_1f1b
     metrics, grads = schedule_loss_and_grads(module, case, text)
@@ -102,11 +122,13 @@ def test_a_composed_schedule_matches_the_one_device_run(text, one_device):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('text', ['fsdp:2,model:2,stage:2', 'data:2,seq:2,stage:2'])
+@pytest.mark.parametrize(
+    'text', ['fsdp:2,model:2,stage:2', 'data:2,seq:2,stage:2', 'data:2,expert:2,stage:2']
+)
 def test_the_wrong_slot_is_caught_on_a_composed_mesh(text, one_device):
     """The comparison can fail: tools/zoo/pp_1f1b_wrong_slot.py on the same composed meshes,
     each backward on the next slot's saved input: the loss matches, the gradients do not."""
-    case, want_metrics, want_grads = one_device
+    case, want_metrics, want_grads = one_device(options(text)[1])
     metrics, grads = schedule_loss_and_grads(pp_1f1b_wrong_slot, case, text)
     assert_close(metrics['loss'], want_metrics['loss'], 'loss', **TOL)
     with pytest.raises(AssertionError):
@@ -128,14 +150,13 @@ def test_a_twin_without_composed_schedules_refuses_them(twin):
 
 
 def track_20_steps(twin, text):
-    case = make_case('transformer', DENSE)
+    plan, model = options(text)
+    case = make_case('transformer', model)
     mesh = mesh_of(text, twin)
-    schedule, m, v = MESHES.get(text, ('interleaved', 2, 2))
-    options = dict(strategy='composed', microbatches=m, schedule=schedule, virtual=v)
     want_32, want_64 = one_device_runs(case)
-    losses, _ = train_twin(twin, mesh, case, **options)
+    losses, _ = train_twin(twin, mesh, case, strategy='composed', **plan)
     assert_close(losses, want_32[0], 'float32 losses', **LOSS_TOL)
-    losses, params = train_twin_x64(twin, mesh, case, **options)
+    losses, params = train_twin_x64(twin, mesh, case, strategy='composed', **plan)
     assert_close(losses, want_64[0], 'float64 losses', **X64_TOL)
     assert_params_close(params, want_64[1], **X64_TOL)
 
@@ -171,7 +192,7 @@ def test_the_4d_mesh_on_16_devices(one_device):
     the exhaustive tier, --exhaustive)."""
     if jax.device_count() != 16:
         pytest.skip('needs 16 devices: test_interleaved_on_a_4d_mesh_of_16_devices runs it')
-    case, want_metrics, want_grads = one_device
+    case, want_metrics, want_grads = one_device(DENSE)
     metrics, grads = schedule_loss_and_grads(explicit.pp_1f1b, case, SIXTEEN)
     assert_trees_close(metrics, want_metrics, **TOL)
     assert_trees_close(grads, want_grads, **TOL)

@@ -28,7 +28,7 @@ def check(plan: Plan, model_config, batch_size: int) -> None:
     for axis, check_axis in CHECKS.items():
         if plan.uses(axis):
             check_axis(plan, model_config, plan.size(axis), layout=plan.layout, experts=experts)
-    check_schedule(plan, getattr(model_config, 'num_layers', 0), experts)
+    check_schedule(plan, getattr(model_config, 'num_layers', 0))
     check_rows(plan, batch_size, plan.microbatches if plan.uses(STAGE) else 1)
     check_precision(plan)
     for axis in plan.idle:
@@ -153,10 +153,10 @@ def check_rows(plan: Plan, batch_size: int, microbatches: int = 1) -> None:
         )
 
 
-def check_schedule(plan: Plan, layers: int, experts: int = 0) -> None:
+def check_schedule(plan: Plan, layers: int) -> None:
     """--pp_schedule and --pp_virtual against the plan's stage axis S, the layers and the
     microbatches M (on a named mesh as under --strategy=pp: the composed step runs every
-    schedule, in the twins that have it: step.strategy_file), and the experts."""
+    schedule, in the twins that have it: step.strategy_file)."""
     schedule, virtual, stages, m = plan.schedule, plan.virtual, plan.size(STAGE), plan.microbatches
     if virtual is not None and schedule != 'interleaved':
         raise UsageError(
@@ -170,13 +170,6 @@ def check_schedule(plan: Plan, layers: int, experts: int = 0) -> None:
             f'--pp_schedule={schedule} orders the microbatches of a pipeline, and '
             f'{plan.given()} has no stage axis: use --strategy=pp (--mesh=DATAxSTAGE) or a '
             'named mesh with a stage axis, or drop --pp_schedule'
-        )
-    if plan.strategy == 'composed' and experts:
-        raise UsageError(
-            f'--pp_schedule={schedule} with --num_experts={experts} on {plan.given()}: the '
-            'composed step runs 1f1b and interleaved for dense blocks only (a unit\'s experts\' '
-            'auxiliary loss has no backward of its own yet); use --pp_schedule=gpipe, or '
-            '--num_experts=0'
         )
     v = plan.chunks
     if schedule == 'interleaved' and v < 2:

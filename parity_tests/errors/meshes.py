@@ -181,11 +181,6 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
-        '--pp_schedule other than gpipe with experts on a named mesh',
-        '--pp_schedule=1f1b with --num_experts=4 on --mesh=data:2,expert:2,stage:2: the composed step runs 1f1b and interleaved for dense blocks only',
-        'test_bad_inputs.test_cli_row',
-    ),
-    (
         'layers not divisible by the stage axis x --pp_virtual on a named mesh',
         '--num_layers=6 is not divisible by the stage axis x --pp_virtual (2 x 2 = 4)',
         'test_bad_inputs.test_cli_row',
