@@ -12,6 +12,7 @@ step pipelines with GPipe only, refuse in one line (test_bad_inputs.py's rows), 
 GPipe in its place. The refusals of bad input are test_bad_inputs.py's rows."""
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -292,3 +293,33 @@ def test_a_composed_1f1b_run_resumes_under_interleaved_on_another_mesh(tmp_path)
     assert sorted(got) == sorted(want) == list(range(1, 9))
     assert_close([got[s]['train_loss'] for s in range(1, 9)],
                  [want[s]['train_loss'] for s in range(1, 9)], 'losses', **LOSS_TOL)  # fmt: skip
+
+
+@pytest.mark.slow  # two train runs and a bisect: about 50 s
+def test_the_bisector_replays_a_composed_interleaved_run_directory(tmp_path):
+    """tools.bisect RUN_A RUN_B, the run-directory mode: an interleaved run (V = 2, M = 2) on
+    data:2,seq:2,stage:2 and a one-device run, a difference planted in the second's step 3:
+    the bisector restores the shared step-2 checkpoint onto each run's own mesh and schedule
+    (config.json's pp_schedule and pp_virtual) and replays, agreeing."""
+    staged, single = tmp_path / 'staged', tmp_path / 'single'
+    flags = [*SHAPE, '--log_every=1', '--save_initial', '--checkpoint_every=2', '--steps=4']
+    for workdir, where in ((staged, ['--mesh=data:2,seq:2,stage:2', '--pp_schedule=interleaved',
+                                     '--pp_virtual=2']),
+                           (single, ['--cpu_devices=1'])):  # fmt: skip
+        result = run_cli('explicit', *flags, *where, f'--workdir={workdir}')
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert '"pp_virtual": 2' in (staged / 'config.json').read_text()
+    lines = read_metrics(single)  # a difference planted at step 3: the replay starts at step 2
+    for line in lines:
+        if line['step'] == 3 and 'train_loss' in line:
+            line['train_loss'] += 0.01
+    (single / 'metrics.jsonl').write_text(''.join(json.dumps(x) + '\n' for x in lines))
+    bisected = subprocess.run(
+        [sys.executable, '-m', 'tools.bisect', str(staged), str(single), '--cpu_devices=8'],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert bisected.returncode == 0, bisected.stderr[-2000:]
+    assert bisected.stdout == (
+        f'A={staged} (explicit composed data:2,seq:2,stage:2) and '
+        f'B={single} (explicit dp data:1,model:1) agree for 1 steps (f32).\n'
+    )
