@@ -236,6 +236,7 @@ def test_1f1b_on_a_composed_mesh_keeps_memory_flat_in_m_where_gpipe_grows():
     and below GPipe's at every M. memory_analysis is per device and deterministic."""
     ms = (4, 8, 16)
     temps = {s: [temp_mib(s, m) for m in ms] for s in ('gpipe', '1f1b', 'interleaved')}
+    print('temp MiB per device by M = 4, 8, 16:', {s: [round(t, 2) for t in v] for s, v in temps.items()})
     # a [2, T, C] f32 stage input per microbatch per layer of a stage, kept by GPipe's scan
     per_mb = 2 * MEMORY.seq_len * MEMORY.embed_dim * 4 / 2**20
     gpipe = temps['gpipe']
@@ -323,3 +324,47 @@ def test_the_bisector_replays_a_composed_interleaved_run_directory(tmp_path):
         f'A={staged} (explicit composed data:2,seq:2,stage:2) and '
         f'B={single} (explicit dp data:1,model:1) agree for 1 steps (f32).\n'
     )
+
+
+def hold_across_ticks(monkeypatch):
+    """The other way fsdp could feed a stage: its L/S layers all-gathered once, before the ticks,
+    and held whole across them (their gradient reduce-scattered once, after), where pp_1f1b.py
+    gathers each layer inside every unit (`layer_weights`, as composed.py's GPipe does): the
+    same file with the per-layer hook dropped and the stage's blocks gathered ahead of
+    `interleave`, patched in for the rest of the test."""
+    from shard_parity.explicit import composed
+    from shard_parity.explicit import pp_1f1b as one_f_one_b
+    from shard_parity.explicit.fsdp import gather_layer
+    from shard_parity.placement import STACKED
+
+    hooks, interleave = composed.hooks, one_f_one_b.interleave
+
+    def without_layer_gather(plan, specs, mesh, batch):
+        call = hooks(plan, specs, mesh, batch)
+        call.pop('layer_weights')
+        held = gather_layer(specs[STACKED], mesh, plan)['layer_weights']  # the whole stack
+        monkeypatch.setattr(one_f_one_b, 'interleave', lambda b, m, v: interleave(held(b), m, v))
+        return call
+
+    monkeypatch.setattr(composed, 'hooks', without_layer_gather)
+
+
+@pytest.mark.slow  # compiles 3 programs: 8 s
+def test_fsdp_gathers_each_layer_per_unit_rather_than_hold_the_stage(monkeypatch, one_device):
+    """Under fsdp the 1F1B step gathers each layer where a unit runs it (forward, and again in
+    the backward's rerun), not the stage's L/S layers once for all ticks: on fsdp:2,model:2,
+    stage:2 (8 layers, 4 a stage, T 64, C 64) at M = 4 holding them costs more temp per device
+    (measured 6.6 MiB against 1.7: the stage's gathered weights, and their gradients summed
+    whole until the one reduce-scatter) than the per-unit gathers, one layer whole at a time.
+    Holding saves the re-gathers (2M per layer a step, against 1), which the all-gathers'
+    bandwidth may favour on a real slice; 1F1B is chosen for memory, so it gathers per unit.
+    The held variant is a right step too: equal to one device, so the figures compare."""
+    per_unit = temp_mib('1f1b', 4)
+    hold_across_ticks(monkeypatch)
+    held = temp_mib('1f1b', 4)
+    print(f'temp MiB per device: gathered per unit {per_unit:.2f}, held across ticks {held:.2f}')
+    assert held > 2 * per_unit, (held, per_unit)
+    case, want_metrics, want_grads = one_device(DENSE)
+    metrics, grads = schedule_loss_and_grads(explicit.pp_1f1b, case, MEMORY_MESH)
+    assert_trees_close(metrics, want_metrics, **TOL)
+    assert_trees_close(grads, want_grads, **TOL)
