@@ -14,8 +14,14 @@ L/(SV) layers, chunk v of stage s being virtual stage vS + s, and a microbatch g
 stages V times; the bubble shrinks from (S - 1)/(M + S - 1) to (S - 1)/(VM + S - 1). The
 blocks are placed L/S consecutive layers per stage, as for every schedule and checkpoint, so
 the interleaved step moves each chunk to the stage that runs it (`interleave`, V ppermutes of
-the stage's weights) and `jax.vjp`'s transpose brings the gradients back. Compare
-auto/pp_1f1b.py and typed/pp_1f1b.py (the same table and tick in Explicit mode).
+the stage's weights) and `jax.vjp`'s transpose brings the gradients back. On a named mesh with
+a stage axis (`--mesh=fsdp:2,model:2,stage:2 --pp_schedule=1f1b`) the same ticks run with every
+other axis inside a stage: the blocks take composed.py's hooks (fsdp's per-layer gather, done in
+each unit, tp's psum, cp's ring, the experts' all_to_alls), the rest is gathered and scattered
+and the gradients reduced as composed.py does; with experts each unit's statistics get their
+share of the loss's gradient in its backward (shard_parity/pipeline.py, `moe_slopes`). Compare
+auto/pp_1f1b.py and typed/pp_1f1b.py (the same table and tick in Explicit mode; on a pp mesh
+only: their composed steps pipeline with GPipe).
 """
 
 import jax

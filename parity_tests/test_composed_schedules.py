@@ -48,9 +48,10 @@ from shard_parity.memory import abstract_state
 from shard_parity.mesh import mesh_for
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import activations, place_batch, place_state
-from shard_parity.runtime import tasks
+from shard_parity.runtime import segments, tasks
 from shard_parity.step import make_optimizer, one_device_loss_and_grads, strategy_file
 from shard_parity.tools import divergence as D
+from shard_parity.tools import runs
 from shard_parity.tools.zoo import pp_1f1b_wrong_slot
 
 # test_composed.py's model: 4 layers (S x V = 4 with V = 2), 4 query heads and 2 key/value heads
@@ -310,6 +311,9 @@ def test_the_bisector_replays_a_composed_interleaved_run_directory(tmp_path):
         result = run_cli('explicit', *flags, *where, f'--workdir={workdir}')
         assert result.returncode == 0, result.stderr[-2000:]
     assert '"pp_virtual": 2' in (staged / 'config.json').read_text()
+    # the replay's side runs the run's schedule (GPipe would agree with one device too)
+    side = runs.side(segments.of(json.loads((staged / 'config.json').read_text()))[0], 'A')
+    assert (side.module, side.plan.schedule, side.plan.chunks) == (explicit.pp_1f1b, 'interleaved', 2)
     lines = read_metrics(single)  # a difference planted at step 3: the replay starts at step 2
     for line in lines:
         if line['step'] == 3 and 'train_loss' in line:
