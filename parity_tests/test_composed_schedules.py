@@ -1,15 +1,17 @@
 """Claim: 1F1B and interleaved 1F1B on a composed mesh (--mesh=...,stage:S --pp_schedule=1f1b|
-interleaved: explicit/pp_1f1b.py with each stage's blocks the composed block, fsdp's per-layer
-gather, tp's psum and cp's ring inside) give the one-device run's loss and every gradient leaf
-on fsdp:2,model:2,stage:2 (1f1b), data:2,seq:2,stage:2 (interleaved, V = 2), data:2,expert:2,
-stage:2 with experts (1f1b; stage:2,expert:4 interleaved), stage:2,seq:2,model:2 and
-data:2,fsdp:2,stage:2, and on the 16-device data:2,fsdp:2,model:2,stage:2; 20 AdamW
-steps track it; the planted wrong slot (tools/zoo/pp_1f1b_wrong_slot.py) is caught on a composed
-mesh, and found by the bisector in the gradients; 1F1B's temporary memory per device on
-fsdp:2,model:2,stage:2 stays flat as M goes 4, 8, 16 where GPipe's grows; a checkpoint of a
-composed 1f1b run resumes under interleaved on another mesh; auto and typed, whose composed
-step pipelines with GPipe only, refuse in one line (test_bad_inputs.py's rows), never running
-GPipe in its place. The refusals of bad input are test_bad_inputs.py's rows."""
+interleaved: <twin>/pp_1f1b.py with each stage's blocks the composed block, fsdp's per-layer
+gather, tp, cp and the experts inside), in explicit and auto, give the one-device run's loss and
+every gradient leaf on fsdp:2,model:2,stage:2 (1f1b), data:2,seq:2,stage:2 (interleaved, V = 2),
+data:2,expert:2,stage:2 with experts (1f1b; stage:2,expert:4 interleaved), stage:2,seq:2,model:2
+and data:2,fsdp:2,stage:2, and (explicit) on the 16-device data:2,fsdp:2,model:2,stage:2; 20
+AdamW steps track it (the exhaustive tier); the planted wrong slot
+(tools/zoo/pp_1f1b_wrong_slot.py) is caught on composed meshes, and found by the bisector in the
+gradients, by flags and from run directories; 1F1B's temporary memory per device on
+fsdp:2,model:2,stage:2 stays flat as M goes 4, 8, 16 where GPipe's grows, and fsdp gathers per
+unit rather than hold a stage's layers (measured both); a checkpoint of a composed 1f1b run
+resumes under interleaved on another mesh; typed, whose composed step pipelines with GPipe only,
+refuses in one line, never running GPipe in its place. The refusals of bad input are
+test_bad_inputs.py's rows."""
 
 import dataclasses
 import json
@@ -70,6 +72,10 @@ MESHES = {
 SIXTEEN = 'data:2,fsdp:2,model:2,stage:2'
 
 
+TWINS = {'explicit': explicit, 'auto': auto}  # typed refuses: its composed step has GPipe only
+GRID = [(t, m) for t in TWINS for m in MESHES]
+
+
 def mesh_of(text, twin=explicit):
     return mesh_for(plans.parse(text, 'composed', jax.device_count()), twin.AXIS_TYPE)
 
@@ -101,8 +107,8 @@ def one_device():
     return get
 
 
-def schedule_loss_and_grads(module, case, text):
-    mesh = mesh_of(text)
+def schedule_loss_and_grads(module, case, text, twin=explicit):
+    mesh = mesh_of(text, twin)
     plan = plan_for(mesh, text)
     graphdef, _, state = fresh_state(case=case)
     fn = module.loss_and_grads(graphdef, case.loss_fn, mesh, plan)
@@ -110,15 +116,16 @@ def schedule_loss_and_grads(module, case, text):
     return fn(placed.params, place_batch(case.batches.batch(0), mesh, plan))
 
 
-@pytest.mark.slow  # 3-5 s each
-@pytest.mark.parametrize('text', MESHES)
-def test_a_composed_schedule_matches_the_one_device_run(text, one_device):
+@pytest.mark.slow  # 3-6 s each
+@pytest.mark.parametrize('name, text', GRID, ids=[f'{t}-{m}' for t, m in GRID])
+def test_a_composed_schedule_matches_the_one_device_run(name, text, one_device):
     """One step in float32: the loss (with experts, the auxiliary loss and dropped share too)
-    and every gradient leaf, explicit's file for the plan (step.strategy_file: pp_1f1b.py)."""
+    and every gradient leaf, the twin's file for the plan (step.strategy_file: pp_1f1b.py)."""
+    twin = TWINS[name]
     case, want_metrics, want_grads = one_device(options(text)[1])
-    module = strategy_file(explicit, plan_for(mesh_of(text), text))
-    assert module is explicit.pp_1f1b
-    metrics, grads = schedule_loss_and_grads(module, case, text)
+    module = strategy_file(twin, plan_for(mesh_of(text, twin), text))
+    assert module is twin.pp_1f1b
+    metrics, grads = schedule_loss_and_grads(module, case, text, twin)
     assert_trees_close(metrics, want_metrics, **TOL)
     assert_trees_close(grads, want_grads, **TOL)
 
@@ -137,11 +144,10 @@ def test_the_wrong_slot_is_caught_on_a_composed_mesh(text, one_device):
         assert_trees_close(grads, want_grads, **TOL)
 
 
-@pytest.mark.parametrize('twin', [auto, typed])
+@pytest.mark.parametrize('twin', [typed])
 def test_a_twin_without_composed_schedules_refuses_them(twin):
-    """auto's and typed's composed steps pipeline with GPipe only: their file for a composed
-    1f1b plan is a one-line refusal, never their GPipe step in its place; explicit's is
-    pp_1f1b.py, and GPipe's plan stays composed.py in every twin."""
+    """typed's composed step pipelines with GPipe only: its file for a composed 1f1b plan is a
+    one-line refusal, never its GPipe step in its place; GPipe's plan stays composed.py."""
     mesh = mesh_of('fsdp:2,model:2,stage:2', twin)
     with pytest.raises(UsageError, match=f"the {twin.NAME} twin's composed step pipelines"):
         strategy_file(twin, plan_for(mesh, 'fsdp:2,model:2,stage:2'))
@@ -165,11 +171,11 @@ def track_20_steps(twin, text):
 
 @pytest.mark.slow
 @pytest.mark.exhaustive
-@pytest.mark.parametrize('text', MESHES)
-def test_20_steps_of_a_composed_schedule_track_the_one_device_run(text):
+@pytest.mark.parametrize('name, text', GRID, ids=[f'{t}-{m}' for t, m in GRID])
+def test_20_steps_of_a_composed_schedule_track_the_one_device_run(name, text):
     """20 AdamW steps: the float32 losses step by step, and every loss and parameter of the
     float64 rerun (helpers.py's error model)."""
-    track_20_steps(explicit, text)
+    track_20_steps(TWINS[name], text)
 
 
 @pytest.mark.slow

@@ -141,9 +141,9 @@ def strategy_file(twin, plan, module=None):
                 name = getattr(chosen, 'NAME', chosen.__name__)
                 raise UsageError(
                     f'--pp_schedule={plan.schedule} on {plan.given()}: the {name} twin\'s '
-                    'composed step pipelines with gpipe only (explicit runs 1f1b and '
-                    'interleaved on a named mesh); use explicit.train, a data:D,stage:S mesh, '
-                    'or --pp_schedule=gpipe'
+                    'composed step pipelines with gpipe only (explicit and auto run 1f1b and '
+                    'interleaved on a named mesh); use explicit.train or auto.train, a '
+                    'data:D,stage:S mesh, or --pp_schedule=gpipe'
                 )
             return chosen.SCHEDULES[plan.schedule]
         if plan.strategy not in chosen.STRATEGIES:

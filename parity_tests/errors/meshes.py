@@ -176,8 +176,8 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
-        '--pp_schedule other than gpipe on a named mesh in a twin whose composed step has only gpipe (auto, typed)',
-        "--pp_schedule=1f1b on --mesh=data:2,stage:2,model:2: the auto twin's composed step pipelines with gpipe only",
+        '--pp_schedule other than gpipe on a named mesh in a twin whose composed step has only gpipe (typed)',
+        "--pp_schedule=1f1b on --mesh=data:2,stage:2,model:2: the typed twin's composed step pipelines with gpipe only",
         'test_bad_inputs.test_cli_row',
     ),
     (
