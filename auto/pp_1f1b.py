@@ -105,7 +105,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
             layers = stages * virtual * jax.tree.leaves(chunks)[0].shape[2]
             means = {k: v.sum(0) / (microbatches * layers) for k, v in state.stats.items()}
             first = jax.tree.map(lambda a: a[0], batches)
-            metrics = add(metrics, moe_metrics(model, rest, state.h[0], first, means))
+            metrics = add(metrics, moe_metrics(model, rest, state.h.sum(0), first, means))
         grads = as_dtype(joined(params, back(state.grads)[0], d_rest), reduce)
         # grads @ the params' layout; the rest (and the metrics) XLA all-reduces over 'data'
         return metrics, jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, plan))

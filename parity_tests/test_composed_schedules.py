@@ -1,17 +1,17 @@
 """Claim: 1F1B and interleaved 1F1B on a composed mesh (--mesh=...,stage:S --pp_schedule=1f1b|
 interleaved: <twin>/pp_1f1b.py with each stage's blocks the composed block, fsdp's per-layer
-gather, tp, cp and the experts inside), in explicit and auto, give the one-device run's loss and
-every gradient leaf on fsdp:2,model:2,stage:2 (1f1b), data:2,seq:2,stage:2 (interleaved, V = 2),
-data:2,expert:2,stage:2 with experts (1f1b; stage:2,expert:4 interleaved), stage:2,seq:2,model:2
-and data:2,fsdp:2,stage:2, and (explicit) on the 16-device data:2,fsdp:2,model:2,stage:2; 20
-AdamW steps track it (the exhaustive tier); the planted wrong slot
-(tools/zoo/pp_1f1b_wrong_slot.py) is caught on composed meshes, and found by the bisector in the
-gradients, by flags and from run directories; 1F1B's temporary memory per device on
-fsdp:2,model:2,stage:2 stays flat as M goes 4, 8, 16 where GPipe's grows, and fsdp gathers per
-unit rather than hold a stage's layers (measured both); a checkpoint of a composed 1f1b run
-resumes under interleaved on another mesh; typed, whose composed step pipelines with GPipe only,
-refuses in one line, never running GPipe in its place. The refusals of bad input are
-test_bad_inputs.py's rows."""
+gather, tp, cp and the experts inside), in explicit, auto and typed, give the one-device run's
+loss and every gradient leaf on fsdp:2,model:2,stage:2 (1f1b), data:2,seq:2,stage:2
+(interleaved, V = 2), data:2,expert:2,stage:2 with experts (1f1b; stage:2,expert:4
+interleaved), stage:2,seq:2,model:2 and data:2,fsdp:2,stage:2 (typed: all but the mesh with
+'model' and no 'seq', which it refuses in one line, never running GPipe in its place), and
+(explicit) on the 16-device data:2,fsdp:2,model:2,stage:2; 20 AdamW steps track it (the
+exhaustive tier); the planted wrong slot (tools/zoo/pp_1f1b_wrong_slot.py) is caught on
+composed meshes, and found by the bisector in the gradients, by flags and from run directories;
+1F1B's temporary memory per device on fsdp:2,model:2,stage:2 stays flat as M goes 4, 8, 16
+where GPipe's grows, and fsdp gathers per unit rather than hold a stage's layers (measured
+both); a checkpoint of a composed 1f1b run resumes under interleaved on another mesh. The
+refusals of bad input are test_bad_inputs.py's rows."""
 
 import dataclasses
 import json
@@ -72,8 +72,9 @@ MESHES = {
 SIXTEEN = 'data:2,fsdp:2,model:2,stage:2'
 
 
-TWINS = {'explicit': explicit, 'auto': auto}  # typed refuses: its composed step has GPipe only
-GRID = [(t, m) for t in TWINS for m in MESHES]
+TWINS = {'explicit': explicit, 'auto': auto, 'typed': typed}
+# typed refuses 'model' without 'seq' (typed/pp_1f1b.py's `runs`): its cases are the others
+GRID = [(t, m) for t in TWINS for m in MESHES if t != 'typed' or 'model' not in m or 'seq' in m]
 
 
 def mesh_of(text, twin=explicit):
@@ -144,14 +145,16 @@ def test_the_wrong_slot_is_caught_on_a_composed_mesh(text, one_device):
         assert_trees_close(grads, want_grads, **TOL)
 
 
-@pytest.mark.parametrize('twin', [typed])
-def test_a_twin_without_composed_schedules_refuses_them(twin):
-    """typed's composed step pipelines with GPipe only: its file for a composed 1f1b plan is a
-    one-line refusal, never its GPipe step in its place; GPipe's plan stays composed.py."""
-    mesh = mesh_of('fsdp:2,model:2,stage:2', twin)
-    with pytest.raises(UsageError, match=f"the {twin.NAME} twin's composed step pipelines"):
-        strategy_file(twin, plan_for(mesh, 'fsdp:2,model:2,stage:2'))
-    assert strategy_file(twin, plan_of(mesh, 'composed')) is twin.composed
+def test_typed_refuses_model_without_seq():
+    """typed's file for a composed 1f1b plan with 'model' and no 'seq' is a one-line refusal
+    (typed/pp_1f1b.py's `runs`), never its GPipe step in its place; GPipe's plan stays
+    composed.py, and with 'seq' beside 'model' it is pp_1f1b.py."""
+    mesh = mesh_of('fsdp:2,model:2,stage:2', typed)
+    with pytest.raises(UsageError, match="the typed twin: it runs 1f1b and interleaved on a "):
+        strategy_file(typed, plan_for(mesh, 'fsdp:2,model:2,stage:2'))
+    assert strategy_file(typed, plan_of(mesh, 'composed')) is typed.composed
+    mesh = mesh_of('stage:2,seq:2,model:2', typed)
+    assert strategy_file(typed, plan_for(mesh, 'stage:2,seq:2,model:2')) is typed.pp_1f1b
 
 
 # --- 20 steps, and the 16-device mesh ---

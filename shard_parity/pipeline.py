@@ -201,8 +201,10 @@ def start(p: Pieces, rest, chunks, batches, slots: int) -> Stage:
 
 
 def experts(p: Pieces, chunks, x) -> dict:
-    """Zeros of each MoE statistic a chunk's layers return ({} for dense blocks), f32 scalars:
-    a stage's sums."""
+    """Zeros of each MoE statistic a chunk's layers return ({} for dense blocks, whose chunks
+    have no router), f32 scalars: a stage's sums."""
+    if not any('router' in jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(chunks)):
+        return {}
     _, stats = jax.eval_shape(p.run_stats, pick(chunks, 0), x)
     return {k: jnp.zeros((), s.dtype) for k, s in stats.items()}
 

@@ -176,8 +176,8 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
-        '--pp_schedule other than gpipe on a named mesh in a twin whose composed step has only gpipe (typed)',
-        "--pp_schedule=1f1b on --mesh=data:2,stage:2,model:2: the typed twin's composed step pipelines with gpipe only",
+        '--pp_schedule other than gpipe on a named mesh in typed with a model axis and no seq axis',
+        "--pp_schedule=1f1b on --mesh=data:2,stage:2,model:2: the typed twin: it runs 1f1b and interleaved on a named mesh with a 'model' axis only beside 'seq'",
         'test_bad_inputs.test_cli_row',
     ),
     (
