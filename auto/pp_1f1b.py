@@ -12,7 +12,9 @@ The embedding, the head and the loss are a `lax.cond` on the stage in the tick; 
 a cond becomes a select, so every slot computes them and keeps its own: the compiler, not
 this file, decides where the masked work runs. Interleaved (`--pp_virtual=V`): the layers
 are viewed as [S, V, L/(SV), ...], chunk v of stage s being virtual stage vS + s, which XLA
-moves to the stage that runs it. Compare explicit/pp_1f1b.py.
+moves to the stage that runs it. On a named mesh with a stage axis the blocks take
+composed.py's hooks (fsdp's per-layer constraint, the experts' exchange) under the same vmap.
+Compare explicit/pp_1f1b.py.
 """
 
 import jax

@@ -20,8 +20,8 @@ other axis inside a stage: the blocks take composed.py's hooks (fsdp's per-layer
 each unit, tp's psum, cp's ring, the experts' all_to_alls), the rest is gathered and scattered
 and the gradients reduced as composed.py does; with experts each unit's statistics get their
 share of the loss's gradient in its backward (shard_parity/pipeline.py, `moe_slopes`). Compare
-auto/pp_1f1b.py and typed/pp_1f1b.py (the same table and tick in Explicit mode; on a pp mesh
-only: their composed steps pipeline with GPipe).
+auto/pp_1f1b.py and typed/pp_1f1b.py (the same table and tick, the stages vmapped; typed
+refuses a named mesh with 'model' and no 'seq': its `runs`).
 """
 
 import jax

@@ -16,7 +16,9 @@ docs/pipeline.md; `pipeline.branch` and `take`). The blocks stay replicated over
 typed/pp.py (vmap refuses a reduced operand), so their gradients are reduced at every tick.
 Interleaved (`--pp_virtual=V`): the layers are viewed as
 `[S@stage, V, L/(SV), ...]`, chunk v of stage s being virtual stage vS + s, a reshape whose
-out_sharding moves each chunk to the stage that runs it. Compare auto/pp_1f1b.py.
+out_sharding moves each chunk to the stage that runs it. On a named mesh with a stage axis the
+blocks take composed.py's hooks (fsdp's per-layer reshard, the ring, the experts' exchange)
+under the same vmap, but for 'model' without 'seq' (`runs`). Compare auto/pp_1f1b.py.
 """
 
 import jax
