@@ -5,7 +5,7 @@ loss and every gradient leaf on fsdp:2,model:2,stage:2 (1f1b), data:2,seq:2,stag
 (interleaved, V = 2), data:2,expert:2,stage:2 with experts (1f1b; stage:2,expert:4
 interleaved), stage:2,seq:2,model:2 and data:2,fsdp:2,stage:2 (typed: all but the mesh with
 'model' and no 'seq', which it refuses in one line, never running GPipe in its place), and
-(explicit) on the 16-device data:2,fsdp:2,model:2,stage:2; 20 AdamW steps track it (the
+(explicit and auto) on the 16-device data:2,fsdp:2,model:2,stage:2; 20 AdamW steps track it (the
 exhaustive tier); the planted wrong slot (tools/zoo/pp_1f1b_wrong_slot.py) is caught on
 composed meshes, and found by the bisector in the gradients, by flags and from run directories;
 1F1B's temporary memory per device on fsdp:2,model:2,stage:2 stays flat as M goes 4, 8, 16
@@ -194,19 +194,22 @@ def test_interleaved_on_a_4d_mesh_of_16_devices():
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert '1 passed' in result.stdout
+    assert '2 passed' in result.stdout
 
 
 @pytest.mark.slow
-def test_the_4d_mesh_on_16_devices(one_device):
-    """One step against the one-device run, and the planted wrong slot caught (the 20 steps:
-    the exhaustive tier, --exhaustive)."""
+@pytest.mark.parametrize('name', ['explicit', 'auto'])  # typed: 'model' without 'seq', refused
+def test_the_4d_mesh_on_16_devices(name, one_device):
+    """One step against the one-device run, and (explicit) the planted wrong slot caught."""
     if jax.device_count() != 16:
         pytest.skip('needs 16 devices: test_interleaved_on_a_4d_mesh_of_16_devices runs it')
     case, want_metrics, want_grads = one_device(DENSE)
-    metrics, grads = schedule_loss_and_grads(explicit.pp_1f1b, case, SIXTEEN)
+    twin = TWINS[name]
+    metrics, grads = schedule_loss_and_grads(twin.pp_1f1b, case, SIXTEEN, twin)
     assert_trees_close(metrics, want_metrics, **TOL)
     assert_trees_close(grads, want_grads, **TOL)
+    if name != 'explicit':
+        return
     _, grads = schedule_loss_and_grads(pp_1f1b_wrong_slot, case, SIXTEEN)
     with pytest.raises(AssertionError):
         assert_trees_close(grads, want_grads, **TOL)
