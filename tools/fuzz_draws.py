@@ -147,9 +147,9 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
     schedules = ['gpipe', '1f1b', 'interleaved']
     if not (pipeline or draw(st.integers(0, 7)) == 7):  # else now and then one on any mesh
         schedules = ['gpipe']
-    if 'model' in axes and 'seq' not in axes:  # typed refuses 1f1b and interleaved there (its
-        schedules = ['gpipe']  # pp_1f1b.runs), a twin's refusal the table cannot predict
     schedule = draw(st.sampled_from(schedules)) if 'stage' in axes else 'gpipe'
+    if 'model' in axes and 'seq' not in axes:  # typed refuses 1f1b and interleaved there (its
+        schedule = 'gpipe'  # pp_1f1b.runs), a twin's refusal the table cannot predict
     virtual = draw(st.sampled_from([2, 3])) if schedule == 'interleaved' else 2
     chunks = virtual if schedule == 'interleaved' else 1
     layers = up(draw(st.sampled_from([1, 2, 4, 3, 8])), n['stage'] * chunks) if t else 1
