@@ -148,8 +148,6 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
     if not (pipeline or draw(st.integers(0, 7)) == 7):  # else now and then one on any mesh
         schedules = ['gpipe']
     schedule = draw(st.sampled_from(schedules)) if 'stage' in axes else 'gpipe'
-    if 'model' in axes and 'seq' not in axes:  # typed refuses 1f1b and interleaved there (its
-        schedule = 'gpipe'  # pp_1f1b.runs), a twin's refusal the table cannot predict
     virtual = draw(st.sampled_from([2, 3])) if schedule == 'interleaved' else 2
     chunks = virtual if schedule == 'interleaved' else 1
     layers = up(draw(st.sampled_from([1, 2, 4, 3, 8])), n['stage'] * chunks) if t else 1
@@ -166,6 +164,9 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
     batch = rows * (m if 'stage' in axes else 1) * draw(st.integers(1, 2))
     batch += draw(st.integers(0, 15)) == 15  # now and then a batch that does not split
     dtypes = ['float32', 'bfloat16'] if bf16 else ['float32']
+    if 'model' in axes and 'seq' not in axes:  # typed refuses 1f1b and interleaved there (its
+        schedule = 'gpipe'  # pp_1f1b.runs), a twin's refusal the table cannot predict; the
+        # draw's other choices are made as for the schedule drawn (and fit gpipe too)
     return Draw(
         model=model, mesh=mesh, batch=batch, layers=layers, heads=heads, kv_heads=kv,
         embed=heads * draw(st.sampled_from([8, 4, 16])), seq_len=seq_len,
