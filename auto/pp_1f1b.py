@@ -12,22 +12,36 @@ The embedding, the head and the loss are a `lax.cond` on the stage in the tick; 
 a cond becomes a select, so every slot computes them and keeps its own: the compiler, not
 this file, decides where the masked work runs. Interleaved (`--pp_virtual=V`): the layers
 are viewed as [S, V, L/(SV), ...], chunk v of stage s being virtual stage vS + s, which XLA
-moves to the stage that runs it. Compare explicit/pp_1f1b.py.
+moves to the stage that runs it. On a named mesh with a stage axis the blocks take
+composed.py's hooks (fsdp's per-layer constraint, the experts' exchange) under the same vmap.
+Compare explicit/pp_1f1b.py.
 """
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import STAGE
-from shard_parity.pipeline import joined, phases, pieces, rest_of, split, start, tick
+from shard_parity.pipeline import (
+    add,
+    joined,
+    moe_metrics,
+    phases,
+    pieces,
+    rest_of,
+    split,
+    start,
+    tick,
+)
 from shard_parity.schedules import one_f_one_b
-from shard_parity.placement import STACKED, activations, named, state_shardings
+from shard_parity.placement import STACKED, activations, named, state_shardings, state_specs
 from shard_parity.step import as_dtype, make_train_step
 
-from . import pp
+from . import composed, pp
 
 STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
+PLANS = ('pp', 'composed')  # and on a named mesh with a stage axis (the bisector's sides)
 
 
 def pass_on(y, mesh, plan):  # f32[S, B/M, T, C]: slot i's output to slot i + 1
@@ -62,9 +76,16 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
     table = one_f_one_b(stages, microbatches, virtual)
 
     def fn(params, batch):  # blocks [L, ...] @ P('stage'), the rest @ P(); x[B, T] @ P('data')
+        specs = state_specs(params, plan, mesh)
+        # On a named mesh (composed.py) each axis inside a stage adds its piece to the blocks:
+        # fsdp's per-layer constraint (each unit's forward, and its backward's rerun, gathers the
+        # layer), the experts' exchange; 'model' and 'seq' are placements alone.
+        call = composed.hooks(plan, specs, mesh, batch)
+        call.pop('pipeline', None)  # the ticks below are the pipeline
+        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, P(*activations(plan))))
         rest = rest_of(params)
         chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
-        model, s = pieces(graphdef, loss_fn, params), jnp.arange(stages)  # every slot's stage
+        model, s = pieces(graphdef, loss_fn, params, call), jnp.arange(stages)  # every slot's
         batches = jax.tree.map(lambda a: split(a, microbatches), batch)  # [M, B/M, ...]
 
         def step(state, row, fwd, bwd, loss):  # every stage's tick, then the hand-overs
@@ -79,9 +100,15 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         begin = jax.vmap(lambda c: start(model, rest, c, batches, table.slots))(chunks)  # zeros
         state = phases(table, begin, step)
         # each slot's embedding and head gradients (stage 0's, the last's): XLA sums over 'stage'
-        rest, metrics = jax.tree.map(lambda a: a.sum(0), (state.rest, state.metrics))
-        grads = as_dtype(joined(params, back(state.grads)[0], rest), reduce)
+        d_rest, metrics = jax.tree.map(lambda a: a.sum(0), (state.rest, state.metrics))
         metrics = jax.tree.map(lambda m: m / microbatches, metrics)
+        if state.stats:  # experts: each statistic's mean over the M microbatches and L layers,
+            # and the metrics' terms in them
+            layers = stages * virtual * jax.tree.leaves(chunks)[0].shape[2]
+            means = {k: v.sum(0) / (microbatches * layers) for k, v in state.stats.items()}
+            first = jax.tree.map(lambda a: a[0], batches)
+            metrics = add(metrics, moe_metrics(model, rest, state.h.sum(0), first, means))
+        grads = as_dtype(joined(params, back(state.grads)[0], d_rest), reduce)
         # grads @ the params' layout; the rest (and the metrics) XLA all-reduces over 'data'
         return metrics, jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, plan))
 
@@ -96,4 +123,5 @@ def train_step(graphdef, loss_fn, tx, mesh, plan):
 
 def eval_step(graphdef, eval_fn, mesh, plan):
     # A forward alone has no backward to interleave: every schedule evaluates as GPipe does
-    return pp.eval_step(graphdef, eval_fn, mesh, plan)
+    gpipe = composed if plan.strategy == 'composed' else pp
+    return gpipe.eval_step(graphdef, eval_fn, mesh, plan)

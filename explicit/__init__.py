@@ -17,3 +17,4 @@ AXIS_TYPE = AxisType.Auto  # shard_map makes the axes Manual inside its function
 RING = True  # under 'seq' this twin runs its own attention (the ring, shard_parity/model/ring.py): --attention unused
 STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep, 'composed': composed}
 SCHEDULES = {'1f1b': pp_1f1b, 'interleaved': pp_1f1b}  # --pp_schedule's files; gpipe is pp.py
+COMPOSED_SCHEDULES = True  # 1f1b and interleaved on a named mesh: pp_1f1b.py runs every one

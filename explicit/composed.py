@@ -12,6 +12,7 @@ strategy file, to the model call (`hooks`):
     seq     the ring: K/V blocks ppermuted round 'seq', flash-style (positions in zigzag order)
     expert  exchange: two all_to_alls per MoE layer, to the experts' devices and back
     stage   pipeline: GPipe over 'stage', one ppermute per tick, the hooks above inside a stage
+            (--pp_schedule=1f1b|interleaved: pp_1f1b.py, the same hooks in each unit)
 
 and the gradients are reduced once, after `grad` (`reduce`): averaged over each axis that
 split the batch ('data', 'seq', and the rows of 'fsdp' and 'expert'), except where a piece did

@@ -14,22 +14,44 @@ L/(SV) layers, chunk v of stage s being virtual stage vS + s, and a microbatch g
 stages V times; the bubble shrinks from (S - 1)/(M + S - 1) to (S - 1)/(VM + S - 1). The
 blocks are placed L/S consecutive layers per stage, as for every schedule and checkpoint, so
 the interleaved step moves each chunk to the stage that runs it (`interleave`, V ppermutes of
-the stage's weights) and `jax.vjp`'s transpose brings the gradients back. Compare
-auto/pp_1f1b.py and typed/pp_1f1b.py (the same table and tick in Explicit mode).
+the stage's weights) and `jax.vjp`'s transpose brings the gradients back. On a named mesh with
+a stage axis (`--mesh=fsdp:2,model:2,stage:2 --pp_schedule=1f1b`) the same ticks run with every
+other axis inside a stage: the blocks take composed.py's hooks (fsdp's per-layer gather, done in
+each unit, tp's psum, cp's ring, the experts' all_to_alls), the rest is gathered and scattered
+and the gradients reduced as composed.py does; with experts each unit's statistics get their
+share of the loss's gradient in its backward (shard_parity/pipeline.py, `moe_slopes`). Compare
+auto/pp_1f1b.py and typed/pp_1f1b.py (the same table and tick, the stages vmapped; typed
+refuses a named mesh with 'model' and no 'seq': its `runs`).
 """
 
 import jax
 import jax.numpy as jnp
 
-from shard_parity.mesh import DATA, STAGE
-from shard_parity.pipeline import joined, phases, pieces, rest_of, split, start, tick
+from jax.sharding import PartitionSpec as P
+
+from shard_parity.mesh import FSDP, SEQ, STAGE
+from shard_parity.model.ring import reorder
+from shard_parity.pipeline import (
+    add,
+    everywhere,
+    joined,
+    moe_metrics,
+    phases,
+    pieces,
+    rest_of,
+    split,
+    start,
+    tick,
+)
 from shard_parity.schedules import interleave_pairs, one_f_one_b, sends
-from shard_parity.placement import BATCH, REPLICATED, STACKED, state_specs
+from shard_parity.placement import REPLICATED, STACKED, activations, outside_layers, state_specs
 from shard_parity.step import as_dtype, make_train_step
 
-from . import pp
+from . import composed, pp
+from .fsdp import gather, scatter
 
 STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
+PLANS = ('pp', 'composed')  # and on a named mesh with a stage axis (the bisector's sides)
 
 
 def pass_on(y, mesh, plan):  # f32[B/dM, T, C]: stage i's output to i + 1 (interleaved: S-1 to 0)
@@ -60,38 +82,63 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
     reduce = plan.precision.reduce  # what the gradients' collectives carry (--reduce_dtype)
     table = one_f_one_b(stages, microbatches, virtual)
 
-    def local(params, batch):  # params: my stage's layers, the rest whole; batch: x[B/d, T]
-        # Varying over 'data' (dp's terms), and the rest over 'stage' too: stage 0's embedding
-        # and the last stage's head each give their own term, added once after the ticks.
-        params = jax.lax.pcast(params, DATA, to='varying')
-        rest = jax.lax.pcast(rest_of(params), STAGE, to='varying')
-        chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
-        model, s = pieces(graphdef, loss_fn, params), jax.lax.axis_index(STAGE)
-        batches = jax.tree.map(lambda a: split(a, microbatches), batch)  # [M, B/dM, ...]
-
-        def step(state, row, fwd, bwd, loss):  # every stage's tick, then the hand-overs
-            run = tick(model, rest, batches, stages, virtual, fwd, bwd, loss)
-            state, y, dx = run(s, chunks, state, jax.tree.map(lambda a: a[s], row))
-            if fwd:
-                state = state._replace(h=pass_on(y, mesh, plan))  # collective-permute
-            if bwd:
-                state = state._replace(g=pass_back(dx, mesh, plan))  # collective-permute
-            return state
-
-        begin = start(model, rest, chunks, batches, table.slots)  # zeros
-        state = phases(table, begin, step)
-        # the embedding's gradient from stage 0, the head's from the last: an all-reduce, in the
-        # dtype the gradients' collectives carry (--reduce_dtype)
-        rest, metrics = jax.lax.psum((as_dtype(state.rest, reduce), state.metrics), STAGE)
-        grads = as_dtype(joined(params, back(state.grads)[0], rest), reduce)
-        metrics = jax.tree.map(lambda m: m / microbatches, metrics)
-        return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce over 'data'
-
     def fn(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
         specs = state_specs(params, plan, mesh)
-        return jax.shard_map(
-            local, mesh=mesh, in_specs=(specs, BATCH), out_specs=(REPLICATED, specs)
-        )(params, batch)
+
+        def local(shards, batch):  # shards: my stage's layers, the rest whole; batch: x[B/d, T]
+            # On a named mesh (composed.py) each axis inside a stage adds its piece to the
+            # blocks: fsdp's per-layer gather (each unit's forward, and its backward's rerun,
+            # gathers the layer; the vjp reduce-scatters its gradient), tp's psum, the ring.
+            call = composed.hooks(plan, specs, mesh, batch)
+            call.pop('pipeline', None)  # the ticks below are the pipeline
+            # Varying over the batch axes (dp's terms), and the rest over 'stage' too: stage
+            # 0's embedding and the last stage's head each give their own term, added once
+            # after the ticks.
+            shards = jax.tree.map(cast, shards, specs)
+            params = outside_layers(gather, shards, specs, plan=plan) if plan.uses(FSDP) else shards
+            rest = everywhere(rest_of(params))
+            chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
+            model, s = pieces(graphdef, loss_fn, params, call), jax.lax.axis_index(STAGE)
+            batches = jax.tree.map(lambda a: split(a, microbatches), batch)  # [M, B/dM, ...]
+
+            def step(state, row, fwd, bwd, loss):  # every stage's tick, then the hand-overs
+                run = tick(model, rest, batches, stages, virtual, fwd, bwd, loss)
+                state, y, dx = run(s, chunks, state, jax.tree.map(lambda a: a[s], row))
+                if fwd:
+                    state = state._replace(h=pass_on(y, mesh, plan))  # collective-permute
+                if bwd:
+                    state = state._replace(g=pass_back(dx, mesh, plan))  # collective-permute
+                return state
+
+            begin = start(model, rest, chunks, batches, table.slots)  # zeros
+            state = phases(table, begin, step)
+            # the embedding's gradient from stage 0, the head's from the last: an all-reduce, in
+            # the dtype the gradients' collectives carry (--reduce_dtype)
+            metrics = jax.tree.map(lambda m: m / microbatches, state.metrics)  # the last stage's
+            if state.stats:  # experts: each statistic's mean over the M microbatches and L
+                # layers (an all-reduce of scalars), and the metrics' terms in them, stage 0's
+                layers = stages * virtual * jax.tree.leaves(chunks)[0].shape[1]
+                means = jax.lax.psum(state.stats, STAGE)
+                means = {k: v / (microbatches * layers) for k, v in means.items()}
+                first = jax.tree.map(lambda a: a[0], batches)
+                terms = moe_metrics(model, rest, state.h, first, means)
+                metrics = add(metrics, jax.tree.map(lambda t: jnp.where(s == 0, t, 0), terms))
+            d_rest, metrics = jax.lax.psum((as_dtype(state.rest, reduce), metrics), STAGE)
+            grads = joined(params, back(state.grads)[0], d_rest)
+            grads = outside_layers(scatter, grads, specs, plan=plan) if plan.uses(FSDP) else grads
+            # the all-reduce over 'data' (and the other batch axes of a named mesh)
+            return jax.lax.pmean(metrics, plan.batch_axes), composed.reduce(grads, specs, plan)
+
+        def cast(w, spec):  # as composed.py's: varying over the batch axes it is not split on
+            return jax.lax.pcast(w, composed.averaged_over(plan, spec), to='varying')
+
+        per_device = jax.shard_map(
+            local, mesh=mesh, in_specs=(specs, P(*activations(plan))), out_specs=(REPLICATED, specs)
+        )
+        # under 'seq' the positions in the layout's order first (composed.py's)
+        return per_device(
+            params, reorder(batch, plan.size(SEQ), plan.layout) if plan.uses(SEQ) else batch
+        )
 
     return jax.jit(fn)
 
@@ -104,4 +151,5 @@ def train_step(graphdef, loss_fn, tx, mesh, plan):
 
 def eval_step(graphdef, eval_fn, mesh, plan):
     # A forward alone has no backward to interleave: every schedule evaluates as GPipe does
-    return pp.eval_step(graphdef, eval_fn, mesh, plan)
+    gpipe = composed if plan.strategy == 'composed' else pp
+    return gpipe.eval_step(graphdef, eval_fn, mesh, plan)

@@ -193,10 +193,19 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
         'explicit.train',
         [*TINY, *PP, '--mesh=4x2', '--pp_schedule=interleaved', '--pp_virtual=1'],
     ),
-    '--pp_schedule other than gpipe on a composed named mesh': (
-        'explicit.train',
+    '--pp_schedule other than gpipe on a named mesh in typed with a model axis and no seq axis': (
+        'typed.train',
         [*TINY, '--num_layers=4', '--mesh=data:2,stage:2,model:2', '--pp_schedule=1f1b'],
     ),
+    'layers not divisible by the stage axis x --pp_virtual on a named mesh': (
+        'explicit.train',
+        [*TINY, '--num_layers=6', '--mesh=fsdp:2,model:2,stage:2', '--pp_schedule=interleaved'],
+    ),
+    'interleaved microbatches not a multiple of the stage axis on a named mesh': (
+        'explicit.train',
+        [*TINY, '--num_layers=4', '--mesh=data:2,seq:2,stage:2', '--pp_schedule=interleaved',
+         '--microbatches=3', '--batch_size=12'],
+    ),  # fmt: skip
 }
 # The exit status of a bad input: 2 in every CLI here (a flag absl refuses too: runtime's
 # parse_flags), as docs/errors.md says; 1 is a fault met while running.

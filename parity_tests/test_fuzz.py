@@ -67,7 +67,8 @@ HAND = [  # (draw, the flag the refusal names; None: accepted)
         Draw(**T, mesh=(('data', 2), ('stage', 4)), batch=8, microbatches=2, schedule='1f1b'),
         '--microbatches',
     ),  # fmt: skip
-    (Draw(**T, mesh=(('fsdp', 2), ('stage', 4)), batch=8, schedule='1f1b'), '--pp_schedule'),
+    (Draw(**T, mesh=(('fsdp', 2), ('stage', 4)), batch=8, schedule='1f1b'), None),  # composed
+    (Draw(**T, mesh=(('fsdp', 2), ('data', 4)), batch=8, schedule='1f1b'), '--pp_schedule'),
     (Draw(mesh=(('model', 8),), reduce_dtype='bfloat16'), '--reduce_dtype'),
 ]
 

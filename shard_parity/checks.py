@@ -155,7 +155,8 @@ def check_rows(plan: Plan, batch_size: int, microbatches: int = 1) -> None:
 
 def check_schedule(plan: Plan, layers: int) -> None:
     """--pp_schedule and --pp_virtual against the plan's stage axis S, the layers and the
-    microbatches M."""
+    microbatches M (on a named mesh as under --strategy=pp: the composed step runs every
+    schedule, in the twins that have it: step.strategy_file)."""
     schedule, virtual, stages, m = plan.schedule, plan.virtual, plan.size(STAGE), plan.microbatches
     if virtual is not None and schedule != 'interleaved':
         raise UsageError(
@@ -169,11 +170,6 @@ def check_schedule(plan: Plan, layers: int) -> None:
             f'--pp_schedule={schedule} orders the microbatches of a pipeline, and '
             f'{plan.given()} has no stage axis: use --strategy=pp (--mesh=DATAxSTAGE) or a '
             'named mesh with a stage axis, or drop --pp_schedule'
-        )
-    if plan.strategy != 'pp':
-        raise UsageError(
-            f'--pp_schedule={schedule} on {plan.given()}: the composed step pipelines with '
-            'gpipe only; use a data:D,stage:S mesh for this schedule, or --pp_schedule=gpipe'
         )
     v = plan.chunks
     if schedule == 'interleaved' and v < 2:

@@ -25,9 +25,9 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import STAGE
+from shard_parity.mesh import MODEL, STAGE
 from shard_parity.schedules import Ticks
-from shard_parity.model.ops import typed, varying
+from shard_parity.model.ops import typed, vary_like, varying
 from shard_parity.placement import STACKED, activations
 
 
@@ -84,24 +84,36 @@ class Pieces(NamedTuple):
 
     embed: Callable  # (rest, tokens i32[b, T]) -> x f32[b, T, C]: the first stage's
     run: Callable  # (blocks [k, ...], x) -> y: k layers, the stages' work
-    head_loss: Callable  # (rest, y, batch) -> (loss, metrics): the last stage's
+    head_loss: Callable  # (rest, y, batch[, stats]) -> (loss, metrics): the last stage's
+    run_stats: Callable = None  # (blocks, x) -> (y, stats): `run` with the experts' [k] each
 
 
-def pieces(graphdef, loss_fn, params) -> Pieces:
+def pieces(graphdef, loss_fn, params, hooks=None) -> Pieces:
     """`loss_fn`'s model in three pieces: the embedding, a stack of blocks, and the final norm,
     the head and the loss, which `loss_fn` itself runs on activations the pipeline hands in
-    (the model's `pipeline` hook returning them), so every task's loss runs unchanged."""
-    blocks = params[STACKED]
+    (the model's `pipeline` hook returning them), so every task's loss runs unchanged.
+    `hooks`: the composed step's model-call keywords for the axes inside a stage (fsdp's
+    `layer_weights`, tp's `sum_partials`, the ring's `attention` and `positions`; explicit/
+    composed.py's `hooks` less its `pipeline`): the blocks run with them, the embedding takes
+    the positions, and the head and loss get them all, as the model call does."""
+    blocks, hooks = params[STACKED], dict(hooks or {})
+    positions = hooks.get('positions')
+    stack = {k: v for k, v in hooks.items() if k in STACK_HOOKS}
 
     def model(rest):
         return nnx.merge(graphdef, nnx.State({STACKED: blocks, **rest}))
 
     def head_loss(rest, y, batch, stats=None):
         hook = lambda x, run, weights: (y, stats or {})  # noqa: E731
-        return loss_fn(functools.partial(model(rest), pipeline=hook), batch)
+        return loss_fn(functools.partial(model(rest), pipeline=hook, **hooks), batch)
 
-    run = lambda weights, x: model(rest_of(params)).run_stack(weights, x)[0]  # noqa: E731
-    return Pieces(lambda rest, tokens: model(rest).embedding(tokens), run, head_loss)
+    run_stats = lambda weights, x: model(rest_of(params)).run_stack(weights, x, **stack)  # noqa: E731
+    run = lambda weights, x: run_stats(weights, x)[0]  # noqa: E731
+    embed = lambda rest, tokens: model(rest).embedding(tokens, positions=positions)  # noqa: E731
+    return Pieces(embed, run, head_loss, run_stats)
+
+
+STACK_HOOKS = ('layer_weights', 'sum_partials', 'attention', 'experts')  # run_stack's keywords
 
 
 def rest_of(params) -> dict:
@@ -146,8 +158,12 @@ def explicit(tree) -> bool:
 
 
 def everywhere(tree):
-    """Inside shard_map: `tree` cast to varying over every Manual axis; elsewhere `tree`."""
-    axes = set(jax.sharding.get_abstract_mesh().manual_axes)
+    """Inside shard_map: `tree` cast to varying over every Manual axis but 'model'; elsewhere
+    `tree`. What a stage holds between ticks (activations, their gradients, the embedding's
+    and head's gradients) differs from device to device over every axis but 'model', whose
+    devices hold the same (tp's psum): typed invariant there, the transpose of each block's
+    first use of its input is the psum over 'model' that its gradient needs."""
+    axes = set(jax.sharding.get_abstract_mesh().manual_axes) - {MODEL}
     return jax.tree.map(lambda a: jax.lax.pcast(a, tuple(sorted(axes - varying(a))), to='varying'),
                         tree)  # fmt: skip
 
@@ -161,16 +177,56 @@ class Stage(NamedTuple):
     grads: Any  # the chunks' gradients, [V, k, ...]
     rest: Any  # the embedding's (stage 0) and the head's (the last stage) gradients
     metrics: dict  # the loss's metrics, summed over the microbatches this stage ended
+    # With experts (`experts`: a composed mesh's MoE blocks): each statistic summed over the
+    # units this stage ran forward, and the loss's derivative in each layer's (`moe_slopes`)
+    stats: dict = {}
+    slopes: dict = {}
 
 
 def start(p: Pieces, rest, chunks, batches, slots: int) -> Stage:
-    """A stage's state before the first tick: zeros."""
+    """A stage's state before the first tick: zeros. The chunks' gradients vary where the
+    chunks do (`zeros_like` keeps that): under 'model' a layer norm's weight is the same on
+    every device of the axis, and so is its gradient."""
     x = jnp.zeros_like(p.embed(rest, batches['x'][0]))
-    _, metrics = jax.eval_shape(p.head_loss, rest, x, jax.tree.map(lambda a: a[0], batches))
-    zeros = jax.tree.map(jnp.zeros_like, (x, x, chunks, rest))
+    first = jax.tree.map(lambda a: a[0], batches)
+    stats = everywhere(experts(p, chunks, x))  # varying: `moe_slopes`' grad stays this device's
+    _, metrics = jax.eval_shape(p.head_loss, rest, x, first, stats or None)
+    zeros = jax.tree.map(jnp.zeros_like, (x, x, rest))
     saved = jnp.broadcast_to(x, (slots, *x.shape))
     metrics = {k: jnp.zeros(m.shape, m.dtype) for k, m in metrics.items()}
-    return everywhere(Stage(zeros[0], zeros[1], saved, zeros[2], zeros[3], metrics))
+    grads = jax.tree.map(jnp.zeros_like, chunks)
+    slopes = moe_slopes(p, rest, x, first, stats) if stats else {}
+    state = Stage(zeros[0], zeros[1], saved, None, zeros[2], metrics, stats, slopes)
+    return everywhere(state)._replace(grads=grads)
+
+
+def experts(p: Pieces, chunks, x) -> dict:
+    """Zeros of each MoE statistic a chunk's layers return ({} for dense blocks, whose chunks
+    have no router), f32 scalars: a stage's sums."""
+    if not any('router' in jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(chunks)):
+        return {}
+    _, stats = jax.eval_shape(p.run_stats, pick(chunks, 0), x)
+    return {k: jnp.zeros((), s.dtype) for k, s in stats.items()}
+
+
+def moe_slopes(p: Pieces, rest, y, batch, stats) -> dict:
+    """The head's loss's derivative in each statistic's mean, read once at zeros: the loss
+    takes each statistic's mean over the L layers and M microbatches, as GPipe's does
+    (`microbatch_means`), into a term linear in it (tasks.lm_loss: AUX_WEIGHT x the auxiliary
+    loss), so the derivative is a constant, and the step's loss's derivative in one layer's
+    statistic on one microbatch is it / (M L): a backward unit hands that to the vjp of its
+    chunk as the statistics' cotangent (`tick`)."""
+    return jax.grad(lambda st: p.head_loss(rest, y, batch, st)[0])(stats)
+
+
+def moe_metrics(p: Pieces, rest, y, batch, means) -> dict:
+    """The metrics' MoE terms, which the heads (run with zero statistics, their own not yet
+    known there) leave out: the jvp of the head's metrics in the statistics, at zeros, along
+    the step's means (exact for the terms linear in them: the loss's AUX_WEIGHT x aux, aux and
+    the dropped share themselves)."""
+    zeros = jax.tree.map(jnp.zeros_like, means)
+    metrics = lambda st: p.head_loss(rest, y, batch, st)[1]  # noqa: E731
+    return jax.jvp(metrics, (zeros,), (means,))[1]
 
 
 def tick(p: Pieces, rest, batches, stages: int, virtual: int, fwd=True, bwd=True, loss=True):
@@ -190,12 +246,20 @@ def tick(p: Pieces, rest, batches, stages: int, virtual: int, fwd=True, bwd=True
             tokens = take(batches['x'], f['mb'])
             embed = lambda h: everywhere(p.embed(rest, tokens))  # noqa: E731
             x = branch(first & (f['chunk'] == 0), embed, lambda h: h, state.h)
-            y = p.run(pick(chunks, f['chunk']), x)
+            if state.stats:  # experts: the unit's statistics, summed where it is on schedule
+                y, stats = p.run_stats(pick(chunks, f['chunk']), x)
+                on = f['on'].astype(bool)
+                state = state._replace(stats={
+                    k: v + jnp.where(on, stats[k].sum(), 0) for k, v in state.stats.items()
+                })  # fmt: skip
+            else:
+                y = p.run(pick(chunks, f['chunk']), x)
             state = state._replace(saved=state.saved.at[f['slot']].set(x))
             if loss:
                 ends = f['on'].astype(bool) & last & (f['chunk'] == virtual - 1)
                 batch = jax.tree.map(lambda a: take(a, f['mb']), batches)
-                d_rest, g_last, metrics = when(ends, head_grads, rest, y, batch)
+                zeros = jax.tree.map(jnp.zeros_like, state.stats) or None  # added after the ticks
+                d_rest, g_last, metrics = when(ends, head_grads, rest, y, batch, zeros)
                 state = state._replace(
                     rest=add(state.rest, d_rest), metrics=add(state.metrics, metrics)
                 )
@@ -205,8 +269,17 @@ def tick(p: Pieces, rest, batches, stages: int, virtual: int, fwd=True, bwd=True
                 g = jnp.where(last & (b['chunk'] == virtual - 1), g_last, g)
             g = jnp.where(b['on'].astype(bool), g, 0)
             x = state.saved[b['slot']]
-            _, back = jax.vjp(p.run, pick(chunks, b['chunk']), x)
-            dw, dx = back(g)
+            if state.stats:  # the loss's derivative in each of the chunk's layers' statistics
+                (_, stats), back = jax.vjp(p.run_stats, pick(chunks, b['chunk']), x)
+                layers = stages * virtual * len(jax.tree.leaves(stats)[0])  # L
+                on = b['on'].astype(bool)
+                slope = {k: vary_like(jnp.broadcast_to(
+                    jnp.where(on, state.slopes[k] / (M * layers), 0), v.shape).astype(v.dtype), v)
+                    for k, v in stats.items()}  # fmt: skip
+                dw, dx = back((g, slope))
+            else:
+                _, back = jax.vjp(p.run, pick(chunks, b['chunk']), x)
+                dw, dx = back(g)
             begins = b['on'].astype(bool) & first & (b['chunk'] == 0)
             d_rest = when(begins, embed_grads, rest, take(batches['x'], b['mb']), dx)
             state = state._replace(
@@ -215,8 +288,9 @@ def tick(p: Pieces, rest, batches, stages: int, virtual: int, fwd=True, bwd=True
             )
         return state, y, dx
 
-    def head_grads(rest, y, batch):
-        loss, back, metrics = jax.vjp(lambda r, y: p.head_loss(r, y, batch), rest, y, has_aux=True)
+    def head_grads(rest, y, batch, stats=None):
+        head = lambda r, y: p.head_loss(r, y, batch, stats)  # noqa: E731
+        loss, back, metrics = jax.vjp(head, rest, y, has_aux=True)
         d_rest, dy = back(jnp.ones_like(loss) / M)  # the step's loss: the microbatches' mean
         return d_rest, dy, metrics
 

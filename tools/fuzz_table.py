@@ -62,13 +62,12 @@ def violations(d) -> list[Broken]:
 
 
 def schedule(d, axes, experts, need) -> None:
-    """1F1B and interleaved: a pipeline of data and stage only (the composed step and the
-    mixture of experts pipeline with GPipe), V chunks of equal layers per stage, enough
-    microbatches in flight."""
+    """1F1B and interleaved: a pipeline (a stage axis, whatever else runs inside a stage, the
+    experts included), V chunks of equal layers per stage, enough microbatches in flight."""
     if d.schedule == 'gpipe':
         return
-    pipeline = 'stage' in axes and set(axes) <= {'data', 'stage'} and not experts
-    need(pipeline, '--pp_schedule', 'only a data x stage pipeline takes this schedule')
+    pipeline = 'stage' in axes
+    need(pipeline, '--pp_schedule', 'only a pipeline takes this schedule')
     if not pipeline:
         return
     s, v = axes['stage'], (d.virtual if d.schedule == 'interleaved' else 1)

@@ -107,6 +107,8 @@ def load_side(name: str, plan, mesh) -> Side:
         raise UsageError(f'--twins: {e}') from e
     # a module of yours places its state as its own STRATEGY says, on the same axes
     own = getattr(module, 'STRATEGY', plan.strategy)
+    if plan.strategy in getattr(module, 'PLANS', ()):  # a file that runs several strategies'
+        own = plan.strategy  # plans (pp_1f1b.py: pp's and a named mesh's) places as the plan does
     return Side(name, without_plan(module), mesh, dataclasses.replace(plan, strategy=own))
 
 

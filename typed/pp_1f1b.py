@@ -16,22 +16,58 @@ docs/pipeline.md; `pipeline.branch` and `take`). The blocks stay replicated over
 typed/pp.py (vmap refuses a reduced operand), so their gradients are reduced at every tick.
 Interleaved (`--pp_virtual=V`): the layers are viewed as
 `[S@stage, V, L/(SV), ...]`, chunk v of stage s being virtual stage vS + s, a reshape whose
-out_sharding moves each chunk to the stage that runs it. Compare auto/pp_1f1b.py.
+out_sharding moves each chunk to the stage that runs it. On a named mesh with a stage axis the
+blocks take composed.py's hooks (fsdp's per-layer reshard, the ring, the experts' exchange)
+under the same vmap, but for 'model' without 'seq' (`runs`). Compare auto/pp_1f1b.py.
 """
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import STAGE
-from shard_parity.pipeline import joined, phases, pieces, rest_of, split, start, tick
+from shard_parity.mesh import FSDP, MODEL, SEQ, STAGE
+from shard_parity.model.ring import reorder
+from shard_parity.pipeline import (
+    add,
+    joined,
+    moe_metrics,
+    phases,
+    pieces,
+    rest_of,
+    split,
+    start,
+    tick,
+)
 from shard_parity.schedules import one_f_one_b, sends
-from shard_parity.placement import STACKED, activations, named, state_shardings
+from shard_parity.placement import (
+    STACKED,
+    activations,
+    named,
+    outside_layers,
+    state_shardings,
+    state_specs,
+    without,
+)
 from shard_parity.step import as_dtype, make_train_step
 
-from . import pp
+from . import composed, pp
 
 STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
+PLANS = ('pp', 'composed')  # and on a named mesh with a stage axis (the bisector's sides)
+
+
+def runs(plan) -> str | None:
+    """Why this file cannot run a named mesh's plan (None: it can; step.strategy_file refuses
+    the others in one line). On 'model' without 'seq' the blocks' naive attention repeats
+    GQA's key/value heads, split over 'model', under the stages' `vmap`, where jax 0.10.2's
+    `jnp.repeat` asks for an out_sharding (GPipe's vmap, typed/pp.py, does not meet it;
+    under 'seq' the ring attends instead)."""
+    if plan.uses(MODEL) and not plan.uses(SEQ):
+        return ("it runs 1f1b and interleaved on a named mesh with a 'model' axis only beside "
+                "'seq' (under the stages' vmap jnp.repeat of the key/value heads split over "
+                "'model' asks for an out_sharding)")  # fmt: skip
+    return None
 
 
 def pass_on(y, mesh, plan):  # f32[S@stage, B/M@data, T, C]: slot i's output to slot i + 1
@@ -65,10 +101,20 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
     table = one_f_one_b(stages, microbatches, virtual)
 
     def fn(params, batch):  # params: blocks f32[L@stage, ...], the rest whole; x i32[B@data, T]
+        specs = state_specs(params, plan, mesh)
+        # On a named mesh (composed.py) each axis inside a stage adds its piece to the blocks:
+        # fsdp's per-layer reshard, tp's, the ring, the experts' exchange.
+        call = composed.hooks(plan, specs, mesh, batch)
+        call.pop('pipeline', None)  # the ticks below are the pipeline
+        batch = reorder(batch, plan.size(SEQ), plan.layout) if plan.uses(SEQ) else batch
+        batch = jax.reshard(batch, NamedSharding(mesh, P(*activations(plan))))
+        if plan.uses(FSDP):  # the rest gathered once (the all-gathers carry --dtype)
+            params = outside_layers(as_dtype, params, dtype=plan.precision.compute)
+            params = outside_layers(jax.reshard, params, named(mesh, without(specs, FSDP)))
         rest = rest_of(params)
         chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
         s = jnp.arange(stages, out_sharding=named(mesh, P(STAGE)))  # every slot's stage
-        model = pieces(graphdef, loss_fn, params)
+        model = pieces(graphdef, loss_fn, params, call)
         batches = jax.tree.map(lambda a: split(a, microbatches), batch)  # [M, B/M@data, ...]
 
         def step(state, row, fwd, bwd, loss):  # every stage's tick, then the hand-overs
@@ -84,12 +130,21 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         begin = jax.vmap(  # zeros; the metrics [S] split over 'stage' too, as vmap wants:
             lambda c: start(model, rest, c, batches, table.slots), spmd_axis_name=STAGE
         )(chunks)
-        begin = begin._replace(metrics=jax.reshard(begin.metrics, named(mesh, P(STAGE))))
+        begin = begin._replace(**{  # with experts their statistics' sums and slopes too
+            k: jax.reshard(getattr(begin, k), named(mesh, P(STAGE)))
+            for k in ('metrics', 'stats', 'slopes')
+        })  # fmt: skip
         state = phases(table, begin, step)
         # each slot's embedding and head gradients (stage 0's, the last's): summed over 'stage'
-        rest, metrics = jax.tree.map(lambda a: a.sum(0), (state.rest, state.metrics))
-        grads = as_dtype(joined(params, back(state.grads)[0], rest), reduce)
+        d_rest, metrics = jax.tree.map(lambda a: a.sum(0), (state.rest, state.metrics))
         metrics = jax.tree.map(lambda m: m / microbatches, metrics)
+        if state.stats:  # experts: each statistic's mean over the M microbatches and L layers,
+            # and the metrics' terms in them
+            layers = stages * virtual * jax.tree.leaves(chunks)[0].shape[2]
+            means = {k: v.sum(0) / (microbatches * layers) for k, v in state.stats.items()}
+            first = jax.tree.map(lambda a: a[0], batches)
+            metrics = add(metrics, moe_metrics(model, rest, state.h.sum(0), first, means))
+        grads = as_dtype(joined(params, back(state.grads)[0], d_rest), reduce)
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 
     def in_mesh(params, batch):  # the mesh as context: without it jax 0.12's zeros_like (the
@@ -107,4 +162,5 @@ def train_step(graphdef, loss_fn, tx, mesh, plan):
 
 def eval_step(graphdef, eval_fn, mesh, plan):
     # A forward alone has no backward to interleave: every schedule evaluates as GPipe does
-    return pp.eval_step(graphdef, eval_fn, mesh, plan)
+    gpipe = composed if plan.strategy == 'composed' else pp
+    return gpipe.eval_step(graphdef, eval_fn, mesh, plan)

@@ -176,8 +176,18 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
-        '--pp_schedule other than gpipe on a composed named mesh',
-        '--pp_schedule=1f1b on --mesh=data:2,stage:2,model:2: the composed step pipelines with gpipe only',
+        '--pp_schedule other than gpipe on a named mesh in typed with a model axis and no seq axis',
+        "--pp_schedule=1f1b on --mesh=data:2,stage:2,model:2: the typed twin: it runs 1f1b and interleaved on a named mesh with a 'model' axis only beside 'seq'",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'layers not divisible by the stage axis x --pp_virtual on a named mesh',
+        '--num_layers=6 is not divisible by the stage axis x --pp_virtual (2 x 2 = 4)',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        'interleaved microbatches not a multiple of the stage axis on a named mesh',
+        '--microbatches=3 is not a multiple of the stage axis (2): the interleaved schedule',
         'test_bad_inputs.test_cli_row',
     ),
     (

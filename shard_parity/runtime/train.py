@@ -27,6 +27,7 @@ from shard_parity.runtime import flags as F
 from shard_parity.runtime.loop import SIGNALS, Interrupted, stop_on_signals
 from shard_parity.runtime.processes import start_processes
 from shard_parity.runtime.training import Outputs, run, warn_unused_attention
+from shard_parity.step import strategy_file
 
 
 def quiet_save_errors(record) -> bool:
@@ -99,6 +100,7 @@ def main(twin):
             workdir = pathlib.Path(F.WORKDIR.value or f'runs/{twin.NAME}_{F.MODEL.value}')
             # the plan and what its axes need first: a short --steps's warm-up check after
             plan = from_flags.plan(fit_default_batch=jax.process_count() == 1)
+            strategy_file(twin, plan)  # a schedule this twin lacks on the mesh: refused now
             mesh = mesh_for(plan, twin.AXIS_TYPE)
             use_matmul_precision(plan.precision.matmul)
             warn_unused_attention(twin, plan, from_flags.model_config())
