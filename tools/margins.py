@@ -39,6 +39,7 @@ PARITY = [
     'parity_tests/test_pp_schedules.py',
     'parity_tests/test_ep.py',
     'parity_tests/test_composed.py',
+    'parity_tests/test_composed_schedules.py',
     'parity_tests/test_eval_steps.py',
     'parity_tests/test_typed.py',
     'parity_tests/test_transformer.py',
