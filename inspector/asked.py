@@ -84,13 +84,14 @@ def _keys(kind, op, elements) -> tuple[tuple, tuple]:
 
 def _wanted_keys(n, kind, op) -> list[tuple]:
     """The keys an asked operand may have for compiled operand n, best first: of the kind it
-    does the work of (`written_kinds`; a padded reduce-scatter's elements unpadded), of the
-    compiled op's kind, and for a reduce-scatter of an all-reduce of the whole (each device
-    then keeping its slice), which XLA:CPU's reduce-scatter-creator pass makes into one."""
+    does the work of (`written_kinds`; a reduce-scatter done as an all-reduce and a slice, or
+    padded, with its slice's elements), of the compiled op's kind, and for a reduce-scatter of
+    an all-reduce of the whole (each device then keeping its slice), which XLA:CPU's
+    reduce-scatter-creator pass makes into one."""
     elements = int(np.prod(op['shapes'][n]))
-    padded = [p for p in op.get('stands_for', [])
-              if p.get('operand', 0) == n and p['mechanism'] == 'padded']  # fmt: skip
-    written = padded[0]['bytes'] // ITEMSIZE[op['dtypes'][n]] if padded else elements
+    cut = [p for p in op.get('stands_for', [])
+           if p.get('operand', 0) == n and p['mechanism'] in ('padded', 'sliced')]  # fmt: skip
+    written = cut[0]['bytes'] // ITEMSIZE[op['dtypes'][n]] if cut else elements
     kinds = dict.fromkeys([(kind, written), (op['kind'], elements)])
     if kind == 'reduce-scatter' and op['kind'] != 'all-reduce':
         kinds[('all-reduce', written * op['group_size'])] = None
@@ -124,6 +125,10 @@ def compare(ops: list[dict], asked_ops: list[dict], backend: str) -> None:
         kinds = written_kinds(op)
         op['asked'] = [_take(left, _wanted_keys(n, kind, op), carried)
                        for n, (kind, carried) in enumerate(zip(kinds, op['dtypes']))]  # fmt: skip
+        # a narrowing the step asked for itself (its cast to --dtype, moved by the compiler
+        # next to the collective) is no mechanism of the compiler's
+        op['stands_for'] = [p for p in op.get('stands_for', []) if p['mechanism'] != 'narrowed'
+                            or op['asked'][p['operand']] != op['dtypes'][p['operand']]]  # fmt: skip
         if None in op['asked'] and len(op['shapes']) > 1:
             # XLA:CPU's all-to-all decomposer splits one into a piece per device
             whole = sum(int(np.prod(s)) for s in op['shapes'])
