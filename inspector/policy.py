@@ -101,11 +101,11 @@ def audit(ops: list[dict], plan) -> list[dict]:
                 off[(kind, op['traffic'][n], got, op['wanted'][n])].append(n)
         for (kind, t, got, want), operands in off.items():
             verb = 'asks' if kind == 'dtype-asked' else 'carries'
-            policy = (f'{FLAG[t]}={HLO_NAME[want]}' if t in FLAG
-                      else f'the metrics in {HLO_NAME[want]}')  # fmt: skip
+            says = (f'{FLAG[t]}={HLO_NAME[want]}' if t in FLAG
+                    else f'the metrics in {HLO_NAME[want]}')  # fmt: skip
             what = (f"{op['kind']} over {'/'.join(op['axes'] or ['?'])} ({op['phase']}) {verb} "
                     f'{len(operands)} {t} operand(s) in {got} where the policy wants {want} '
-                    f'({policy})')  # fmt: skip
+                    f'({says})')  # fmt: skip
             if kind == 'dtype-carried':
                 why = (
                     op['asked_why'][operands[0]] or 'none of its kind is in the partitioned program'
