@@ -37,9 +37,10 @@ def gather_layer(specs, mesh, plan):
 
     @jax.custom_vjp
     def layer_weights(shards):  # the layer's all-gathers: XLA inserts them for this constraint
-        return jax.lax.with_sharding_constraint(  # of the shards cast to --dtype first
-            as_dtype(shards, plan.precision.compute), named(mesh, without(specs, FSDP))
+        shards = jax.lax.with_sharding_constraint(  # cast to --dtype where they lie
+            as_dtype(shards, plan.precision.compute), named(mesh, specs)
         )
+        return jax.lax.with_sharding_constraint(shards, named(mesh, without(specs, FSDP)))
 
     def backward(_, grads):  # the layer's reduce-scatters, inside the backward's loop
         scattered = jax.lax.with_sharding_constraint(  # of the gradient in --reduce_dtype

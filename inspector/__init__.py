@@ -10,15 +10,16 @@ Generic, for any jitted program (these import nothing of the twins, the models o
 CLI; test_inspector_parsing.py checks): program.py (`inspect`, `Report`), hlo_module.py (the
 compiled program's HLO text, parsed), hlo.py (its collectives), mechanisms.py (what a compiler
 made of a written collective, found in the HLO by dataflow.py's walks), attribute.py (line,
-phase, axes, origin, trips), cost.py (predicted times), target.py (the devices of hardware that
-is not here: `inspect(..., target=...)`), target_figures.py (its compiler's memory and cost
+phase, axes, origin, trips), asked.py (the dtypes the partitioned program asked for, beside
+those the compiled one carries), cost.py (predicted times), target.py (the devices of hardware
+that is not here: `inspect(..., target=...)`), target_figures.py (its compiler's memory and cost
 figures), hosts.py (a mesh laid over hosts, each collective priced by the link it spans),
 surprises.py, reconcile.py (a program held against expected records, row by row), and the
 reports: render.py, html.py, trace.py.
 What knows this project: twins.py (each twin's compiled step for one strategy, side by side),
-expect.py, records.py and pieces.py (the collectives each strategy should hold), and cli.py's
-twin mode (the train CLI's flags and checks; its --program=MODULE:FUNCTION mode is the
-generic one).
+expect.py, records.py and pieces.py (the collectives each strategy should hold), policy.py
+(each collective's dtypes held against the plan's precision policy), and cli.py's twin mode
+(the train CLI's flags and checks; its --program=MODULE:FUNCTION mode is the generic one).
 
 The command line is `python -m inspector` (installed: `python -m shard_parity.inspector`); see
 docs/inspector.md.

@@ -45,13 +45,14 @@ def expectation(plan, model: str, params, mesh, batch_size: int, model_config) -
 
 def gradient_bytes(s: Step) -> tuple[int, int]:
     """(the bytes each device's gradient holds of the arrays every batch axis averages, those
-    of the experts' under 'expert'): under 'fsdp' whole, as its gather brings it back."""
+    of the experts' under 'expert', in --reduce_dtype): under 'fsdp' whole, as its gather
+    brings it back."""
     not_fsdp = lambda a: tuple(x for x in a.axes if x != FSDP)  # noqa: E731
     whole = lambda a: a.whole // math.prod(s.plan.size(x) for x in not_fsdp(a))  # noqa: E731
     split = lambda a: s.plan.uses(EXPERT) and EXPERT in a.axes  # noqa: E731
     return (
-        sum(whole(a) for a in s.arrays if not split(a)),
-        sum(whole(a) for a in s.arrays if split(a)),
+        s.grads(sum(whole(a) for a in s.arrays if not split(a))),
+        s.grads(sum(whole(a) for a in s.arrays if split(a))),
     )
 
 

@@ -59,6 +59,8 @@ COLUMNS = [  # header, sort type, value of an op
     ('origin', 'str', lambda op: op['origin']),
     ('consumed at', 'str', lambda op: op['consumer'].partition(' ')[0]),
     ('dtype', 'str', lambda op: ','.join(sorted(set(op['dtypes'])))),
+    # what the partitioned program asked for (inspector/asked.py), where a backend changed it
+    ('asked', 'str', lambda op: ','.join(sorted({d or '?' for d in op.get('asked', [])}))),
     # a TPU's or GPU's asynchronous collectives: how many ops run before it is awaited
     ('async: overlaps', 'num', lambda op: len(op.get('overlaps', [])) if op.get('async') else -1),
 ]
@@ -82,7 +84,8 @@ def _table(name, ops) -> str:
         cls = ' '.join(['op'] + (['diff'] if 'twin-difference' in flags else [])
                        + (['surprise'] if set(flags) - {'twin-difference'} else []))  # fmt: skip
         stack = 'called from ' + ' <- '.join(op['stack']) + f"; consumed at {op['consumer']}"
-        tips = {'file:line': stack, 'async: overlaps': ', '.join(op.get('overlaps', []))}
+        tips = {'file:line': stack, 'async: overlaps': ', '.join(op.get('overlaps', [])),
+                'asked': '; '.join(dict.fromkeys(w for w in op.get('asked_why', []) if w))}
         cells = ''.join(_cell(t, f(op), tips.get(h, '')) for h, t, f in COLUMNS)
         rows.append(f'<tr class="{cls}" title="{html.escape(op["op_name"])}">{cells}</tr>')
     if not ops:

@@ -22,9 +22,13 @@ which its bytes or its kind differ from what was written. A TPU's compiler, for 
                  it stands for the reduce-scatter of the unpadded operand; a collective-permute
                  of rows sliced from its result (to the devices that own them, the padding
                  having shifted each device's tile) stands for no collective of its own
+    promoted     (inspector/asked.py adds it, from the partitioned program) an operand the
+                 backend carries wider than the step asked (XLA:CPU: bf16 in f32): it stands
+                 for the collective in the asked dtype, half its bytes
 
 `stands_for(module, found)` returns, per collective, the parts it stands for (one per operand
-that a mechanism explains: a tuple all-reduce may gather some operands and scatter others),
+that a mechanism explains, its index in `operand`: a tuple all-reduce may gather some operands
+and scatter others),
 read with the walks of inspector/dataflow.py;
 inspector/reconcile.py holds them against the expectation. Nothing here is assumed of a
 backend: each mechanism is found in the program's text, or the op stands for itself.
@@ -59,9 +63,9 @@ def _shape(type_text: str) -> str:
     return f"{m.group('dtype')}[{m.group('dims')}]" if m else type_text
 
 
-def _part(kind, compiled, stands, mechanism, reason) -> dict:
+def _part(kind, compiled, stands, mechanism, reason, operand: int = 0) -> dict:
     return {'kind': kind, 'compiled_bytes': compiled, 'bytes': stands, 'mechanism': mechanism,
-            'reason': reason}  # fmt: skip
+            'reason': reason, 'operand': operand}  # fmt: skip
 
 
 def narrowed(module: Module, found: Found, op: Instruction, result: Instruction) -> list[dict]:
@@ -83,7 +87,7 @@ def narrowed(module: Module, found: Found, op: Instruction, result: Instruction)
             f'{wide} values moved in {dtype}: a convert the compiler inserted (%{convert.name}'
             + (', a copy that narrows' if convert.opcode == 'copy' else '') + ') '
             f'feeds the {c.kind}, for a dot at DEFAULT matmul precision (%{dot.name}; a TPU '
-            f'multiplies {wide} in one {dtype} pass), so it moves half the {wide} bytes',
+            f'multiplies {wide} in one {dtype} pass), so it moves half the {wide} bytes', n,
         ))  # fmt: skip
     return out
 
@@ -148,7 +152,7 @@ def all_reduce_parts(module: Module, found: Found, op: Instruction) -> list[dict
                     f'an all-gather done as an all-reduce: each device writes its '
                     f'{_shape(operand_of(module, update, 1).type)} shard into a zeroed '
                     f'{dtype}[{",".join(map(str, shape))}] (%{update.name}; {whole - shard} '
-                    'elements of zeros) and the devices sum it',
+                    'elements of zeros) and the devices sum it', n,
                 ))  # fmt: skip
             continue
         dots = _summed_dots(module, operand_of(module, op, n))
@@ -158,7 +162,7 @@ def all_reduce_parts(module: Module, found: Found, op: Instruction) -> list[dict
                 f'{len(dots)} all-reduces of partial sums done as one of their sum (psum(a) + '
                 f'psum(b) = psum(a + b)): its operand adds the products of '
                 f'{", ".join("%" + d.name for d in dots[:3])}, as the backward sums one input\'s '
-                'gradients from its uses',
+                'gradients from its uses', n,
             ))  # fmt: skip
             continue
         result = element_of(module, op, n, len(c.shapes) > 1)
@@ -171,7 +175,7 @@ def all_reduce_parts(module: Module, found: Found, op: Instruction) -> list[dict
                 'reduce-scatter', each, each // n_dev, 'sliced',
                 f'a reduce-scatter done as an all-reduce of the whole '
                 f'{dtype}[{",".join(map(str, shape))}], each device then keeping its '
-                f'{_shape(slices[0].type)} (%{slices[0].name})',
+                f'{_shape(slices[0].type)} (%{slices[0].name})', n,
             ))  # fmt: skip
     return out
 
@@ -212,7 +216,7 @@ def padded(module: Module, found: Found) -> list[dict]:
             f'{_shape(operand_of(module, pad, 0).type)} padded to {_shape(pad.type)} (%{pad.name}, '
             f'padding={amount.group(1) if amount else "?"}) to split into {c.group_size} tiles: '
             f'each device keeps a [{",".join(map(str, shape))}] tile holding '
-            f'{unpadded // c.group_size:,} elements of its own',
+            f'{unpadded // c.group_size:,} elements of its own', n,
         ))  # fmt: skip
     return parts
 

@@ -18,7 +18,7 @@ def gradient(s: Step) -> list[Expected]:
     for a in s.arrays:
         axes = averaged_over(s.plan, a)
         if math.prod(s.plan.size(x) for x in axes) > 1:
-            groups[axes] = groups.get(axes, 0) + a.shard(s.plan)
+            groups[axes] = groups.get(axes, 0) + s.grads(a.shard(s.plan))
     return [
         Expected('gradient', 'all-reduce', axes, 'outside-grad', total, 1,
                  f"the gradients' mean over {'/'.join(axes)}: each device's shard of every "
@@ -31,7 +31,8 @@ def fsdp(s: Step) -> list[Expected]:
     """ZeRO-3 over 'fsdp' (n devices): a split array's gather brings back its shard x n, its
     gradient's reduce-scatter leaves the shard; an array fsdp cannot split is all-reduced over
     'fsdp'. The stacked blocks per layer, where it runs: forward, and again in the backward
-    (the checkpointed layer is recomputed), with the reduce-scatter; the rest once a step."""
+    (the checkpointed layer is recomputed), with the reduce-scatter; the rest once a step.
+    The gathers move --dtype (bf16: half float32's bytes), the gradients --reduce_dtype."""
     n = s.plan.size(FSDP)
     if n == 1:
         return []
@@ -44,30 +45,31 @@ def fsdp(s: Step) -> list[Expected]:
         whole = sum(a.shard(s.plan) for a in arrays if FSDP not in a.axes)
         if not stacked:
             out += [
-                Expected('fsdp', 'all-gather', (FSDP,), 'outside-grad', split * n, 1,
+                Expected('fsdp', 'all-gather', (FSDP,), 'outside-grad', s.weights(split * n), 1,
                          'the arrays outside the layers, gathered once before grad'),
-                Expected('fsdp', 'reduce-scatter', (FSDP,), 'outside-grad', split, 1,
+                Expected('fsdp', 'reduce-scatter', (FSDP,), 'outside-grad', s.grads(split), 1,
                          "their gradients' mean, each device keeping its shard"),
-                Expected('fsdp', 'all-reduce', (FSDP,), 'outside-grad', whole, 1,
+                Expected('fsdp', 'all-reduce', (FSDP,), 'outside-grad', s.grads(whole), 1,
                          "the arrays fsdp cannot split (a size n does not divide): dp's mean"),
             ]  # fmt: skip
             continue
         k, trips = s.layers, s.per_layer
         if s.plan.size(STAGE) > 1:  # XLA hoists the forward's gathers out of the ticks' loop
-            gather = Expected('fsdp', 'all-gather', (FSDP,), 'outside-grad', split * n // k, k,
+            gather = Expected('fsdp', 'all-gather', (FSDP,), 'outside-grad',
+                              s.weights(split * n // k), k,
                               "each of the stage's layers gathered once, before the ticks: the "
                               'weights do not change between ticks, and XLA hoists the '
                               'gathers out of the loop (they stay whole through the forward)')
         else:
-            gather = Expected('fsdp', 'all-gather', (FSDP,), 'forward', split * n // k, trips,
-                              'one layer gathered where it runs')
+            gather = Expected('fsdp', 'all-gather', (FSDP,), 'forward', s.weights(split * n // k),
+                              trips, 'one layer gathered where it runs')
         out += [
             gather,
-            Expected('fsdp', 'all-gather', (FSDP,), 'backward', split * n // k, trips,
+            Expected('fsdp', 'all-gather', (FSDP,), 'backward', s.weights(split * n // k), trips,
                      'gathered again: the checkpointed layer is recomputed'),
-            Expected('fsdp', 'reduce-scatter', (FSDP,), 'backward', split // k, trips,
+            Expected('fsdp', 'reduce-scatter', (FSDP,), 'backward', s.grads(split // k), trips,
                      "the layer's gradient, reduce-scattered where it is formed"),
-            Expected('fsdp', 'all-reduce', (FSDP,), 'backward', whole // k, trips,
+            Expected('fsdp', 'all-reduce', (FSDP,), 'backward', s.grads(whole // k), trips,
                      "the layer's arrays fsdp cannot split: their gradients' mean"),
         ]  # fmt: skip
     return [e for e in out if e.bytes]
@@ -80,14 +82,14 @@ def model(s: Step) -> list[Expected]:
         return []
     if s.model == 'mlp':  # the second layer is row-parallel; the first's input is the data
         width = MLPConfig().layer_sizes[1]
-        return [Expected('model', 'all-reduce', (MODEL,), 'forward', s.rows * width * 4, 1,
+        return [Expected('model', 'all-reduce', (MODEL,), 'forward', s.rows * width * s.itemsize, 1,
                          "the row-parallel second layer's partial sums (no backward one: the "
                          "first layer's input is the data)")]  # fmt: skip
     act = nbytes(s.activation, s.itemsize)
     ffn = nbytes(s.slots, s.itemsize) if s.moe else act  # MoE: the experts' slots, [E, b, cap, C]
     out = [
         Expected('model', 'all-reduce', (MODEL,), 'forward', act, s.per_layer,
-                 "attention out's partial sums, f32" + str(list(s.activation))),
+                 "attention out's partial sums, " + str(list(s.activation))),
         Expected('model', 'all-reduce', (MODEL,), 'forward', ffn, s.per_layer,
                  "the feed-forward down's partial sums" + (' (per expert slot)' if s.moe else '')),
         Expected('model', 'all-reduce', (MODEL,), 'backward', act, 2 * s.per_layer,
@@ -107,7 +109,7 @@ def model(s: Step) -> list[Expected]:
 
 def seq(s: Step) -> list[Expected]:
     """Context parallelism's ring (shard_parity/model/ring.py), n devices round 'seq': per
-    attention layer n - 1 passes of its K/V block, f32[b, T/n, K/m, D], forward; in the backward
+    attention layer n - 1 passes of its K/V block, [b, T/n, K/m, D] in --dtype, forward; in the backward
     n - 1 passes of the keys, values and their gradients so far, and one more of the gradients.
     Under 'fsdp' the checkpointed layer is recomputed: its forward ring runs again in the
     backward. At n = 2 the loops run once: XLA inlines them and the backward's first pass of
@@ -116,7 +118,7 @@ def seq(s: Step) -> list[Expected]:
     n = s.plan.size(SEQ)
     if n == 1:
         return []
-    each = nbytes(ring_block(s))
+    each = nbytes(ring_block(s), s.itemsize)
     shared = n == 2 and (s.remat or not s.plan.uses(STAGE))  # else in two loops: no CSE
     backward = 4 * (n - 1) + 2 + (2 * (n - 1) if s.remat else 0) - (2 if shared else 0)
     twins = ('explicit', 'typed')  # those with a RING; auto's attention is XLA's

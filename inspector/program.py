@@ -14,7 +14,7 @@ import time
 import jax
 import numpy as np
 
-from . import cost, surprises
+from . import asked, cost, surprises
 from . import target as targets
 from .attribute import attribute
 from .hlo import logical
@@ -47,30 +47,37 @@ def captured_stderr(into: list):
 
 
 def compile_with_warnings(lowered):
-    """(compiled, the partitioner's warnings printed while compiling)."""
+    """(compiled, the partitioner's warnings printed while compiling, the partitioned program's
+    text: inspector/asked.py)."""
     return compile_all([('program', lowered)])['program']
 
 
 def compile_all(named_lowered) -> dict:
-    """{name: (compiled, its partitioner warnings)} for an iterable of (name, lowered program);
-    compiled is a target.DoesNotFit where the target's compiler found its HBM too small.
-    Compiles on two threads (XLA releases the GIL), so that the next program is traced and
-    lowered (Python) while the previous one compiles. A warning goes to the program whose HLO
-    carries its op_name, or to every program when none does."""
+    """{name: (compiled, its partitioner warnings, its partitioned program's text)} for an
+    iterable of (name, lowered program); compiled is a target.DoesNotFit where the target's
+    compiler found its HBM too small. Compiles on two threads (XLA releases the GIL), so that
+    the next program is traced and lowered (Python) while the previous one compiles. A warning
+    goes to the program whose HLO carries its op_name, or to every program when none does.
+    Nothing is written to JAX's persistent cache (target.uncached): what each compile dumps is
+    read (inspector/asked.py), and an executable read back from a cache dumps nothing."""
     logs, futures = [], {}
-    with captured_stderr(logs), concurrent.futures.ThreadPoolExecutor(2) as pool:
+    with contextlib.ExitStack() as stack, targets.uncached():
+        stack.enter_context(captured_stderr(logs))
+        pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(2))
         for name, lowered in named_lowered:
-            futures[name] = pool.submit(lowered.compile)
-        compiled = {}
-        for name, f in futures.items():
+            options, read = stack.enter_context(asked.dumping())
+            futures[name] = (pool.submit(lowered.compile, options), read)
+        compiled, partitioned = {}, {}
+        for name, (f, read) in futures.items():
             try:
                 compiled[name] = f.result()
             except Exception as e:  # a target's compiler refuses what its HBM cannot hold
                 if (why := does_not_fit(e)) is None:
                     raise
                 compiled[name] = DoesNotFit(why)  # reported as such; the others still are
+            partitioned[name] = read()
     texts = {n: c.as_text() for n, c in compiled.items() if not isinstance(c, DoesNotFit)}
-    out = {name: (c, []) for name, c in compiled.items()}
+    out = {name: (c, [], partitioned[name]) for name, c in compiled.items()}
     for w in surprises.remat_warnings(logs[0]):
         owners = [n for n, t in texts.items() if w['op_name'] and f'"{w["op_name"]}"' in t]
         for name in owners or list(out):
@@ -98,8 +105,9 @@ def flops(compiled, module: Module) -> float:
     return total
 
 
-def analyse(compiled, mesh, hardware: str, warnings=(), target=None) -> dict:
-    """{'ops': one record per collective, 'predicted': the step on `hardware`, 'warnings'};
+def analyse(compiled, mesh, hardware: str, warnings=(), target=None, partitioned='') -> dict:
+    """{'ops': one record per collective, 'predicted': the step on `hardware`, 'warnings',
+    'asked': the collectives of the `partitioned` program (its text, compile_all's third)};
     for a `target` (inspector/target.py) also 'memory' per device against its HBM, and the
     target compiler's own cost figures under predicted['target_cost']."""
     if isinstance(compiled, DoesNotFit):
@@ -130,7 +138,9 @@ def analyse(compiled, mesh, hardware: str, warnings=(), target=None) -> dict:
         'step_us': [round(lo, 3), round(hi, 3)],
         'loops_without_trip_count': sorted(module.unknown_trip),
     }
-    result = {'ops': ops, 'predicted': predicted, 'warnings': list(warnings)}
+    asked_ops = asked.collectives(partitioned, mesh)
+    asked.compare(ops, asked_ops, target.platform if target is not None else backend_of(mesh))
+    result = {'ops': ops, 'predicted': predicted, 'warnings': list(warnings), 'asked': asked_ops}
     if target is not None:
         result['memory'] = memory(compiled, target)
         predicted['target_cost'] = own_cost(compiled)
@@ -165,6 +175,12 @@ def measure_us(compiled, args) -> float:
         jax.block_until_ready(compiled(*fresh))
         times.append(time.perf_counter() - t)
     return round(float(np.median(times[1:])) * 1e6, 1)
+
+
+def backend_of(mesh) -> str:
+    """The platform a program for `mesh` is compiled for here ('cpu', 'gpu', 'tpu')."""
+    devices = getattr(mesh, 'devices', None)
+    return devices.flat[0].platform if devices is not None else jax.default_backend()
 
 
 def _mesh_of(args):
@@ -245,12 +261,11 @@ def inspect(jitted, *args, hardware: str | None = None, mesh=None, name: str = '
                 'devices= argument (--program)'
             ) from e
         raise
-    with targets.uncached(chosen is not None):
-        compiled, warnings = compile_with_warnings(lowered)
+    compiled, warnings, partitioned = compile_with_warnings(lowered)
     if isinstance(compiled, DoesNotFit):  # one program: nothing else to report
         raise TargetError(f'the program does not fit {target}: {compiled.reason}')
     mesh = mesh or _mesh_of(args)
-    result = analyse(compiled, mesh, hardware, warnings, chosen)
+    result = analyse(compiled, mesh, hardware, warnings, chosen, partitioned)
     if measure:
         result['predicted']['measured_us'] = measure_us(compiled, args)
     found = surprises.program_surprises(result, _whole_arrays(args), expect_gathers)

@@ -1,7 +1,8 @@
 """What the expectation reads of one train step (inspector/expect.py): each parameter's bytes and
 the mesh axes its layout splits it over (`Array`, from shard_parity/placement.py), the plan and
-the step's shapes (`Step`: rows per device, microbatches, ticks, layers, activations), and the
-record the pieces return (`Expected`: identical collectives of one axis's piece).
+the step's shapes (`Step`: rows per device, microbatches, ticks, layers, activations, and the
+precision policy's dtypes: weights gathered in --dtype, gradients reduced in --reduce_dtype),
+and the record the pieces return (`Expected`: identical collectives of one axis's piece).
 """
 
 import dataclasses
@@ -90,8 +91,17 @@ class Step:
         return (self.rows // self.m, self.c.seq_len // self.plan.size(SEQ), self.c.embed_dim)
 
     @property
-    def itemsize(self) -> int:
-        return np.dtype(self.c.compute_dtype).itemsize
+    def itemsize(self) -> int:  # the compute dtype's (--dtype): activations, gathered weights
+        return np.dtype(self.plan.precision.compute).itemsize
+
+    def weights(self, nbytes: int) -> int:
+        """`nbytes` of parameters (held in the policy's param dtype) gathered in --dtype."""
+        return nbytes * self.itemsize // np.dtype(self.plan.precision.param).itemsize
+
+    def grads(self, nbytes: int) -> int:
+        """`nbytes` of parameters' gradients, reduced in --reduce_dtype."""
+        reduce = np.dtype(self.plan.precision.reduce).itemsize
+        return nbytes * reduce // np.dtype(self.plan.precision.param).itemsize
 
     @property
     def slots(self) -> tuple[int, ...]:  # a MoE layer's slots, [E, b, cap, C]

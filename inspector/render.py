@@ -6,6 +6,8 @@ import collections
 import contextlib
 import io
 
+SHORT = {'float16': 'f16', 'bfloat16': 'bf16', 'float32': 'f32', 'float64': 'f64'}
+
 
 def print_report(r: dict) -> None:
     print(
@@ -28,16 +30,18 @@ def print_report(r: dict) -> None:
         f"{x['group_size']} devices; a ring moves {x['ring_bytes_per_device']:,.0f} bytes per "
         f"device.\n  {x['note']}"
     )
+    dtype = SHORT[r.get('precision', {}).get('compute', 'float32')]  # what --dtype moves
     if ring := x.get('ring'):
         print(
             f"expected (explicit): {ring['count']} collective-permutes ({ring['per_layer']} per "
-            f"attention layer, {ring['runs_per_layer']} run) of f32{list(ring['shape'])} blocks, "
+            f"attention layer, {ring['runs_per_layer']} run) of {dtype}{list(ring['shape'])} "
+            'blocks, '
             f"{ring['bytes_each']:,} bytes each, "
             f"{ring['bytes']:,} in all.\n  {ring['note']}"
         )
     if a := x['activations']:
         print(
-            f"expected: {a['count']} all-reduce(s) of f32{list(a['shape'])} activations over "
+            f"expected: {a['count']} all-reduce(s) of {dtype}{list(a['shape'])} activations over "
             f"{a['group_size']} devices, {a['bytes']:,} bytes.\n  {a['note']}"
         )
     for name in [n for n in r['programs'] if n != 'one_device']:
@@ -45,6 +49,7 @@ def print_report(r: dict) -> None:
         for op in r['programs'][name]:
             got[op['kind']] += op['bytes']
         print(f'{name:<10} moves ' + ', '.join(f'{k} {v:,} bytes' for k, v in got.items()))
+    print_dtypes(r)
     for key, pair in (
         ('differences', 'auto and explicit'),
         ('typed_differences', 'typed and explicit'),
@@ -54,6 +59,32 @@ def print_report(r: dict) -> None:
         print(f'\ndifferences between {pair}: ' + ('none' if not r[key] else ''))
         for d in r[key]:
             print(f'  - {d}')
+
+
+def _counts(by_dtype: dict) -> str:
+    return ', '.join(f'{n} {d}' for d, n in sorted(by_dtype.items(), key=lambda kv: -kv[1]))
+
+
+def print_dtypes(r: dict) -> None:
+    """Per program, what each traffic carries against the precision policy (inspector/policy.py):
+    operands asked for (the partitioned program) and carried (the compiled one), with why a
+    carried dtype differs."""
+    if not r.get('dtypes'):
+        return
+    p = r['precision']
+    print(f"\nDtypes against the precision policy (--dtype={p['compute']} --reduce_dtype="
+          f"{p['reduce']}; metrics {p['param']}), operands per step: asked for (the partitioned "
+          'program) / carried (the compiled one):')  # fmt: skip
+    print(f"{'program':<10} {'traffic':<10} {'kind':<18} {'axes':<10} {'phase':<12} {'wants':<5} "
+          f"{'asked':<20} {'carried':<20}")  # fmt: skip
+    for name, rows in r['dtypes'].items():
+        for row in rows:
+            off = '  off the policy' if row['surprise'] else ''
+            print(f"{name:<10} {row['traffic']:<10} {row['kind']:<18} {row['axes']:<10} "
+                  f"{row['phase']:<12} {row['wanted']:<5} {_counts(row['asked']):<20} "
+                  f"{_counts(row['carried']):<20}{off}")  # fmt: skip
+            for reason in row['reasons']:
+                print(f'      - {reason}')
 
 
 def print_attribution(r: dict) -> None:

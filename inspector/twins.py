@@ -5,6 +5,7 @@ with each other: whatever auto/ moves that explicit/ does not (`differences`), a
 against explicit/ (`typed_differences`), now with the lines on both sides (`difference_lines`)."""
 
 import collections
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ from shard_parity import config as cfg
 from shard_parity.runtime import tasks
 from shard_parity.step import create_state, make_optimizer, one_device_train_step, strategy_file
 
-from . import cost, hosts as by_host, reconcile, surprises
+from . import cost, hosts as by_host, policy, reconcile, surprises
 from . import target as targets
 from .attribute import shorten
 from .expect import expectation
@@ -96,12 +97,15 @@ def read_steps(steps, weights, plan, hardware, measure, target=None) -> dict:
     compiled_steps = compile_all(lowered())
     out = {}
     for name, (twin_mesh, args, source) in meta.items():
-        compiled, logs = compiled_steps[name]
-        result = out[name] = analyse(compiled, twin_mesh, hardware, logs, target)
+        compiled, logs, partitioned = compiled_steps[name]
+        result = out[name] = analyse(compiled, twin_mesh, hardware, logs, target, partitioned)
         expect = (FSDP,) if twin_mesh and plan.uses(FSDP) else ()  # gathers
         result['surprises'] = (
             surprises.program_surprises(result, weights, expect) if twin_mesh else []
         )
+        if twin_mesh:  # each operand's dtype against the precision policy
+            result['surprises'] += policy.audit(result['ops'], plan)
+            result['dtypes'] = policy.rows(result['ops'])
         if measure:
             result['predicted']['measured_us'] = measure_us(compiled, args)
         result['source'] = {'file': source, 'bytes_by_line': bytes_by_line(result['ops'], source)}
@@ -135,8 +139,7 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, plan, model_config=None,
         (jax.tree_util.keystr(p), int(np.prod(x.shape)))
         for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
     ]
-    with targets.uncached(chosen is not None):
-        read = read_steps(steps, weights, plan, hardware, measure and not chosen, chosen)
+    read = read_steps(steps, weights, plan, hardware, measure and not chosen, chosen)
     if hosts > 1:
         for result in read.values():
             by_host.price(result, over_hosts, hardware)
@@ -168,6 +171,8 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, plan, model_config=None,
         'hardware': hardware,
         'hardware_note': cost.HARDWARE[hardware].sources,
         'programs': programs,
+        'precision': dataclasses.asdict(plan.precision),
+        'dtypes': {name: r['dtypes'] for name, r in read.items() if 'dtypes' in r},
         'predicted': {name: r['predicted'] for name, r in read.items()},
         'warnings': {name: r['warnings'] for name, r in read.items()},
         'surprises': found,

@@ -77,7 +77,9 @@ def _bwd(transposed, out, grad, saved, g):  # g: [..., N]
         *((g, x) if transposed else (x, g)), rows, out_sharding=where,
         preferred_element_type=other(grad, x),
     )  # fmt: skip
-    return dx, dw.astype(w.dtype)  # dw: [N, K] or [K, N], as w
+    # dw: [N, K] or [K, N], as w; float32 (as formed, in `grad`) where w is a bfloat16 copy:
+    # rounded to it first, XLA may reduce it over devices in bfloat16 (the policy's reduce)
+    return dx, dw.astype(jnp.promote_types(w.dtype, dw.dtype))
 
 
 matmul.defvjp(_fwd, _bwd)
@@ -165,19 +167,23 @@ def typed_partials(x, w, transposed: bool):
     return NamedSharding(sx.mesh, P(*dims, unreduced=axes))
 
 
-def lookup(embed: nnx.Embed, ids):
+def lookup(embed: nnx.Embed, ids, shape=None):
     """embed(ids): rows of the table, [*ids.shape, C] in the compute dtype. The rows are taken
     from the float32 table and then cast (nnx.Embed casts the whole table first), so that the
     table's gradient, a scatter-add of the rows', adds in float32 (the precision policy; in
-    float32 the same program as embed(ids)). In Explicit mode `jnp.take` has no sharding rule
-    for a table indexed by a split array of ids (jax#28111), so the gather says its output's
-    sharding itself: the ids', with the features whole."""
+    float32 the same program as embed(ids)). `shape`: the rows broadcast to it before the cast
+    (the positions' [T, C] to the batch's [B, T, C]), so that the sum of their gradient over
+    the rows, which the batch axes' devices then reduce, is float32 too. In Explicit mode
+    `jnp.take` has no sharding rule for a table indexed by a split array of ids (jax#28111), so
+    the gather says its output's sharding itself: the ids', with the features whole."""
     table, sharding = embed.embedding[...], typed(ids)
     dtype = embed.dtype or table.dtype
     if sharding is None:
-        return jnp.take(table, ids, axis=0).astype(dtype)
-    out = NamedSharding(sharding.mesh, P(*sharding.spec.partitions, None))
-    return table.at[ids].get(out_sharding=out).astype(dtype)
+        rows = jnp.take(table, ids, axis=0)
+    else:
+        out = NamedSharding(sharding.mesh, P(*sharding.spec.partitions, None))
+        rows = table.at[ids].get(out_sharding=out)
+    return (rows if shape is None else jnp.broadcast_to(rows, shape)).astype(dtype)
 
 
 def cross_entropy(logits, labels):
@@ -288,7 +294,9 @@ def _layer_norm_bwd(epsilon, saved, g):
         dscale = (g32 * normed).reshape(-1, normed.shape[-1]).sum(0)
     else:  # Explicit mode has no reshape of [B, T@seq, C] to rows (a pipeline's microbatch)
         dscale = (g32 * normed).sum(tuple(range(normed.ndim - 1)))
-    return dx.astype(g.dtype), dscale.astype(scale.dtype)
+    # the scale's gradient in float32 (as formed) where the scale is a bfloat16 copy: rounded
+    # to it first, XLA may reduce it over devices in bfloat16 (the precision policy's reduce)
+    return dx.astype(g.dtype), dscale.astype(jnp.promote_types(scale.dtype, dscale.dtype))
 
 
 layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)

@@ -241,9 +241,12 @@ class Transformer(nnx.Module):
                 x, cache = block(x, cache, index, sum_partials, attention, experts, moe_stats)
                 new_caches.append(cache)
         x = self.norm(x)
-        table = self.embed.embedding[...].astype(x.dtype)
-        # the head, tied to the embedding: float32 logits (float64 under the bisector's --x64)
-        logits = product(x, table, True, wide(x.dtype), self.cfg.reduce_dtype)
+        table = self.embed.embedding[...]
+        # the head, tied to the embedding: float32 logits (float64 under the bisector's --x64),
+        # its weight gradient in the reduce dtype; in the table's own where that is x's already
+        # (a copy gathered in --dtype: its lookup's gradient is in that dtype, and the two add)
+        grad = None if table.dtype == x.dtype else self.cfg.reduce_dtype
+        logits = product(x, table.astype(x.dtype), True, wide(x.dtype), grad)
         return logits, (None if caches is None else new_caches)
 
     def embedding(self, tokens, index=0, positions=None):
@@ -253,7 +256,8 @@ class Transformer(nnx.Module):
             positions = index + jnp.arange(tokens.shape[1])  # [T]
         if typed(tokens) is not None:  # Explicit mode: look positions up per row, as tokens
             positions = jax.reshard(jnp.broadcast_to(positions, tokens.shape), typed(tokens))
-        return lookup(self.embed, tokens) + lookup(self.pos, positions)
+        x = lookup(self.embed, tokens)
+        return x + lookup(self.pos, positions, x.shape)  # positions' rows broadcast, then cast
 
     def layers(self) -> list[Block]:
         """The L blocks, each a slice of the stacked params (the bisector names them blocks.i).

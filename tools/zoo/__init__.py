@@ -28,6 +28,9 @@ original's only in its BUG lines.
                       too, whose devices hold different shards of them
     composed_data_only  explicit/composed.py, the gradients averaged over 'data' alone (not
                       over 'seq' nor the experts' rows)
+    reduce_bf16       explicit/dp.py with the gradients all-reduced in bf16 whatever
+                      --reduce_dtype says: within a bf16 round-off, caught by the inspector's
+                      dtype audit (test_dtype_audit.py)
     loss_one_short    explicit/dp.py with the loss averaged over one position too few (sum /
                       B(T - 1)): 6% at T = 16, within a bf16 gradient's round-off, caught
                       by the loss's budget (docs/numerics.md; test_numerics.py)
