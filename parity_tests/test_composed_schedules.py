@@ -117,8 +117,12 @@ def schedule_loss_and_grads(module, case, text, twin=explicit):
     return fn(placed.params, place_batch(case.batches.batch(0), mesh, plan))
 
 
-@pytest.mark.slow  # 3-6 s each
-@pytest.mark.parametrize('name, text', GRID, ids=[f'{t}-{m}' for t, m in GRID])
+@pytest.mark.slow  # 3-6 s each; auto's and typed's in the exhaustive tier (the suite's time)
+@pytest.mark.parametrize(
+    'name, text',
+    [pytest.param(t, m, marks=[] if t == 'explicit' else [pytest.mark.exhaustive]) for t, m in GRID],
+    ids=[f'{t}-{m}' for t, m in GRID],
+)
 def test_a_composed_schedule_matches_the_one_device_run(name, text, one_device):
     """One step in float32: the loss (with experts, the auxiliary loss and dropped share too)
     and every gradient leaf, the twin's file for the plan (step.strategy_file: pp_1f1b.py)."""
@@ -288,6 +292,7 @@ SHAPE = ['--model=transformer', '--seq_len=16', '--num_layers=4', '--num_heads=4
 
 
 @pytest.mark.slow  # three CLI runs: about 60 s
+@pytest.mark.exhaustive
 def test_a_composed_1f1b_run_resumes_under_interleaved_on_another_mesh(tmp_path):
     """The train CLI: 4 steps of 1f1b on fsdp:2,model:2,stage:2, then 4 more of interleaved on
     data:2,seq:2,stage:2 from its checkpoint, end where 8 straight steps of the first end
