@@ -18,7 +18,8 @@ from shard_parity.plan import Plan
 from shard_parity import config as cfg
 from shard_parity.runtime import tasks
 from shard_parity.step import (
-    TrainState, create_state, make_optimizer, one_device_train_step, strategy_file,
+    TrainState, create_state, make_optimizer, one_device_loss_and_grads, one_device_train_step,
+    strategy_file,
 )  # fmt: skip
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -372,3 +373,19 @@ def inspect_collectives(model='mlp', strategy='dp', mesh=(8, 1), batch_size=None
     mesh = make_mesh(shape=mesh, axes=mesh_axes(strategy))
     report = inspect(model, config, mesh, plan_of(mesh, strategy, schedule=schedule), model_config)
     return json.loads(json.dumps(report))  # as the CLI's JSON: tuples become lists
+
+
+def one_device_grads():
+    """model config -> the one-device run's (case, metrics, gradients) on the first batch,
+    each computed once: what the composed files hold every mesh to (their fixtures)."""
+    cache = {}
+
+    def get(config):
+        if config not in cache:
+            case = make_case('transformer', config)
+            graphdef, _, state = fresh_state(case=case)
+            grads_fn = one_device_loss_and_grads(graphdef, case.loss_fn)
+            cache[config] = (case, *grads_fn(state.params, case.batches.batch(0)))
+        return cache[config]
+
+    return get

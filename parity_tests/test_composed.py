@@ -28,6 +28,7 @@ from parity_tests.helpers import (
     fresh_state,
     logits,
     make_case,
+    one_device_grads,
     one_device_runs,
     plan_of,
     read_metrics,
@@ -75,17 +76,7 @@ def mesh_of(text, twin=explicit):
 @pytest.fixture(scope='module')
 def one_device():
     """model config -> the one-device run's (case, metrics, gradients), computed once."""
-    cache = {}
-
-    def get(config):
-        if config not in cache:
-            case = make_case('transformer', config)
-            graphdef, _, state = fresh_state(case=case)
-            grads_fn = one_device_loss_and_grads(graphdef, case.loss_fn)
-            cache[config] = (case, *grads_fn(state.params, case.batches.batch(0)))
-        return cache[config]
-
-    return get
+    return one_device_grads()
 
 
 def composed_loss_and_grads(module, case, mesh):

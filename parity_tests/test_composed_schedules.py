@@ -36,6 +36,7 @@ from parity_tests.helpers import (
     assert_trees_close,
     fresh_state,
     make_case,
+    one_device_grads,
     one_device_runs,
     plan_of,
     read_metrics,
@@ -51,7 +52,7 @@ from shard_parity.mesh import mesh_for
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import activations, place_batch, place_state
 from shard_parity.runtime import segments, tasks
-from shard_parity.step import make_optimizer, one_device_loss_and_grads, strategy_file
+from shard_parity.step import make_optimizer, strategy_file
 from shard_parity.tools import divergence as D
 from shard_parity.tools import runs
 from shard_parity.tools.zoo import pp_1f1b_wrong_slot
@@ -95,17 +96,7 @@ def plan_for(mesh, text):
 @pytest.fixture(scope='module')
 def one_device():
     """model config -> the one-device run's (case, metrics, gradients), computed once."""
-    cache = {}
-
-    def get(config):
-        if config not in cache:
-            case = make_case('transformer', config)
-            graphdef, _, state = fresh_state(case=case)
-            grads_fn = one_device_loss_and_grads(graphdef, case.loss_fn)
-            cache[config] = (case, *grads_fn(state.params, case.batches.batch(0)))
-        return cache[config]
-
-    return get
+    return one_device_grads()
 
 
 def schedule_loss_and_grads(module, case, text, twin=explicit):
