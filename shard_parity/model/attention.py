@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from shard_parity.model.ops import vary_like, wide
+from shard_parity.model.ops import merge, split, vary_like, wide
 
 
 def causal_mask(t: int, s: int, offset=0, valid=None):
@@ -72,10 +72,9 @@ def blockwise(q, k, v, offset=0, valid=None):
 
 
 def _blocks(x, block):  # [B, S, K, D] -> [S/block, B, block, K, D], zero-padded
-    b, s, kv, d = x.shape
-    pad = -s % block
+    pad = -x.shape[1] % block
     x = jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
-    return x.reshape(b, (s + pad) // block, block, kv, d).swapaxes(0, 1)
+    return split(x, 1, (-1, block)).swapaxes(0, 1)
 
 
 def _block_scores(qs, kj, j, block, s, offset, valid):
@@ -90,7 +89,7 @@ def _block_scores(qs, kj, j, block, s, offset, valid):
 
 def _grouped(q, kv_heads):  # [B, T, H, D] -> float32 [B, T, K, H/K, D], scaled by 1/sqrt(D)
     b, t, h, d = q.shape  # (float64 for float64 inputs: the bisector's --x64, the x64 tests)
-    return q.astype(wide(q.dtype)).reshape(b, t, kv_heads, h // kv_heads, d) / jnp.sqrt(d)
+    return split(q.astype(wide(q.dtype)), 2, (kv_heads, h // kv_heads)) / jnp.sqrt(d)
 
 
 def _operands(q, k, v):
@@ -116,7 +115,7 @@ def _blockwise_forward(q, k, v, offset=0, valid=None):
         step, _softmax_start(qs, kb), (kb, vb, jnp.arange(kb.shape[0]))
     )
     out = acc / jnp.moveaxis(total, 3, 1)[..., None]
-    return out.reshape(b, t, h, d).astype(q.dtype), top + jnp.log(total)
+    return merge(out, 2, 2).astype(q.dtype), top + jnp.log(total)
 
 
 def _softmax_start(qs, *refs):
@@ -151,11 +150,11 @@ def _flash_fwd(q, k, v):
 def _flash_bwd(saved, g):
     q, k, v, out, lse = saved
     b, t, h, d = q.shape
-    s, kv_heads = k.shape[1], k.shape[2]
+    s = k.shape[1]
     qs, kb, vb, block = _operands(q, k, v)
-    g = g.astype(qs.dtype).reshape(qs.shape)
+    g = split(g.astype(qs.dtype), 2, qs.shape[2:4])
     # d(softmax) needs each query's sum_j p_j dp_j, which is its row of g . out
-    delta = jnp.moveaxis((g * out.astype(qs.dtype).reshape(qs.shape)).sum(-1), 1, 3)
+    delta = jnp.moveaxis((g * split(out.astype(qs.dtype), 2, qs.shape[2:4])).sum(-1), 1, 3)
 
     def step(dq, xs):
         kj, vj, j = xs
@@ -171,9 +170,9 @@ def _flash_bwd(saved, g):
     )
 
     def unblock(x):  # [S/block, B, block, K, D] -> [B, S, K, D]
-        return x.swapaxes(0, 1).reshape(b, -1, kv_heads, d)[:, :s]
+        return merge(x.swapaxes(0, 1), 1, 2)[:, :s]
 
-    dq = (dq / jnp.sqrt(d)).reshape(q.shape)
+    dq = merge(dq / jnp.sqrt(d), 2, 2)
     return dq.astype(q.dtype), unblock(dk).astype(k.dtype), unblock(dv).astype(v.dtype)
 
 

@@ -107,7 +107,9 @@ class Experts(nnx.Module):
 
     def one(self, i: int, x, sum_partials=None):  # expert i alone: x [B, cap, C]
         h = gelu(jnp.einsum('bcd,dh->bch', x, self.up[i].astype(x.dtype)))
-        return added(jnp.einsum('bch,hd->bcd', h, self.down[i].astype(x.dtype)), sum_partials)
+        down = self.down[i].astype(x.dtype)  # as __call__'s: h's 4C split gives partial sums
+        y = jnp.einsum('bch,hd->bcd', h, down, out_sharding=typed_partials(h, down, False))
+        return added(y, sum_partials)
 
 
 def added(y, sum_partials):

@@ -28,6 +28,7 @@ bfloat16 first. What each saved is measured in docs/benchmarks.md.
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -165,6 +166,37 @@ def typed_partials(x, w, transposed: bool):
     axes = frozenset(split if isinstance(split, tuple) else (split,))
     dims = (*xs[:-1], ws[-2 if transposed else -1])
     return NamedSharding(sx.mesh, P(*dims, unreduced=axes))
+
+
+def split(x, axis: int, sizes):
+    """x with dimension `axis` split into `sizes` (one may be -1). In Explicit mode that
+    dimension's split goes to the first of them, as tensor parallelism means it (heads, then
+    key-value heads): JAX's reshape rule skips a dimension of size 1, so with one (key-value)
+    head on a 'model' axis of 1 it split the head's features, and the attention's einsums then
+    met 'model' twice (fuzzer, 2026-12-05). Elsewhere a plain reshape."""
+    sizes = list(sizes)
+    if -1 in sizes:
+        known = math.prod(n for n in sizes if n != -1)
+        sizes[sizes.index(-1)] = x.shape[axis] // known
+    shape = (*x.shape[:axis], *sizes, *x.shape[axis + 1 :])
+    sharding = typed(x)
+    if sharding is None:
+        return x.reshape(shape)
+    spec = sharding.spec.partitions + (None,) * (x.ndim - len(sharding.spec.partitions))
+    out = (*spec[:axis], spec[axis], *(None,) * (len(sizes) - 1), *spec[axis + 1 :])
+    return jax.lax.reshape(x, shape, out_sharding=NamedSharding(sharding.mesh, P(*out)))
+
+
+def merge(x, axis: int, count: int):
+    """x with dimensions axis .. axis+count-1 merged into one, whose split is the first's in
+    Explicit mode (split's inverse; JAX's rule drops a split on a dimension of size 1)."""
+    shape = (*x.shape[:axis], math.prod(x.shape[axis : axis + count]), *x.shape[axis + count :])
+    sharding = typed(x)
+    if sharding is None:
+        return x.reshape(shape)
+    spec = sharding.spec.partitions + (None,) * (x.ndim - len(sharding.spec.partitions))
+    out = (*spec[: axis + 1], *spec[axis + count :])
+    return jax.lax.reshape(x, shape, out_sharding=NamedSharding(sharding.mesh, P(*out)))
 
 
 def lookup(embed: nnx.Embed, ids, shape=None):

@@ -24,7 +24,17 @@ from shard_parity import UsageError
 from shard_parity.model.attention import ATTENTION
 from shard_parity.model.mlp import linear
 from shard_parity.model.moe import MoE, check_experts
-from shard_parity.model.ops import Dot, LayerNorm, gelu, lookup, product, typed, wide
+from shard_parity.model.ops import (
+    Dot,
+    LayerNorm,
+    gelu,
+    lookup,
+    merge,
+    product,
+    split,
+    typed,
+    wide,
+)
 
 normal = nnx.initializers.normal
 
@@ -121,10 +131,10 @@ class CausalSelfAttention(nnx.Module):
         b, t, _ = x.shape
         cfg = self.cfg
         # -1: all H heads, or under explicit tensor parallelism this device's H/m
-        q = self.query(x).reshape(b, t, -1, cfg.head_dim)  # [B, T, H, D]
+        q = split(self.query(x), 2, (-1, cfg.head_dim))  # [B, T, H, D]
         # Per head [k | v], as Megatron lays out its fused projection: a split of the columns
         # over devices falls between heads, and each device gets whole keys and values.
-        k, v = jnp.split(self.key_value(x).reshape(b, t, -1, 2 * cfg.head_dim), 2, 3)
+        k, v = jnp.split(split(self.key_value(x), 2, (-1, 2 * cfg.head_dim)), 2, 3)
         if cache is None:  # training, or the padded generation path: the whole window at once
             y = (attention or ATTENTION[cfg.attention])(q, k, v)
         else:  # write this chunk's keys and values at `index`, attend over everything written
@@ -132,7 +142,7 @@ class CausalSelfAttention(nnx.Module):
             v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, index, 0, 0))
             y = ATTENTION[cfg.attention](q, k, v, offset=index, valid=index + t)
             cache = (k, v)  # [B, S, K, D] each
-        return linear(self.out, y.reshape(b, t, -1), sum_partials), cache
+        return linear(self.out, merge(y, 2, 2), sum_partials), cache
 
 
 class FeedForward(nnx.Module):
