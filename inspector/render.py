@@ -24,6 +24,8 @@ def print_report(r: dict) -> None:
             dtypes = ','.join(sorted(set(op['dtypes'])))
             head = f"{name:<10} {op['kind']:<12} {op['group_size']:>5} {dtypes:<6}"
             print(f"{head} {op['bytes']:>12,}  {shapes}")
+    for name, line in r.get('refused', {}).items():
+        print(f'{name:<10} refused: {line}')
     x = r['expected']
     print(
         f"\nexpected: {x['kind']} of the {x['gradient_bytes']:,} gradient bytes over "

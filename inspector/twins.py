@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from shard_parity import auto, explicit, typed
+from shard_parity import UsageError, auto, explicit, typed
 from shard_parity.mesh import FSDP, STAGE, with_axis_type
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
@@ -52,12 +52,22 @@ def with_sharding(tree, mesh, spec):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree)
 
 
-def lowered_steps(model, config, mesh, plan, model_config, one_device=None):
+def lowered_steps(model, config, mesh, plan, model_config, one_device=None, refused=None):
     """The abstract params, and a generator of (name, (lowered train step, its mesh, its
     abstract args, its strategy file)): lowered one at a time, as the compiler asks for them.
-    Each twin runs its file for `plan` (step.strategy_file, as the train CLI does).
+    Each twin runs its file for `plan` (step.strategy_file, as the train CLI does); auto or
+    typed, where it refuses the plan (--reduce_dtype=bfloat16), is left out and its one line
+    goes into `refused` ({twin: line}); explicit/, the reference, refuses for all.
     `one_device`: the device the one-device program is compiled for (a --target's first;
     default: this process's default device)."""
+    modules = {}
+    for twin in (auto, explicit, typed):
+        try:
+            modules[twin.NAME] = strategy_file(twin, plan)
+        except UsageError as e:
+            if twin is explicit or refused is None:
+                raise
+            refused[twin.NAME] = str(e)
     make_model, loss_fn, batch = model_and_batch(model, config.batch_size, model_config)
     tx = make_optimizer(config)
     graphdef, state = nnx.eval_shape(lambda: create_state(make_model(nnx.Rngs(0)), tx))
@@ -69,13 +79,13 @@ def lowered_steps(model, config, mesh, plan, model_config, one_device=None):
             s = jax.sharding.SingleDeviceSharding(one_device)
             args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args)
         yield 'one_device', (step.lower(*args), None, args, None)
-        for twin in (auto, explicit, typed):
+        for twin in (t for t in (auto, explicit, typed) if t.NAME in modules):
             twin_mesh = with_axis_type(mesh, twin.AXIS_TYPE)  # typed/: the same devices, Explicit
             shardings = state_shardings(state, twin_mesh, plan)
             abstract = jax.tree.map(
                 lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
             )
-            module = strategy_file(twin, plan)
+            module = modules[twin.NAME]
             step = module.train_step(graphdef, loss_fn, tx, twin_mesh, plan)
             args = (abstract, with_sharding(batch, twin_mesh, rows(plan)))
             yield twin.NAME, (step.lower(*args), twin_mesh, args, shorten(module.__file__))
@@ -134,7 +144,8 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, plan, model_config=None,
     chosen = targets.get(target) if target else None
     hardware = chosen.hardware if chosen else hardware
     one = mesh.devices.flat[0] if chosen else None
-    params, steps = lowered_steps(model, config, mesh, plan, model_config, one_device=one)
+    refused = {}
+    params, steps = lowered_steps(model, config, mesh, plan, model_config, one, refused)
     weights = [
         (jax.tree_util.keystr(p), int(np.prod(x.shape)))
         for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
@@ -179,7 +190,10 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, plan, model_config=None,
         'sources': {name: r['source'] for name, r in read.items()},
         'expected': expected,
         'expected_vs_compiled': verdicts,
-        'differences': differences(programs['auto'], programs['explicit']),
+        'refused': refused,  # {twin: its one line}: a twin that cannot run the plan as asked
+        'differences': (
+            differences(programs['auto'], programs['explicit']) if 'auto' in programs else None
+        ),
         'typed_differences': (
             differences(programs['typed'], programs['explicit'], 'typed')
             if 'typed' in programs

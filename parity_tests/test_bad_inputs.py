@@ -197,6 +197,13 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
         'typed.train',
         [*TINY, '--num_layers=4', '--mesh=data:2,stage:2,model:2', '--pp_schedule=1f1b'],
     ),
+    '--reduce_dtype=bfloat16 where nothing is reduced': (
+        'explicit.train',
+        [*TINY, '--num_layers=2', '--mesh=stage:2,model:4', '--reduce_dtype=bfloat16'],
+    ),
+    '--reduce_dtype=bfloat16 in auto or typed': (
+        'typed.train', [*TINY, '--mesh=data:8', '--reduce_dtype=bfloat16']
+    ),
     'layers not divisible by the stage axis x --pp_virtual on a named mesh': (
         'explicit.train',
         [*TINY, '--num_layers=6', '--mesh=fsdp:2,model:2,stage:2', '--pp_schedule=interleaved'],

@@ -18,19 +18,21 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 
 from parity_tests.helpers import REPO, fresh_state
-from shard_parity import UsageError, checks
+from shard_parity import UsageError, auto, checks, explicit, typed
 from shard_parity import plan as plans
 from shard_parity.model.mlp import MLPConfig
 from shard_parity.model.transformer import TransformerConfig
+from shard_parity.step import strategy_file
 from tools import fuzz_judge
 from tools.fuzz_draws import Draw, command, draws
-from tools.fuzz_table import agrees, violations
+from tools.fuzz_table import agrees, twin_refusals, violations
 
 T = dict(model='transformer', layers=4, heads=4, kv_heads=4, embed=16, seq_len=16)
 
 
-def refusal(d: Draw) -> str | None:
-    """What the project's checks say of a draw (as the train CLI builds its plan), or None."""
+def refusal(d: Draw, twin=None) -> str | None:
+    """What the project's checks say of a draw (as the train CLI builds its plan), or None;
+    with `twin` (a twin package), then what that twin's choice of file says."""
     precision = plans.Precision(compute=d.dtype, reduce=d.reduce_dtype, matmul=d.matmul)
     options = dict(microbatches=d.microbatches, schedule=d.schedule, layout=d.layout,
                    virtual=d.virtual if d.schedule == 'interleaved' else None)  # fmt: skip
@@ -47,6 +49,8 @@ def refusal(d: Draw) -> str | None:
                 capacity_factor=d.capacity, dtype=d.dtype, reduce_dtype=d.reduce_dtype,
             )  # fmt: skip
         checks.check(plan, config, d.batch)
+        if twin is not None:
+            strategy_file(twin, plan)
     except UsageError as e:
         return str(e)
     return None
@@ -91,6 +95,32 @@ def test_the_table_and_the_checks_agree_on_random_draws(draw):
     said, broken = refusal(draw), violations(draw)
     assert (said is None) == (not broken), (draw.flags(), said, broken)
     assert said is None or agrees(said, broken), (draw.flags(), said, broken)
+
+
+@settings(max_examples=300, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+@given(draws(8, bf16=True))
+def test_what_one_twin_refuses_the_table_says(draw):
+    """A draw the checks accept runs in every twin but where tools/fuzz_table.py's
+    twin_refusals says one refuses it (auto and typed: --reduce_dtype=bfloat16; typed: 1F1B
+    beside 'model' without 'seq'), and that twin's line names the row. No JAX program."""
+    if refusal(draw) is not None:
+        return
+    for twin in (auto, explicit, typed):
+        said, expected = refusal(draw, twin), twin_refusals(draw, twin.NAME)
+        assert (said is None) == (not expected), (twin.NAME, draw.flags(), said, expected)
+        assert said is None or agrees(said, expected), (twin.NAME, said, expected)
+
+
+def test_the_twin_table_can_fail():
+    """Both ways: the refusals of auto and typed, and none in explicit (the reference)."""
+    d = Draw(mesh=(('data', 8),), dtype='bfloat16', reduce_dtype='bfloat16')
+    assert [b.flag for b in twin_refusals(d, 'auto')] == ['--reduce_dtype']
+    assert '--reduce_dtype=bfloat16 in the auto twin' in refusal(d, auto)
+    assert twin_refusals(d, 'explicit') == [] and refusal(d, explicit) is None
+    pp = Draw(**T, mesh=(('data', 2), ('stage', 2), ('model', 2)), batch=8, schedule='1f1b')
+    assert [b.flag for b in twin_refusals(pp, 'typed')] == ['--pp_schedule']
+    assert twin_refusals(pp, 'auto') == [] and refusal(pp, auto) is None
 
 
 def test_shrinking_runs_in_the_domains_order():

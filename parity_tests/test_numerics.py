@@ -213,15 +213,21 @@ GRID = {  # the issue's grid of correct bf16 pairs: (model, strategy, axes, extr
 }  # fmt: skip
 
 
+# reduce bf16 in explicit/ only: auto/ and typed/ refuse it (their partitioner reduces a
+# gradient where it is formed, before any cast of theirs: docs/numerics.md), in one line
+CASES = [(case, twin) for case in GRID for twin in ('auto', 'explicit', 'typed')
+         if GRID[case][4] == 'float32' or twin == 'explicit']  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.exhaustive
-@pytest.mark.parametrize('twin', ['auto', 'explicit', 'typed'])
-@pytest.mark.parametrize('case', GRID)
+@pytest.mark.parametrize('case,twin', CASES)
 def test_no_false_alarm_in_bf16_on_every_strategy_and_composed_mesh(case, twin):
-    """Every strategy file on one mesh, four composed meshes, the MLP under dp and fsdp, and
-    reduce bf16 on fsdp and the first composed mesh, in every twin: 2 bf16 steps against one
-    device, no divergence (the bisector's exit 0), each pair within 1/3 of every budget, and
-    the two sides not equal (round-off is there to be judged). Flips are counted, not hidden."""
+    """Every strategy file on one mesh, four composed meshes, the MLP under dp and fsdp, in
+    every twin, and reduce bf16 on fsdp and the first composed mesh in explicit/: 2 bf16 steps
+    against one device, no divergence (the bisector's exit 0), each pair within 1/3 of every
+    budget, and the two sides not equal (round-off is there to be judged). Flips are counted,
+    not hidden."""
     model, strategy, axes, extra, reduce = GRID[case]
     report = calibration.run('one_device', twin, model, strategy, axes, 'bfloat16', reduce,
                              extra, 2)  # fmt: skip

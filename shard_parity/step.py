@@ -134,9 +134,21 @@ def strategy_file(twin, plan, module=None):
     STRATEGIES[plan.strategy].
     `module` overrides the choice: a twin package is chosen from in the same way; any other
     module (a zoo entry, a file of yours) runs as it is, if it defines INTERFACE. Every file
-    takes the plan whole: `train_step(graphdef, loss_fn, tx, mesh, plan)`."""
+    takes the plan whole: `train_step(graphdef, loss_fn, tx, mesh, plan)`. A twin package
+    whose REDUCES_NARROW is false refuses a --reduce_dtype below float32 in one line."""
     chosen = module if module is not None else twin
     if hasattr(chosen, 'STRATEGIES'):
+        reduce = plan.precision.reduce
+        if jnp.finfo(reduce).bits < 32 and not getattr(chosen, 'REDUCES_NARROW', True):
+            name = getattr(chosen, 'NAME', chosen.__name__)
+            raise UsageError(
+                f'--reduce_dtype={reduce} in the {name} twin: its partitioner reduces the '
+                'gradients formed in float32 (LayerNorm scales, position rows, a weight gradient '
+                'reduced before its cast) where they are formed, before any line of the twin '
+                'can cast them, so the run would carry float32 where you asked for '
+                f'{reduce}; use explicit.train (each cast a line beside its collective), or '
+                '--reduce_dtype=float32'
+            )
         if plan.schedule != 'gpipe' and plan.uses(STAGE):
             runs = getattr(chosen, 'COMPOSED_SCHEDULES', False)
             why = runs(plan) if callable(runs) else None if runs else 'its composed step pipelines with gpipe only'

@@ -170,11 +170,6 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
     batch = rows * (m if 'stage' in axes else 1) * draw(st.integers(1, 2))
     batch += draw(st.integers(0, 15)) == 15  # now and then a batch that does not split
     dtypes = ['float32', 'bfloat16'] if bf16 else ['float32']
-    if 'model' in axes and 'seq' not in axes and 'gpipe' in (chosen or ['gpipe']):  # typed
-        # refuses 1f1b and interleaved there (its pp_1f1b.runs), a twin's refusal the table
-        # cannot predict; the draw's other choices are made as for the schedule drawn (and
-        # fit gpipe too)
-        schedule = 'gpipe'
     return Draw(
         model=model, mesh=mesh, batch=batch, layers=layers, heads=heads, kv_heads=kv,
         embed=heads * draw(st.sampled_from([8, 4, 16])), seq_len=seq_len,

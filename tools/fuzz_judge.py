@@ -16,7 +16,7 @@ import time
 from typing import NamedTuple
 
 from .fuzz_draws import Draw
-from .fuzz_table import agrees, violations
+from .fuzz_table import agrees, twin_refusals, violations
 
 CORPUS = pathlib.Path(__file__).parent / 'fuzz_corpus'
 
@@ -54,7 +54,13 @@ def judge(draw: Draw, answer: dict) -> tuple[str, list[Failure]]:
         return 'failed', [Failure('accepted', None, f'accepted, the table refuses it: {whys}')]
     failures = []
     for twin, v in answer['twins'].items():
-        if v['verdict'] != 'agrees':
+        expected = twin_refusals(draw, twin)  # the table's, for this twin alone
+        if v['verdict'] == 'refused' and expected and agrees(v['message'], expected):
+            continue  # refused in its one line, as the table says it must be
+        if v['verdict'] != 'refused' and expected:
+            whys = '; '.join(f'{b.flag}: {b.why}' for b in expected)
+            failures.append(Failure('accepted', twin, f'ran, the table refuses it: {whys}'))
+        elif v['verdict'] != 'agrees':
             kind = 'refused_twin' if v['verdict'] == 'refused' else v['verdict']
             failures.append(Failure(kind, twin, v['message']))
     return ('failed' if failures else 'passed'), failures

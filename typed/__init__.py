@@ -16,3 +16,4 @@ RING = True  # under 'seq' this twin runs its own attention (the ring, in shard_
 STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep, 'composed': composed}
 SCHEDULES = {'1f1b': pp_1f1b, 'interleaved': pp_1f1b}  # --pp_schedule's files; gpipe is pp.py
 COMPOSED_SCHEDULES = pp_1f1b.runs  # 1f1b and interleaved on a named mesh: where runs(plan) says no reason why not
+REDUCES_NARROW = False  # --reduce_dtype=bfloat16 refused: the partitioner reduces where a gradient is formed

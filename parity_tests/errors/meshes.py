@@ -205,4 +205,14 @@ ROWS = [
         'the expert axis of --mesh=expert:8 splits the experts of a mixture-of-experts transformer',
         'test_named_meshes.test_a_mesh_is_refused_naming_what_the_user_gave',
     ),
+    (
+        '--reduce_dtype=bfloat16 where nothing is reduced',
+        '--reduce_dtype=bfloat16 on --mesh=stage:2,model:4: nothing is reduced there',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--reduce_dtype=bfloat16 in auto or typed',
+        '--reduce_dtype=bfloat16 in the typed twin: its partitioner reduces the gradients formed in float32',
+        'test_bad_inputs.test_cli_row',
+    ),
 ]
