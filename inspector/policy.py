@@ -5,11 +5,13 @@ the one the compiled program carries.
 
     traffic     what it is                                                       wants
     weight      an all-gather over 'fsdp': a layer gathered where it runs         --dtype
-    gradient    an all-reduce or reduce-scatter after grad, or in the backward    --reduce_dtype
-                over batch axes only (data, fsdp, seq, expert)
+    gradient    an all-reduce or reduce-scatter over batch axes only (data,     --reduce_dtype
+                fsdp, seq, expert) after grad or in the backward; after grad
+                over 'stage' too (1F1B's sum of the gradients outside the blocks)
     activation  any other all-gather, all-reduce, reduce-scatter, all-to-all or   --dtype
                 collective-permute: partial sums over 'model', a pipeline's or a
-                ring's blocks, the experts' slots, and their gradients
+                ring's blocks, the experts' slots, and their gradients (1F1B's
+                vjp runs outside grad: its 'model' sums of an input's gradient)
     metric      a scalar: the metrics' means, the global norm's partial sums      float32
 
 A TPU's all-gather done as an all-reduce is a weight (it stands for the gather). An integer
@@ -24,7 +26,7 @@ import collections
 
 import numpy as np
 
-from shard_parity.mesh import FSDP
+from shard_parity.mesh import FSDP, STAGE
 
 from .asked import REDUCTIONS, written_kinds
 from .hlo_module import ITEMSIZE
@@ -50,9 +52,10 @@ def traffic(op: dict, kind: str, shape, dtype: str, plan) -> str | None:
     axes = axes_of(op)
     if kind == 'all-gather':
         return 'weight' if FSDP in axes else 'activation'
-    if kind in REDUCTIONS and (
-        op['phase'] == 'outside-grad'
-        or (op['phase'] == 'backward' and axes and axes <= set(plan.batch_axes))
+    batch = set(plan.batch_axes)
+    if kind in REDUCTIONS and axes and (
+        (op['phase'] == 'outside-grad' and axes <= batch | {STAGE})
+        or (op['phase'] == 'backward' and axes <= batch)
     ):
         return 'gradient'
     return 'activation'

@@ -305,7 +305,8 @@ def test_a_composed_1f1b_run_resumes_under_interleaved_on_another_mesh(tmp_path)
                  [want[s]['train_loss'] for s in range(1, 9)], 'losses', **LOSS_TOL)  # fmt: skip
 
 
-@pytest.mark.slow  # two train runs and a bisect: about 50 s
+@pytest.mark.slow  # two train runs and a bisect: about 22 s
+@pytest.mark.exhaustive  # the suite's time (2026-12-05): test_bisect's run directories stay
 def test_the_bisector_replays_a_composed_interleaved_run_directory(tmp_path):
     """tools.bisect RUN_A RUN_B, the run-directory mode: an interleaved run (V = 2, M = 2) on
     data:2,seq:2,stage:2 and a one-device run, a difference planted in the second's step 3:

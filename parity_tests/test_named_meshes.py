@@ -129,7 +129,8 @@ def command(*args, timeout=240):
                           text=True, timeout=timeout)  # fmt: skip
 
 
-@pytest.mark.slow  # four train runs, a bisect, a generate: about a minute
+@pytest.mark.slow  # four train runs, a bisect, a generate: about 30 s
+@pytest.mark.exhaustive  # the suite's time (2026-12-05)
 def test_a_run_saved_before_named_meshes_compares_bisects_generates_and_resumes(tmp_path):
     old, new = tmp_path / 'old', tmp_path / 'new'
     flags = [*CLI_MODELS['transformer'], '--log_every=1', '--eval_every=2', '--save_initial']

@@ -141,7 +141,8 @@ def launch(*command, grace=120):
                f'--grace_seconds={grace}', '--', sys.executable, '-m', *command)  # fmt: skip
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # ~36 s
+@pytest.mark.exhaustive  # the suite's time (2026-12-05): one process's mid-window stop stays
 def test_two_processes_on_a_composed_mesh_stopped_mid_window_log_what_they_would_have(tmp_path):
     flags = [*TINY, '--mesh=data:2,fsdp:2,model:2', '--checkpoint_every=6']
     straight, split = tmp_path / 'straight', tmp_path / 'split'
