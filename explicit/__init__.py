@@ -16,6 +16,5 @@ NAME = 'explicit'
 AXIS_TYPE = AxisType.Auto  # shard_map makes the axes Manual inside its functions
 RING = True  # under 'seq' this twin runs its own attention (the ring, shard_parity/model/ring.py): --attention unused
 STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep, 'composed': composed}
-SCHEDULES = {'1f1b': pp_1f1b, 'interleaved': pp_1f1b}  # --pp_schedule's files; gpipe is pp.py
-COMPOSED_SCHEDULES = True  # 1f1b and interleaved on a named mesh: pp_1f1b.py runs every one
+SCHEDULES = {'1f1b': pp_1f1b, 'interleaved': pp_1f1b}  # --pp_schedule's files (named meshes too); gpipe is pp.py
 REDUCES_NARROW = True  # --reduce_dtype=bfloat16: each cast a line beside its pmean / psum_scatter

@@ -193,10 +193,6 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
         'explicit.train',
         [*TINY, *PP, '--mesh=4x2', '--pp_schedule=interleaved', '--pp_virtual=1'],
     ),
-    '--pp_schedule other than gpipe on a named mesh in typed with a model axis and no seq axis': (
-        'typed.train',
-        [*TINY, '--num_layers=4', '--mesh=data:2,stage:2,model:2', '--pp_schedule=1f1b'],
-    ),
     '--reduce_dtype=bfloat16 where nothing is reduced': (
         'explicit.train',
         [*TINY, '--num_layers=2', '--mesh=stage:2,model:4', '--reduce_dtype=bfloat16'],

@@ -128,10 +128,8 @@ INTERFACE = ('loss_and_grads', 'train_step', 'eval_step')  # what a strategy fil
 
 def strategy_file(twin, plan, module=None):
     """The module that runs `plan` in `twin` (a twin package: auto, explicit, typed): the file
-    of its --pp_schedule under 1f1b and interleaved (SCHEDULES; on a named mesh where the twin's
-    COMPOSED_SCHEDULES is true, or, a function of the plan, gives no reason why not: else one
-    line), else
-    STRATEGIES[plan.strategy].
+    of its --pp_schedule under 1f1b and interleaved (SCHEDULES: on every mesh with a stage axis,
+    named ones included), else STRATEGIES[plan.strategy].
     `module` overrides the choice: a twin package is chosen from in the same way; any other
     module (a zoo entry, a file of yours) runs as it is, if it defines INTERFACE. Every file
     takes the plan whole: `train_step(graphdef, loss_fn, tx, mesh, plan)`. A twin package
@@ -150,15 +148,6 @@ def strategy_file(twin, plan, module=None):
                 '--reduce_dtype=float32'
             )
         if plan.schedule != 'gpipe' and plan.uses(STAGE):
-            runs = getattr(chosen, 'COMPOSED_SCHEDULES', False)
-            why = runs(plan) if callable(runs) else None if runs else 'its composed step pipelines with gpipe only'
-            if plan.strategy == 'composed' and why:
-                name = getattr(chosen, 'NAME', chosen.__name__)
-                raise UsageError(
-                    f'--pp_schedule={plan.schedule} on {plan.given()}: the {name} twin: {why} '
-                    '(explicit and auto run 1f1b and interleaved on every named mesh); use '
-                    'explicit.train or auto.train, or --pp_schedule=gpipe'
-                )
             return chosen.SCHEDULES[plan.schedule]
         if plan.strategy not in chosen.STRATEGIES:
             raise UsageError(f'{chosen.__name__} has no --strategy={plan.strategy}')

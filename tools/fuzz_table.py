@@ -64,15 +64,10 @@ def violations(d) -> list[Broken]:
 def twin_refusals(d, twin: str) -> list[Broken]:
     """What one twin refuses of a draw the table accepts (the others run it): auto/ and typed/
     never reduce in less than float32 (their partitioner reduces a gradient where it is
-    formed, before their cast), and typed/ runs 1F1B and interleaved beside 'model' only under
-    'seq' (jnp.repeat of the kv heads under the stages' vmap). A zoo entry or a module of yours
-    refuses nothing."""
-    axes, out = dict(d.mesh), []
+    formed, before their cast). A zoo entry or a module of yours refuses nothing."""
+    out = []
     if twin in ('auto', 'typed') and d.reduce_dtype != 'float32':
         out.append(Broken('--reduce_dtype', f'{twin} reduces in float32 where formed'))
-    if twin == 'typed' and d.schedule != 'gpipe' and {'stage', 'model'} <= set(axes):
-        if 'seq' not in axes:
-            out.append(Broken('--pp_schedule', "typed: 1f1b beside 'model' needs 'seq'"))
     return out
 
 

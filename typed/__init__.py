@@ -14,6 +14,5 @@ NAME = 'typed'
 AXIS_TYPE = AxisType.Explicit  # the mesh's axes: shardings are types, checked while tracing
 RING = True  # under 'seq' this twin runs its own attention (the ring, in shard_map): --attention unused
 STRATEGIES = {'dp': dp, 'fsdp': fsdp, 'tp': tp, 'fsdp_tp': fsdp_tp, 'cp': cp, 'pp': pp, 'ep': ep, 'composed': composed}
-SCHEDULES = {'1f1b': pp_1f1b, 'interleaved': pp_1f1b}  # --pp_schedule's files; gpipe is pp.py
-COMPOSED_SCHEDULES = pp_1f1b.runs  # 1f1b and interleaved on a named mesh: where runs(plan) says no reason why not
+SCHEDULES = {'1f1b': pp_1f1b, 'interleaved': pp_1f1b}  # --pp_schedule's files (named meshes too); gpipe is pp.py
 REDUCES_NARROW = False  # --reduce_dtype=bfloat16 refused: the partitioner reduces where a gradient is formed

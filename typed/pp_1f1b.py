@@ -18,7 +18,8 @@ Interleaved (`--pp_virtual=V`): the layers are viewed as
 `[S@stage, V, L/(SV), ...]`, chunk v of stage s being virtual stage vS + s, a reshape whose
 out_sharding moves each chunk to the stage that runs it. On a named mesh with a stage axis the
 blocks take composed.py's hooks (fsdp's per-layer reshard, the ring, the experts' exchange)
-under the same vmap, but for 'model' without 'seq' (`runs`). Compare auto/pp_1f1b.py.
+under the same vmap (beside 'model', the heads' repeat for GQA says its sharding:
+shard_parity/model/attention.py). Compare auto/pp_1f1b.py.
 """
 
 import jax
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import FSDP, MODEL, SEQ, STAGE
+from shard_parity.mesh import FSDP, SEQ, STAGE
 from shard_parity.model.ring import reorder
 from shard_parity.pipeline import (
     add,
@@ -55,19 +56,6 @@ from . import composed, pp
 
 STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
 PLANS = ('pp', 'composed')  # and on a named mesh with a stage axis (the bisector's sides)
-
-
-def runs(plan) -> str | None:
-    """Why this file cannot run a named mesh's plan (None: it can; step.strategy_file refuses
-    the others in one line). On 'model' without 'seq' the blocks' naive attention repeats
-    GQA's key/value heads, split over 'model', under the stages' `vmap`, where jax 0.10.2's
-    `jnp.repeat` asks for an out_sharding (GPipe's vmap, typed/pp.py, does not meet it;
-    under 'seq' the ring attends instead)."""
-    if plan.uses(MODEL) and not plan.uses(SEQ):
-        return ("it runs 1f1b and interleaved on a named mesh with a 'model' axis only beside "
-                "'seq' (under the stages' vmap jnp.repeat of the key/value heads split over "
-                "'model' asks for an out_sharding)")  # fmt: skip
-    return None
 
 
 def pass_on(y, mesh, plan):  # f32[S@stage, B/M@data, T, C]: slot i's output to slot i + 1

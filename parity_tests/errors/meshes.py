@@ -176,11 +176,6 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
-        '--pp_schedule other than gpipe on a named mesh in typed with a model axis and no seq axis',
-        "--pp_schedule=1f1b on --mesh=data:2,stage:2,model:2: the typed twin: it runs 1f1b and interleaved on a named mesh with a 'model' axis only beside 'seq'",
-        'test_bad_inputs.test_cli_row',
-    ),
-    (
         'layers not divisible by the stage axis x --pp_virtual on a named mesh',
         '--num_layers=6 is not divisible by the stage axis x --pp_virtual (2 x 2 = 4)',
         'test_bad_inputs.test_cli_row',

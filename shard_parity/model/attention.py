@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from shard_parity.model.ops import merge, split, vary_like, wide
+from shard_parity.model.ops import merge, split, typed, vary_like, wide
 
 
 def causal_mask(t: int, s: int, offset=0, valid=None):
@@ -25,14 +25,26 @@ def causal_mask(t: int, s: int, offset=0, valid=None):
 def naive(q, k, v, offset=0, valid=None):
     """Materialises the [B, H, T, S] score matrix: the textbook formula, O(T*S) memory."""
     h, kv_heads = q.shape[2], k.shape[2]
-    k = jnp.repeat(k, h // kv_heads, axis=2)  # GQA/MQA: each K/V head serves H/K query heads
-    v = jnp.repeat(v, h // kv_heads, axis=2)
+    k = _repeat(k, h // kv_heads)  # GQA/MQA: each K/V head serves H/K query heads
+    v = _repeat(v, h // kv_heads)
     scores = jnp.einsum('bthd,bshd->bhts', q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
     mask = causal_mask(q.shape[1], k.shape[1], offset, valid)
     f = wide(q.dtype)
     scores = jnp.where(mask, scores.astype(f), jnp.finfo(f).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # softmax in float32 (or 64)
     return jnp.einsum('bhts,bshd->bthd', weights, v)
+
+
+def _repeat(x, groups: int):
+    """[B, S, K, D] -> [B, S, K*groups, D], each head `groups` times in a row (jnp.repeat). In
+    Explicit mode a broadcast and a merge that say the heads' sharding: under a pipeline's
+    `vmap` jnp.repeat of heads split over 'model' asks for an out_sharding (jax 0.10.2)."""
+    if groups == 1:
+        return x
+    if typed(x) is None:
+        return jnp.repeat(x, groups, axis=2)
+    b, s, k, d = x.shape
+    return merge(jnp.broadcast_to(x[:, :, :, None], (b, s, k, groups, d)), 2, 2)
 
 
 def fused(q, k, v, offset=0, valid=None):
