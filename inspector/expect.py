@@ -27,6 +27,7 @@ import math
 
 from shard_parity.mesh import EXPERT, FSDP, MODEL, SEQ, STAGE
 from shard_parity.model.mlp import MLPConfig
+from shard_parity.schedules import one_f_one_b
 
 from .pieces import collectives, ring_block
 from .records import Expected, Step, step_of
@@ -143,6 +144,28 @@ def ring_summary(s: Step, records: list[Expected]) -> dict:
 def stage_summary(s: Step, records: list[Expected]) -> dict:
     stages, ticks = s.plan.size(STAGE), s.ticks
     act = records[0].bytes
+    if s.plan.schedule != 'gpipe':  # 1F1B, interleaved: pieces.scheduled
+        sends = [e for e in records if e.kind == 'collective-permute' and e.bytes == act][:2]
+        v, phases = s.plan.chunks, one_f_one_b(stages, s.m, s.plan.chunks).phases
+        return {
+            'kind': 'collective-permute',
+            'schedule': s.plan.schedule,
+            'stages': stages,
+            'microbatches': s.m,
+            'virtual': v,
+            'ticks': sum(phases),
+            'phases': list(phases),
+            'shape': s.activation,
+            'bytes_each': act,
+            'count': sum(e.trips for e in sends),
+            'runs': sum(e.trips for e in sends),
+            'bytes': sum(e.total for e in sends),
+            'bubble': (stages - 1) / (v * s.m + stages - 1),
+            'note': f'{s.plan.schedule}: ticks in three loops (warm-up {phases[0]}, steady '
+            f'{phases[1]}, cool-down {phases[2]}), outside grad; a microbatch handed on at each '
+            'tick that runs forwards, its gradient back at each that runs backwards; the '
+            'gradients outside the blocks all-reduced over the stages once.',
+        }
     return {
         'kind': 'collective-permute',
         'stages': stages,

@@ -3,10 +3,12 @@
 (inspector/records.py). Each piece takes the Step and returns its Expected records.
 """
 
+import dataclasses
 import math
 
 from shard_parity.mesh import EXPERT, FSDP, MODEL, SEQ, STAGE
 from shard_parity.model.mlp import MLPConfig
+from shard_parity.schedules import interleave_pairs, one_f_one_b
 
 from .records import Expected, Step, averaged_over, nbytes
 
@@ -54,7 +56,8 @@ def fsdp(s: Step) -> list[Expected]:
             ]  # fmt: skip
             continue
         k, trips = s.layers, s.per_layer
-        if s.plan.size(STAGE) > 1:  # XLA hoists the forward's gathers out of the ticks' loop
+        if s.plan.size(STAGE) > 1 and s.plan.schedule == 'gpipe':  # XLA hoists the forward's
+            # gathers out of the ticks' loop (1F1B's ticks gather per unit: `by_unit`)
             gather = Expected('fsdp', 'all-gather', (FSDP,), 'outside-grad',
                               s.weights(split * n // k), k,
                               "each of the stage's layers gathered once, before the ticks: the "
@@ -119,7 +122,8 @@ def seq(s: Step) -> list[Expected]:
     if n == 1:
         return []
     each = nbytes(ring_block(s), s.itemsize)
-    shared = n == 2 and (s.remat or not s.plan.uses(STAGE))  # else in two loops: no CSE
+    # else in two loops: no CSE (a 1F1B unit of one layer: its vjp is one computation)
+    shared = n == 2 and (s.remat or not s.plan.uses(STAGE) or s.one_layer_units)
     backward = 4 * (n - 1) + 2 + (2 * (n - 1) if s.remat else 0) - (2 if shared else 0)
     twins = ('explicit', 'typed')  # those with a RING; auto's attention is XLA's
     return [
@@ -139,9 +143,12 @@ def ring_block(s: Step) -> tuple[int, ...]:
 def stage(s: Step) -> list[Expected]:
     """GPipe over 'stage': one collective-permute of one microbatch's activations per tick,
     stage i to i + 1 forward and back (the transpose); the last stage's outputs all-reduced to
-    every stage, and in the backward stage 0's input gradient. No weight moves."""
+    every stage, and in the backward stage 0's input gradient. No weight moves. 1F1B and
+    interleaved: `scheduled`."""
     if s.plan.size(STAGE) == 1:
         return []
+    if s.plan.schedule != 'gpipe':
+        return scheduled(s)
     act = nbytes(s.activation, s.itemsize)
     whole = act * s.m  # all M microbatches: the device's rows
     twins = ('explicit', 'typed')  # auto's pipeline is a shifted buffer: XLA's own collectives
@@ -155,6 +162,49 @@ def stage(s: Step) -> list[Expected]:
         Expected('stage', 'all-reduce', (STAGE,), 'backward', whole, 1,
                  "stage 0's input gradient, once after the ticks"),
     ]  # fmt: skip
+
+
+def scheduled(s: Step) -> list[Expected]:
+    """1F1B and interleaved over 'stage', their ticks run outside grad by shard_parity/pipeline.py
+    in three loops (schedules.one_f_one_b's phases: W warm-up, N steady, C cool-down ticks):
+    a microbatch's activations handed on at each of the W + N ticks that run forwards, a
+    gradient handed back at each of the N + C that run backwards (a cool-down of one tick is a
+    loop XLA unrolls, and its last hand-over, which nothing reads, is dropped); the gradients
+    outside the blocks (the embeddings, the final norm: formed on the first and last stages)
+    summed over the stages once, with the metrics. Interleaved (V > 1) also moves each stage's
+    V chunks to the stages that run them before the ticks, and their gradients back after."""
+    warm, steady, cool = one_f_one_b(s.plan.size(STAGE), s.m, s.plan.chunks).phases
+    act = nbytes(s.activation, s.itemsize)
+    # as gathered: under 'fsdp' the rest is gathered once before the ticks, scattered after
+    rest = sum(a.shard(s.plan) * (s.plan.size(FSDP) if FSDP in a.axes else 1)
+               for a in s.arrays if not a.stacked)  # fmt: skip
+    twins = ('explicit', 'auto', 'typed')
+    out = [
+        Expected('stage', 'collective-permute', (STAGE,), 'outside-grad', act, warm + steady,
+                 'a microbatch from stage i to i + 1, at every tick that runs forwards', twins),
+        Expected('stage', 'collective-permute', (STAGE,), 'outside-grad', act,
+                 steady + cool - (cool == 1),
+                 'its gradient from stage i + 1 back to i, at every tick that runs backwards',
+                 twins),
+        Expected('stage', 'all-reduce', (STAGE,), 'outside-grad', s.grads(rest), 1,
+                 "the gradients outside the blocks, summed over the stages once (the metrics' "
+                 'scalars with them)', twins),
+    ]  # fmt: skip
+    if s.plan.chunks > 1:  # explicit/pp_1f1b.py's interleave, inside grad: one ppermute per
+        # (chunk sent, chunk received) of schedules.interleave_pairs, each of one chunk; those
+        # whose every pair is a stage sending to itself name no axis (the inspector's groups)
+        pairs = interleave_pairs(s.plan.size(STAGE), s.plan.chunks).values()
+        cross = sum(any(a != b for a, b in moves) for moves in pairs)
+        chunk = sum(a.shard(s.plan) for a in s.arrays if a.stacked) // s.plan.chunks
+        for phase, what in (('forward', "each stage's chunks of layers to the stages that run "
+                             'them'), ('backward', 'their gradients back')):  # fmt: skip
+            out += [
+                Expected('stage', 'collective-permute', (STAGE,), phase, chunk, cross, what,
+                         ('explicit',)),
+                Expected('stage', 'collective-permute', (), phase, chunk, len(pairs) - cross,
+                         what + ' (a stage to itself)', ('explicit',)),
+            ]  # fmt: skip
+    return out
 
 
 def expert(s: Step) -> list[Expected]:
@@ -179,5 +229,32 @@ PIECES = {'gradient': gradient, FSDP: fsdp, MODEL: model, SEQ: seq, STAGE: stage
 
 
 def collectives(s: Step) -> list[Expected]:
-    """Every piece's records, in PIECES' order."""
-    return [e for piece in PIECES.values() for e in piece(s)]
+    """Every piece's records, in PIECES' order (under 1F1B and interleaved, `by_unit`'s)."""
+    records = [e for piece in PIECES.values() for e in piece(s)]
+    return by_unit(s, records) if s.plan.uses(STAGE) and s.plan.schedule != 'gpipe' else records
+
+
+def by_unit(s: Step, records: list[Expected]) -> list[Expected]:
+    """The per-layer records inside a stage (fsdp's gathers, tp's sums, the ring, the experts'
+    exchange), GPipe's counted per tick, recounted for 1F1B's and interleaved's loops
+    (shard_parity/pipeline.py): a tick runs one unit (a chunk of L/(SV) layers) whether or not
+    the table turns it on, so a forward-unit op runs at each of the W + N ticks that run
+    forwards, outside grad, and again in each of the N + C backward units' `jax.vjp` (phase
+    forward; in a unit of one layer fsdp's gather there is the recompute's: one op), and a
+    backward op at each of those N + C (phase backward)."""
+    warm, steady, cool = one_f_one_b(s.plan.size(STAGE), s.m, s.plan.chunks).phases
+    out = []
+    for e in records:
+        if e.piece in ('gradient', STAGE) or e.phase == 'outside-grad':
+            out.append(e)
+            continue
+        per_tick = e.trips // (s.ticks * s.plan.chunks)  # per unit of one chunk
+        if e.phase == 'forward':
+            out.append(dataclasses.replace(e, phase='outside-grad', trips=per_tick * (warm + steady),
+                                           what=e.what + ': the forward units, outside grad'))
+            if not (e.piece == FSDP and s.one_layer_units):  # else the recompute's gather is it
+                out.append(dataclasses.replace(e, trips=per_tick * (steady + cool),
+                                               what=e.what + ": again in each backward unit's vjp"))
+        else:
+            out.append(dataclasses.replace(e, trips=per_tick * (steady + cool)))
+    return out

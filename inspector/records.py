@@ -87,6 +87,14 @@ class Step:
         return self.layers * self.ticks
 
     @property
+    def one_layer_units(self) -> bool:
+        """Whether 1F1B's or interleaved's units are one layer each (L/(SV) = 1): then a
+        backward unit's vjp runs its forward and backward in one computation, no loop over
+        layers between them, and XLA shares what both compute (common subexpressions)."""
+        schedule = self.plan.uses(STAGE) and self.plan.schedule != 'gpipe'
+        return schedule and self.layers // self.plan.chunks == 1
+
+    @property
     def activation(self) -> tuple[int, ...]:  # x: [b, T, C] of one microbatch, my positions
         return (self.rows // self.m, self.c.seq_len // self.plan.size(SEQ), self.c.embed_dim)
 

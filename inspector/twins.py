@@ -138,7 +138,7 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, plan, model_config=None,
     each collective priced by the link its devices span.
     `target`: an inspector.target name (`mesh` is then over its devices, mesh_from_flags(on=)):
     every program compiled for it, priced on its own hardware, with its memory per device.
-    Under --pp_schedule=1f1b or interleaved, the expectation is GPipe's."""
+    Under --pp_schedule=1f1b or interleaved, the expectation is theirs (inspector/pieces.py)."""
     model_config = model_config or cfg.TransformerConfig()
     over_hosts = by_host.lay(mesh.shape.items(), hosts)  # a bad --hosts: one line, uncompiled
     chosen = targets.get(target) if target else None
