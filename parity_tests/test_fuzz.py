@@ -189,13 +189,9 @@ def test_the_driver_finds_and_shrinks_a_planted_bug():
 
 
 def planted_driver_run():
-    from absl import flags
+    from tools.fuzz_driver import Fuzz
 
-    from tools import fuzz as F
-
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()  # the defaults of tools.fuzz's flags
-    driver = F.Fuzz(['explicit'], 8)
+    driver = Fuzz(['explicit'], 8)  # the flags' defaults (fuzz_driver.Options)
     driver.worker, driver.entries = PlantedWorker(), []
     driver.search(seed=0, count=30, minutes=None)
     assert len(driver.found) == 1, driver.counts
