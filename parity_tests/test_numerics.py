@@ -63,6 +63,19 @@ def test_the_budget_follows_the_policy_the_depth_and_the_devices():
     assert numerics.band('bfloat16', 'float32', 300) == numerics.band('bfloat16', 'float32', 3000)
 
 
+def test_the_loss_budget_holds_float32s_own_rounding():
+    """The loss is a mean, and its terms' errors cancel, but not float32's own rounding of the
+    sums through the modules, which the sides run in other orders: under a float32 compute with
+    a bf16 reduce (the fuzzer's draw, 2026-12-05) the budget is several float32 ulps, where it
+    was a tenth of one; under bf16 compute that term is about 2% of it."""
+    u = numerics.unit_roundoff('float32')
+    mixed = numerics.Budget('float32', 'bfloat16', devices=4, modules=5, terms=32)
+    assert mixed.loss() >= 5 * u
+    bf16 = numerics.Budget('bfloat16', modules=10, terms=512)
+    own = numerics.C_OP * u * (numerics.BOUNDARIES * 10) ** 0.5
+    assert own < 0.03 * bf16.loss()
+
+
 def test_a_flipped_token_is_told_from_a_bug_spread_over_the_tokens():
     """A mixture of experts in bf16: one token of 256 that took another expert is a flip (the
     rest within budget); the same error spread over every token is not."""

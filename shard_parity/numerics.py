@@ -139,8 +139,12 @@ class Budget:
 
     def loss(self) -> float:
         """A loss metric: every module's boundaries, in a mean of `terms` terms whose rounding
-        errors are independent (sqrt(terms) of them cancel), then float32's own."""
-        return C_LOSS * self._ops(BOUNDARIES * self.modules) / math.sqrt(self.terms)
+        errors are independent (sqrt(terms) of them cancel), then float32's own, which no mean
+        cancels: the sides' float32 sums run in other orders through every module (a float32
+        compute with a bf16 reduce once got a budget of a tenth of one float32 ulp: fuzzer,
+        2026-12-05, tools/fuzz_corpus/bisect_loss_budget_below_f32.json)."""
+        mean = C_LOSS * self._ops(BOUNDARIES * self.modules) / math.sqrt(self.terms)
+        return mean + C_OP * unit_roundoff('float32') * math.sqrt(BOUNDARIES * self.modules)
 
     def gradients(self) -> float:
         """Each gradient leaf: the forward's boundaries and the backward's, then the collective."""
