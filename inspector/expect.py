@@ -145,8 +145,10 @@ def stage_summary(s: Step, records: list[Expected]) -> dict:
     stages, ticks = s.plan.size(STAGE), s.ticks
     act = records[0].bytes
     if s.plan.schedule != 'gpipe':  # 1F1B, interleaved: pieces.scheduled
-        sends = [e for e in records if e.kind == 'collective-permute' and e.bytes == act][:2]
+        # the hand-overs: its permutes outside grad (interleaved's chunk moves are in grad)
+        sends = [e for e in records if e.kind == 'collective-permute' and e.phase == 'outside-grad']
         v, phases = s.plan.chunks, one_f_one_b(stages, s.m, s.plan.chunks).phases
+        warm, steady, cool = phases
         return {
             'kind': 'collective-permute',
             'schedule': s.plan.schedule,
@@ -157,7 +159,8 @@ def stage_summary(s: Step, records: list[Expected]) -> dict:
             'phases': list(phases),
             'shape': s.activation,
             'bytes_each': act,
-            'count': sum(e.trips for e in sends),
+            # in the program: one per loop that hands over (a one-tick cool-down's is dropped)
+            'count': (warm > 0) + 2 * (steady > 0) + (cool > 1),
             'runs': sum(e.trips for e in sends),
             'bytes': sum(e.total for e in sends),
             'bubble': (stages - 1) / (v * s.m + stages - 1),

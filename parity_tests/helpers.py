@@ -12,6 +12,9 @@ import jax
 import numpy as np
 from flax import nnx
 
+from shard_parity import explicit
+from shard_parity import plan as plans
+from shard_parity.mesh import mesh_for
 from shard_parity.model.mlp import MLP
 from shard_parity.placement import place_batch, place_state
 from shard_parity.plan import Plan
@@ -389,3 +392,9 @@ def one_device_grads():
         return cache[config]
 
     return get
+
+
+def mesh_of(text, twin=explicit):
+    """The named mesh `text` ('data:2,fsdp:2,model:2') over this process's devices, with
+    `twin`'s axis types (typed/'s Explicit): what the composed files run their plans on."""
+    return mesh_for(plans.parse(text, 'composed', jax.device_count()), twin.AXIS_TYPE)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from parity_tests.helpers import (
+    mesh_of,
     LOSS_TOL,
     REPO,
     TOL,
@@ -38,8 +39,6 @@ from parity_tests.helpers import (
     train_twin_x64,
 )
 from shard_parity import auto, explicit, typed
-from shard_parity import plan as plans
-from shard_parity.mesh import mesh_for
 from shard_parity.placement import place_batch, place_state
 from shard_parity.runtime import checkpoint
 from shard_parity import config as cfg
@@ -67,10 +66,6 @@ GRID = [(t, m) for t in TWINS for m in MESHES]
 SLOW_ONLY = {'stage:2,seq:2,model:2', 'data:2,fsdp:2,expert:2'}  # each axis is fast elsewhere
 FAST = {('explicit', m) for m in MESHES if m not in SLOW_ONLY} | {('auto', 'data:2,fsdp:2,model:2')}
 CASES = [pytest.param(*c, marks=[] if c in FAST else [pytest.mark.slow]) for c in GRID]
-
-
-def mesh_of(text, twin=explicit):
-    return mesh_for(plans.parse(text, 'composed', jax.device_count()), twin.AXIS_TYPE)
 
 
 @pytest.fixture(scope='module')

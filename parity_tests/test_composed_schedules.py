@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from parity_tests.helpers import (
+    mesh_of,
     LOSS_TOL,
     REPO,
     TOL,
@@ -46,9 +47,7 @@ from parity_tests.helpers import (
 )
 from shard_parity import auto, explicit, typed
 from shard_parity import config as cfg
-from shard_parity import plan as plans
 from shard_parity.memory import abstract_state
-from shard_parity.mesh import mesh_for
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import activations, place_batch, place_state
 from shard_parity.runtime import segments, tasks
@@ -75,10 +74,6 @@ SIXTEEN = 'data:2,fsdp:2,model:2,stage:2'
 
 TWINS = {'explicit': explicit, 'auto': auto, 'typed': typed}
 GRID = [(t, m) for t in TWINS for m in MESHES]  # typed too beside 'model' without 'seq' (2026-12-05)
-
-
-def mesh_of(text, twin=explicit):
-    return mesh_for(plans.parse(text, 'composed', jax.device_count()), twin.AXIS_TYPE)
 
 
 def options(text):

@@ -111,8 +111,8 @@ COMPILED = {
 FAST = {'data:2,fsdp:2,model:2', 'fsdp:2,model:2,stage:2'}
 
 
-def plan_mesh(text, strategy='composed'):
-    plan = plans.parse(text, strategy, jax.device_count(), microbatches=MICROBATCHES)
+def plan_mesh(text, strategy='composed', microbatches=MICROBATCHES, **options):
+    plan = plans.parse(text, strategy, jax.device_count(), microbatches=microbatches, **options)
     return plan, mesh_for(plan)
 
 
@@ -127,10 +127,11 @@ def records(text, config=DENSE):
     return e['collectives']
 
 
-def explicit_program(text, config=DENSE, strategy='composed', model='transformer'):
+def explicit_program(text, config=DENSE, strategy='composed', model='transformer', **options):
     """(the expectation's records, the explicit twin's analysed step {'ops', 'predicted'}) on
-    the mesh `text`: only that twin is compiled."""
-    plan, mesh = plan_mesh(text, strategy)
+    the mesh `text` (with the plan's `options`: microbatches, schedule): only that twin is
+    compiled."""
+    plan, mesh = plan_mesh(text, strategy, **options)
     train = dataclasses.replace(cfg.TRAIN_DEFAULTS[model], batch_size=BATCH)
     params, steps = twins.lowered_steps(model, train, mesh, plan, config)
     read = twins.read_steps(((n, s) for n, s in steps if n == 'explicit'), [], plan, 'h100x8',
@@ -187,17 +188,6 @@ SCHEDULED = {
 }
 
 
-def scheduled_program(text, schedule, m, config, records_of=None):
-    plan = plans.parse(text, 'composed', jax.device_count(), microbatches=m, schedule=schedule)
-    mesh = mesh_for(plan)
-    train = dataclasses.replace(cfg.TRAIN_DEFAULTS['transformer'], batch_size=BATCH)
-    params, steps = twins.lowered_steps('transformer', train, mesh, plan, config)
-    read = twins.read_steps(((n, s) for n, s in steps if n == 'explicit'), [], plan, 'h100x8',
-                            False)  # fmt: skip
-    e = expectation(records_of or plan, 'transformer', params, mesh, BATCH, config)
-    return e, read['explicit']
-
-
 @SLOW  # one compile each: 3-8 s
 @pytest.mark.parametrize('text', SCHEDULED)
 def test_1f1b_and_interleaved_move_what_their_records_say(text):
@@ -207,10 +197,9 @@ def test_1f1b_and_interleaved_move_what_their_records_say(text):
     equal what explicit's compiled step moves, per kind, axes and phase. GPipe's records for
     the same mesh do not: the comparison can fail."""
     schedule, m, config = SCHEDULED[text]
-    e, program = scheduled_program(text, schedule, m, config)
-    assert totals(e['collectives']) == program_totals(program['ops'])
-    gpipe = plans.parse(text, 'composed', jax.device_count(), microbatches=m)
-    mesh = mesh_for(gpipe)
+    expected, program = explicit_program(text, config, microbatches=m, schedule=schedule)
+    assert totals(expected) == program_totals(program['ops'])
+    gpipe, mesh = plan_mesh(text, microbatches=m)
     their = expectation(gpipe, 'transformer', abstract_params(config), mesh, BATCH, config)
     assert totals(their['collectives']) != program_totals(program['ops'])
 

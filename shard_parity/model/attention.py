@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from shard_parity.model.ops import merge, split, typed, vary_like, wide
+from shard_parity.model.ops import merge, split, vary_like, wide
 
 
 def causal_mask(t: int, s: int, offset=0, valid=None):
@@ -36,13 +36,12 @@ def naive(q, k, v, offset=0, valid=None):
 
 
 def _repeat(x, groups: int):
-    """[B, S, K, D] -> [B, S, K*groups, D], each head `groups` times in a row (jnp.repeat). In
-    Explicit mode a broadcast and a merge that say the heads' sharding: under a pipeline's
-    `vmap` jnp.repeat of heads split over 'model' asks for an out_sharding (jax 0.10.2)."""
+    """[B, S, K, D] -> [B, S, K*groups, D], each head `groups` times in a row: jnp.repeat's own
+    broadcast and reshape, the reshape `merge`, which in Explicit mode says the heads' sharding
+    (under a pipeline's `vmap` jnp.repeat of heads split over 'model' asks for an out_sharding,
+    jax 0.10.2)."""
     if groups == 1:
         return x
-    if typed(x) is None:
-        return jnp.repeat(x, groups, axis=2)
     b, s, k, d = x.shape
     return merge(jnp.broadcast_to(x[:, :, :, None], (b, s, k, groups, d)), 2, 2)
 

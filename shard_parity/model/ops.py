@@ -150,6 +150,11 @@ def typed_ct(x):
     )
 
 
+def partitions(x, sharding) -> tuple:
+    """x's `sharding` spec, one entry per dimension (None for the trailing ones it omits)."""
+    return sharding.spec.partitions + (None,) * (x.ndim - len(sharding.spec.partitions))
+
+
 def typed_partials(x, w, transposed: bool):
     """In Explicit mode, a product whose contracted dimension is split (a row-parallel layer:
     x[..., K@model] @ w[K@model, N]) comes out `unreduced` over that axis: each device's partial
@@ -158,8 +163,7 @@ def typed_partials(x, w, transposed: bool):
     sx, sw = typed(x), typed(w)
     if sx is None or sw is None:
         return None
-    xs = sx.spec.partitions + (None,) * (x.ndim - len(sx.spec.partitions))
-    ws = sw.spec.partitions + (None,) * (w.ndim - len(sw.spec.partitions))
+    xs, ws = partitions(x, sx), partitions(w, sw)
     split = xs[-1]
     if split is None:
         return None
@@ -182,7 +186,7 @@ def split(x, axis: int, sizes):
     sharding = typed(x)
     if sharding is None:
         return x.reshape(shape)
-    spec = sharding.spec.partitions + (None,) * (x.ndim - len(sharding.spec.partitions))
+    spec = partitions(x, sharding)
     out = (*spec[:axis], spec[axis], *(None,) * (len(sizes) - 1), *spec[axis + 1 :])
     return jax.lax.reshape(x, shape, out_sharding=NamedSharding(sharding.mesh, P(*out)))
 
@@ -194,7 +198,7 @@ def merge(x, axis: int, count: int):
     sharding = typed(x)
     if sharding is None:
         return x.reshape(shape)
-    spec = sharding.spec.partitions + (None,) * (x.ndim - len(sharding.spec.partitions))
+    spec = partitions(x, sharding)
     out = (*spec[: axis + 1], *spec[axis + count :])
     return jax.lax.reshape(x, shape, out_sharding=NamedSharding(sharding.mesh, P(*out)))
 
