@@ -82,58 +82,61 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
     reduce = plan.precision.reduce  # what the gradients' collectives carry (--reduce_dtype)
     table = one_f_one_b(stages, microbatches, virtual)
 
+    def local(params, batch, specs):  # params: my stage's layers, the rest whole; x[B/d, T]
+        # On a named mesh (composed.py) each axis inside a stage adds its piece to the blocks:
+        # fsdp's per-layer gather (each unit's forward, and its backward's rerun, gathers the
+        # layer; the vjp reduce-scatters its gradient), tp's psum, the ring, the experts'.
+        call = composed.hooks(plan, specs, mesh, batch)
+        call.pop('pipeline', None)  # the ticks below are the pipeline
+        # Varying over the batch axes (dp's terms), and the rest over 'stage' too: stage 0's
+        # embedding and the last stage's head each give their own term, summed after the ticks
+        params = jax.tree.map(cast, params, specs)
+        params = outside_layers(gather, params, specs, plan=plan) if plan.uses(FSDP) else params
+        rest = everywhere(rest_of(params))
+        chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
+        model, s = pieces(graphdef, loss_fn, params, call), jax.lax.axis_index(STAGE)  # mine
+        batches = jax.tree.map(lambda a: split(a, microbatches), batch)  # [M, B/dM, ...]
+
+        def step(state, row, fwd, bwd, loss):  # every stage's tick, then the hand-overs
+            run = tick(model, rest, batches, stages, virtual, fwd, bwd, loss)
+            state, y, dx = run(s, chunks, state, jax.tree.map(lambda a: a[s], row))
+            if fwd:
+                state = state._replace(h=pass_on(y, mesh, plan))  # a collective-permute
+            if bwd:
+                state = state._replace(g=pass_back(dx, mesh, plan))  # a collective-permute
+            return state
+
+        begin = start(model, rest, chunks, batches, table.slots)  # zeros
+        state = phases(table, begin, step)
+        # the last stage's metrics, and with experts each statistic's mean over the M
+        # microbatches and L layers (an all-reduce of scalars) and the metrics' terms in them
+        metrics = jax.tree.map(lambda m: m / microbatches, state.metrics)
+        if state.stats:
+            layers = stages * virtual * jax.tree.leaves(chunks)[0].shape[1]
+            means = {
+                k: jax.lax.psum(v, STAGE) / (microbatches * layers) for k, v in state.stats.items()
+            }
+            first = jax.tree.map(lambda a: a[0], batches)
+            terms = moe_metrics(model, rest, state.h, first, means)  # the same on every stage
+            metrics = add(metrics, jax.tree.map(lambda t: jnp.where(s == 0, t, 0), terms))
+        # the embedding's gradient from stage 0, the head's from the last, and the metrics: an
+        # all-reduce over 'stage', in the dtype the gradients' collectives carry (--reduce_dtype)
+        d_rest, metrics = jax.lax.psum((as_dtype(state.rest, reduce), metrics), STAGE)
+        grads = joined(params, back(state.grads)[0], d_rest)
+        grads = outside_layers(scatter, grads, specs, plan=plan) if plan.uses(FSDP) else grads
+        # the all-reduce over 'data' (and the other batch axes of a named mesh)
+        return jax.lax.pmean(metrics, plan.batch_axes), composed.reduce(grads, specs, plan)
+
+    def cast(w, spec):  # as composed.py's: varying over the batch axes it is not split on
+        return jax.lax.pcast(w, composed.averaged_over(plan, spec), to='varying')
+
     def fn(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
         specs = state_specs(params, plan, mesh)
-
-        def local(shards, batch):  # shards: my stage's layers, the rest whole; batch: x[B/d, T]
-            # On a named mesh (composed.py) each axis inside a stage adds its piece to the
-            # blocks: fsdp's per-layer gather (each unit's forward, and its backward's rerun,
-            # gathers the layer; the vjp reduce-scatters its gradient), tp's psum, the ring.
-            call = composed.hooks(plan, specs, mesh, batch)
-            call.pop('pipeline', None)  # the ticks below are the pipeline
-            # Varying over the batch axes (dp's terms), and the rest over 'stage' too: stage
-            # 0's embedding and the last stage's head each give their own term, added once
-            # after the ticks.
-            shards = jax.tree.map(cast, shards, specs)
-            params = outside_layers(gather, shards, specs, plan=plan) if plan.uses(FSDP) else shards
-            rest = everywhere(rest_of(params))
-            chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
-            model, s = pieces(graphdef, loss_fn, params, call), jax.lax.axis_index(STAGE)
-            batches = jax.tree.map(lambda a: split(a, microbatches), batch)  # [M, B/dM, ...]
-
-            def step(state, row, fwd, bwd, loss):  # every stage's tick, then the hand-overs
-                run = tick(model, rest, batches, stages, virtual, fwd, bwd, loss)
-                state, y, dx = run(s, chunks, state, jax.tree.map(lambda a: a[s], row))
-                if fwd:
-                    state = state._replace(h=pass_on(y, mesh, plan))  # collective-permute
-                if bwd:
-                    state = state._replace(g=pass_back(dx, mesh, plan))  # collective-permute
-                return state
-
-            begin = start(model, rest, chunks, batches, table.slots)  # zeros
-            state = phases(table, begin, step)
-            # the embedding's gradient from stage 0, the head's from the last: an all-reduce, in
-            # the dtype the gradients' collectives carry (--reduce_dtype)
-            metrics = jax.tree.map(lambda m: m / microbatches, state.metrics)  # the last stage's
-            if state.stats:  # experts: each statistic's mean over the M microbatches and L
-                # layers (an all-reduce of scalars), and the metrics' terms in them, stage 0's
-                layers = stages * virtual * jax.tree.leaves(chunks)[0].shape[1]
-                means = jax.lax.psum(state.stats, STAGE)
-                means = {k: v / (microbatches * layers) for k, v in means.items()}
-                first = jax.tree.map(lambda a: a[0], batches)
-                terms = moe_metrics(model, rest, state.h, first, means)
-                metrics = add(metrics, jax.tree.map(lambda t: jnp.where(s == 0, t, 0), terms))
-            d_rest, metrics = jax.lax.psum((as_dtype(state.rest, reduce), metrics), STAGE)
-            grads = joined(params, back(state.grads)[0], d_rest)
-            grads = outside_layers(scatter, grads, specs, plan=plan) if plan.uses(FSDP) else grads
-            # the all-reduce over 'data' (and the other batch axes of a named mesh)
-            return jax.lax.pmean(metrics, plan.batch_axes), composed.reduce(grads, specs, plan)
-
-        def cast(w, spec):  # as composed.py's: varying over the batch axes it is not split on
-            return jax.lax.pcast(w, composed.averaged_over(plan, spec), to='varying')
-
         per_device = jax.shard_map(
-            local, mesh=mesh, in_specs=(specs, P(*activations(plan))), out_specs=(REPLICATED, specs)
+            lambda params, batch: local(params, batch, specs),
+            mesh=mesh,
+            in_specs=(specs, P(*activations(plan))),
+            out_specs=(REPLICATED, specs),
         )
         # under 'seq' the positions in the layout's order first (composed.py's)
         return per_device(
