@@ -19,7 +19,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity import config as cfg
-from shard_parity import explicit, inspector
+from shard_parity import auto, explicit, inspector, typed
 from shard_parity import plan as plans
 from shard_parity.devices import libtpu_installed
 from shard_parity.inspector import policy, twins
@@ -28,7 +28,7 @@ from shard_parity.inspector.expect import expectation
 from shard_parity.inspector.program import analyse, compile_all
 from shard_parity.mesh import mesh_for
 from shard_parity.placement import rows, state_shardings
-from shard_parity.step import create_state, make_optimizer
+from shard_parity.step import create_state, make_optimizer, strategy_file
 from shard_parity.tools.zoo import reduce_bf16
 
 SLOW = pytest.mark.slow
@@ -337,3 +337,58 @@ def test_on_a_tpu_every_twin_reduces_in_float32_and_gathers_in_bf16():
     }
     gathers = [v for v in r['expected_vs_compiled'] if v['kind'] == 'all-gather']
     assert len(gathers) == 3 and all(v['as_written'] == v['expected'] for v in gathers), gathers
+
+
+def loop_carries(jaxpr) -> list:
+    """The avals every scan and while loop of `jaxpr` (and of the jaxprs inside it: jit,
+    shard_map, cond, the loops' bodies) carries from one trip to the next."""
+    out = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == 'scan':  # its outputs: the final carry, then the ys
+            out += [v.aval for v in eqn.outvars[: eqn.params['num_carry']]]
+        elif eqn.primitive.name == 'while':
+            out += [
+                v.aval
+                for v in eqn.invars[eqn.params['cond_nconsts'] + eqn.params['body_nconsts'] :]
+            ]
+        for p in eqn.params.values():
+            for sub in p if isinstance(p, (tuple, list)) else (p,):
+                inner = sub if hasattr(sub, 'eqns') else getattr(sub, 'jaxpr', None)  # or closed
+                if hasattr(inner, 'eqns'):
+                    out += loop_carries(inner)
+    return out
+
+
+@pytest.mark.skipif(
+    jax.__version_info__ >= (0, 11),
+    reason="jax 0.11+ writes a scan's carries as trees (ft_in, ft_out) and hoists the ones a loop "
+    'leaves unchanged into its constants: the carries are read on jax 0.10 (CI leg 1)',
+)
+@pytest.mark.parametrize('twin', ['auto', 'explicit', 'typed'])
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b', 'interleaved'])
+def test_microbatch_gradients_accumulate_in_float32_under_every_schedule(schedule, twin):
+    """Issue 42, item 5 (and 41's policy): under --dtype=bfloat16 each pipeline's loops carry
+    its activations in bf16 (f32[..., T, C] would be a cast too few) and every gradient it
+    accumulates over the microbatches in float32: GPipe's (the transposed scan's cotangents
+    of the stage's weights), 1F1B's and interleaved's (their `Stage.grads` and the rest's).
+    Traced, not compiled: the loops' carries as the twin writes them, on data:2,stage:2,model:2
+    with M = 2 (a microbatch's activation [8, T, C], a device's [4, T, C]; the position
+    table's gradient, [T, C] or one a slot [2, T, C], is a weight's)."""
+    plan = plans.parse('data:2,stage:2,model:2', None, 8, precision=BF16, schedule=schedule,
+                       microbatches=2, virtual=2 if schedule == 'interleaved' else None)  # fmt: skip
+    model_config = cfg.TransformerConfig(**{**SHAPE, 'num_layers': 4}, dtype='bfloat16')
+    package = {'auto': auto, 'explicit': explicit, 'typed': typed}[twin]
+    module, mesh = strategy_file(package, plan), mesh_for(plan, package.AXIS_TYPE)
+    graphdef, loss_fn, tx, state, batch = abstract_state('transformer', 16, model_config)
+    fn = module.loss_and_grads(graphdef, loss_fn, mesh, plan)
+    params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          state.params, state_shardings(state.params, mesh, plan))  # fmt: skip
+    batch = twins.with_sharding(batch, mesh, rows(plan))
+    carries = loop_carries(jax.make_jaxpr(fn)(params, batch).jaxpr)
+    rows_t_c = {(b, SHAPE['seq_len'], SHAPE['embed_dim']) for b in (4, 8)}
+    activation = lambda a: a.shape[-3:] in rows_t_c  # noqa: E731
+    assert {a.dtype for a in carries if activation(a)} == {jnp.dtype(jnp.bfloat16)}
+    weights = [a for a in carries if not activation(a) and a.ndim >= 2]
+    assert {a.dtype for a in weights} == {jnp.dtype(jnp.float32)}
+    up = {(64, 256), (64, 128)}  # the MLP's up-projection's, [C, 4C], split over 'model' or not
+    assert any(a.shape[-2:] in up for a in weights)
