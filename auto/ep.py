@@ -19,16 +19,18 @@ import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.placement import (
-    EXPERT_BATCH,
     REPLICATED,
     expert_slots,
     named,
     row_slots,
+    rows,
     state_specs,
 )
 from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
+
+
 def exchange(xe, experts, mesh, plan):  # xe: [E, B, cap, C] @ P(None, ('data', 'expert'))
     # to the experts' devices: XLA inserts the exchange (an all-to-all over 'expert')
     x = jax.lax.with_sharding_constraint(xe, NamedSharding(mesh, expert_slots(plan)))
@@ -44,7 +46,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
     grad_fn = jax.value_and_grad(hook, has_aux=True)
 
     def fn(params, batch):  # params @ P(), experts @ P(None, 'expert'); batch: x[B, T]
-        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, EXPERT_BATCH))
+        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, rows(plan)))
         (_, metrics), grads = grad_fn(params, batch)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # metrics @ P(), grads as the params: each device saw only its rows, so XLA all-reduces
@@ -65,9 +67,7 @@ def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn, experts=lambda xe, w: exchange(xe, w, mesh, plan))
 
     def evaluate(params, batch):  # per-example outputs stay split like the rows
-        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, EXPERT_BATCH))
-        return jax.lax.with_sharding_constraint(
-            fn(params, batch), NamedSharding(mesh, EXPERT_BATCH)
-        )
+        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, rows(plan)))
+        return jax.lax.with_sharding_constraint(fn(params, batch), NamedSharding(mesh, rows(plan)))
 
     return jax.jit(evaluate)

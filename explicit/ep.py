@@ -15,7 +15,7 @@ the experts stay where the experts live; the others are averaged, as dp's. Compa
 import jax
 
 from shard_parity.mesh import DATA, EXPERT
-from shard_parity.placement import EXPERT_BATCH, REPLICATED, is_expert, state_specs
+from shard_parity.placement import REPLICATED, is_expert, rows, state_specs
 from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
@@ -60,7 +60,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
     def fn(params, batch):  # the rows over both axes; each device's experts, the rest whole
         specs = state_specs(params, plan, mesh)
         return jax.shard_map(
-            local, mesh=mesh, in_specs=(specs, EXPERT_BATCH), out_specs=(REPLICATED, specs)
+            local, mesh=mesh, in_specs=(specs, rows(plan)), out_specs=(REPLICATED, specs)
         )(params, batch)
 
     return jax.jit(fn)
@@ -76,7 +76,7 @@ def eval_step(graphdef, eval_fn, mesh, plan):
 
     def evaluate(params, batch):  # per-example outputs of my rows; the tokens still travel
         specs = state_specs(params, plan, mesh)
-        return jax.shard_map(fn, mesh=mesh, in_specs=(specs, EXPERT_BATCH), out_specs=EXPERT_BATCH)(
+        return jax.shard_map(fn, mesh=mesh, in_specs=(specs, rows(plan)), out_specs=rows(plan))(
             params, batch
         )
 

@@ -27,18 +27,21 @@ from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import MODEL, STAGE
 from shard_parity.schedules import Ticks
+from shard_parity.model import ops
 from shard_parity.model.ops import typed, vary_like, varying
 from shard_parity.placement import STACKED, activations
 
 
 def split(x, microbatches: int):
-    """x: [B, ...] -> [M, B/M, ...]: row r in microbatch r mod M."""
-    return x.reshape(-1, microbatches, *x.shape[1:]).swapaxes(0, 1)
+    """x: [B, ...] -> [M, B/M, ...]: row r in microbatch r mod M. In Explicit mode the rows'
+    split stays on B/M (ops.split): JAX's reshape rule spread rows split over expert x data x
+    fsdp with an fsdp of 1 onto M, which the microbatches' scan refuses (fuzzer, 2026-12-05)."""
+    return ops.split(x, 0, (-1, microbatches)).swapaxes(0, 1)
 
 
 def join(ys):
     """[M, B/M, ...] -> [B, ...], `split`'s inverse."""
-    return ys.swapaxes(0, 1).reshape(-1, *ys.shape[2:])
+    return ops.merge(ys.swapaxes(0, 1), 0, 2)
 
 
 def feed(inputs, stages: int):

@@ -39,7 +39,6 @@ BATCH = P(DATA)  # split the leading (example) dimension across the 'data' axis
 FSDP_BATCH = P(FSDP)  # fsdp: the rows split over the same axis as the state
 SEQUENCE = P(DATA, SEQ)  # cp: rows across 'data', each row's positions across 'seq'
 REPLICATED = P()  # no axis named: every device holds the whole array
-EXPERT_BATCH = P((DATA, EXPERT))  # ep: the rows split over both axes, d x n ways
 
 STACKED = 'blocks'  # the transformer's stacked blocks: arrays with a leading [L] layer dimension
 COLUMN = ('query', 'key_value', 'up')  # transformer layers whose outputs are split

@@ -14,15 +14,17 @@ import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.placement import (
-    EXPERT_BATCH,
     expert_slots,
     reduced_shardings,
     row_slots,
+    rows,
     state_shardings,
 )
 from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
+
+
 def exchange(xe, experts, mesh, plan):  # xe: f32[E, B@(data,expert), cap, C]
     # to the experts' devices: f32[E@expert, B@data, cap, C], an all-to-all over 'expert'
     x = jax.reshard(xe, NamedSharding(mesh, expert_slots(plan)))
@@ -36,7 +38,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
     grad_fn = jax.value_and_grad(hook, has_aux=True)
 
     def fn(params, batch):  # params: whole, experts f32[L, E@expert, ...]; batch: x[B@data, T]
-        batch = jax.reshard(batch, NamedSharding(mesh, EXPERT_BATCH))
+        batch = jax.reshard(batch, NamedSharding(mesh, rows(plan)))
         # Free: reduced (experts over 'data' only), so the gradients come out unreduced.
         params = jax.reshard(params, reduced_shardings(params, mesh, plan))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[C, E]{U:(data, expert)}
@@ -56,7 +58,7 @@ def eval_step(graphdef, eval_fn, mesh, plan):
     fn = bind(graphdef, eval_fn, experts=lambda xe, w: exchange(xe, w, mesh, plan))
 
     def evaluate(params, batch):  # per-example outputs f32[B@(data,expert)]
-        batch = jax.reshard(batch, NamedSharding(mesh, EXPERT_BATCH))
-        return jax.reshard(fn(params, batch), NamedSharding(mesh, EXPERT_BATCH))
+        batch = jax.reshard(batch, NamedSharding(mesh, rows(plan)))
+        return jax.reshard(fn(params, batch), NamedSharding(mesh, rows(plan)))
 
     return jax.jit(evaluate)

@@ -51,7 +51,13 @@ def pipeline(plan, mesh):
     stages."""
     microbatches = plan.microbatches  # --microbatches: M, each row device's rows cut into M
 
-    def run(x, run_stack, weights):  # weights: f32[L@stage, ...]
+    def run(x, run_stack, weights):  # the mesh as context: without it jax 0.12's vmap over
+        # 'stage' (spmd_axis_name) finds no mesh to name 'stage' in inside --attention=fused's
+        # blockwise scan (fuzzer, 2026-12-05)
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return in_mesh(x, run_stack, weights)
+
+    def in_mesh(x, run_stack, weights):  # weights: f32[L@stage, ...]
         s, n = jnp.arange(mesh.shape[STAGE]), mesh.shape[STAGE]  # every slot's stage
         if n == 1:  # no pipeline (check_pp warns), and vmap trips on a size-1 Explicit axis
             weights = jax.tree.map(lambda w: jax.reshard(w, behind(w, mesh, None)), weights)  # [L]

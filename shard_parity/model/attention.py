@@ -131,7 +131,7 @@ def _blockwise_forward(q, k, v, offset=0, valid=None):
 
 def _softmax_start(qs, *refs):
     """The online softmax before any key: running max -inf (float32's lowest), sum 0, values 0."""
-    zero = _like(jnp.zeros(qs.shape[:-1], qs.dtype), qs, *refs)  # [B, T, K, G]
+    zero = _like(jnp.zeros_like(qs[..., 0]), qs, *refs)  # [B, T, K, G], split as qs is
     stats = jnp.moveaxis(zero, 1, 3)  # [B, K, G, T]
     return stats + jnp.finfo(qs.dtype).min, stats, _like(jnp.zeros_like(qs), *refs)
 
