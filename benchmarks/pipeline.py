@@ -34,6 +34,7 @@ the update.
 """
 
 import json
+import math
 import os
 
 import jax
@@ -151,9 +152,10 @@ def measure(stages=STAGES, microbatches=MICROBATCHES, rounds=7, parallel=None) -
     return rows
 
 
-def gradient_flops(schedule, stages, microbatches, layers, virtual, shape) -> float:
+def gradient_flops(schedule, stages, microbatches, layers, virtual, shape, inside='data:1') -> float:
     """Per-device FLOPs of explicit's compiled gradients (pp.py for gpipe, else pp_1f1b.py) on
-    data:1,stage:S, loop bodies counted per trip. `shape`: width, T and the global batch."""
+    `inside`,stage:S (the axes inside each stage: data:1, or fsdp:2,model:2 for the composed
+    step), loop bodies counted per trip. `shape`: width, T and the global batch."""
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -170,8 +172,10 @@ def gradient_flops(schedule, stages, microbatches, layers, virtual, shape) -> fl
     from shard_parity.step import make_optimizer, strategy_file
 
     width, seq, batch = shape
-    plan = plans.parse(f'data:1,stage:{stages}', None, stages, microbatches=microbatches,
-                       schedule=schedule, virtual=virtual if schedule == 'interleaved' else None)
+    text = f'{inside},stage:{stages}'
+    devices = stages * math.prod(int(a.split(':')[1]) for a in inside.split(','))
+    plan = plans.parse(text, None, devices, microbatches=microbatches, schedule=schedule,
+                       virtual=virtual if schedule == 'interleaved' else None)  # fmt: skip
     mesh = mesh_for(plan)
     config = cfg.TransformerConfig(seq_len=seq, num_layers=layers, embed_dim=width)
     tx = make_optimizer(cfg.TRAIN_DEFAULTS['transformer'])
@@ -183,15 +187,16 @@ def gradient_flops(schedule, stages, microbatches, layers, virtual, shape) -> fl
 
 
 def schedule_bubbles(stages=STAGES, microbatches=SCHEDULE_M, layers=SCHEDULE_LAYERS,
-                     virtual=VIRTUAL, shape=(128, 64, BATCH)) -> list[dict]:  # fmt: skip
+                     virtual=VIRTUAL, shape=(128, 64, BATCH), inside='data:1') -> list[dict]:  # fmt: skip
     """Each schedule's bubble from its compiled FLOPs: the blocks' (`layers`[1] minus [0]) on
-    S stages against S x theirs on one stage, beside (S - 1)/(VM + S - 1)."""
+    S stages against S x theirs on one stage, beside (S - 1)/(VM + S - 1); `inside`: the other
+    axes of the mesh, the same on both (gradient_flops)."""
     rows = []
     for schedule, v in (('gpipe', 1), ('1f1b', 1), ('interleaved', virtual)):
         for m in microbatches:
             blocks = {
-                s: gradient_flops(schedule, s, m, layers[1], v, shape)
-                - gradient_flops(schedule, s, m, layers[0], v, shape)
+                s: gradient_flops(schedule, s, m, layers[1], v, shape, inside)
+                - gradient_flops(schedule, s, m, layers[0], v, shape, inside)
                 for s in (1, stages)
             }  # fmt: skip
             rows.append({

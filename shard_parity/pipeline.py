@@ -44,6 +44,18 @@ def join(ys):
     return ops.merge(ys.swapaxes(0, 1), 0, 2)
 
 
+def in_mesh(fn, mesh):
+    """`fn` run with `mesh` as the abstract mesh context: typed/'s stages under `vmap` over
+    'stage', where jax 0.12 found no mesh to name 'stage' in inside --attention=fused's
+    blockwise scan (`Resource axis: stage ... is not found in mesh: ()`; fuzzer, 2026-12-05)."""
+
+    def run(*args):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(*args)
+
+    return run
+
+
 def feed(inputs, stages: int):
     """What the first stage takes in at each of GPipe's M + S - 1 ticks: the microbatches
     [M, b, ...], then S - 1 of zeros (bubbles): [M + S - 1, b, ...], the scan's xs. (An index

@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import STAGE
-from shard_parity.pipeline import feed, in_first_slot, join, microbatch_means, split
+from shard_parity.pipeline import feed, in_first_slot, in_mesh, join, microbatch_means, split
 from shard_parity.placement import (
     BATCH,
     activations,
@@ -51,13 +51,7 @@ def pipeline(plan, mesh):
     stages."""
     microbatches = plan.microbatches  # --microbatches: M, each row device's rows cut into M
 
-    def run(x, run_stack, weights):  # the mesh as context: without it jax 0.12's vmap over
-        # 'stage' (spmd_axis_name) finds no mesh to name 'stage' in inside --attention=fused's
-        # blockwise scan (fuzzer, 2026-12-05)
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-            return in_mesh(x, run_stack, weights)
-
-    def in_mesh(x, run_stack, weights):  # weights: f32[L@stage, ...]
+    def run(x, run_stack, weights):  # weights: f32[L@stage, ...]
         s, n = jnp.arange(mesh.shape[STAGE]), mesh.shape[STAGE]  # every slot's stage
         if n == 1:  # no pipeline (check_pp warns), and vmap trips on a size-1 Explicit axis
             weights = jax.tree.map(lambda w: jax.reshard(w, behind(w, mesh, None)), weights)  # [L]
@@ -67,7 +61,7 @@ def pipeline(plan, mesh):
             lambda w: w.reshape(n, -1, *w.shape[1:], out_sharding=behind(w, mesh, STAGE, None)),
             weights,
         )
-        stages = jax.vmap(run_stack, spmd_axis_name=STAGE)  # stage s on slot s, on its device
+        stages = jax.vmap(in_mesh(run_stack, mesh), spmd_axis_name=STAGE)  # slot s, its device
         inputs = in_first_slot(split(x, microbatches), mesh, plan)  # [M, S@stage, B/M@data, T, C]
 
         def tick(h, x):  # h, x: f32[S@stage, B/M@data, T, C]; h shifted, x slot 0's
@@ -77,9 +71,10 @@ def pipeline(plan, mesh):
         h = jnp.zeros_like(inputs[0])  # bubbles: zeros
         _, (ys, stats) = jax.lax.scan(tick, h, feed(inputs, n))  # [M+S-1, S@stage, ...]
         means = microbatch_means(stats, microbatches, s)  # experts' statistics: [S, L/S]
-        last = (s == n - 1)[:, None, None, None]  # the last stage's slot
-        out = jnp.where(last, ys[n - 1 :], 0).sum(1)  # from tick S - 1 on: an all-reduce
-        return join(out), {k: v.mean() for k, v in means.items()}
+        last = (s == n - 1)[:, None, None, None]  # the last stage's slot, from tick S - 1 on:
+        return join(jnp.where(last, ys[n - 1 :], 0).sum(1)), {  # an all-reduce
+            k: v.mean() for k, v in means.items()
+        }
 
     return run
 
