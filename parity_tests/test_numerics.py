@@ -11,6 +11,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -74,6 +75,30 @@ def test_the_loss_budget_holds_float32s_own_rounding():
     bf16 = numerics.Budget('bfloat16', modules=10, terms=512)
     own = numerics.C_OP * u * (numerics.BOUNDARIES * 10) ** 0.5
     assert own < 0.03 * bf16.loss()
+
+
+def test_the_forward_budget_holds_float32s_accumulation_in_another_order():
+    """A dot split over 'model' adds partial sums, another order of float32's accumulation:
+    about u(f32) sqrt(K) norm-wise, which no op boundary counts. Under a float32 compute with a
+    bf16 reduce it is the forward's whole budget (the fuzzer's false alarm, 2026-12-05: the
+    MLP's last layer 13 float32 ulps apart, 1.8 budgets over); under bf16 compute a few parts
+    in ten thousand of it. Measured: the same dot, its contraction split in two and summed,
+    against one sum, sits inside it."""
+    u = numerics.unit_roundoff('float32')
+    mixed = numerics.Budget('float32', 'bfloat16', devices=8, modules=3, contraction=784)
+    assert mixed.forward(1) > numerics.C_ACC * u * 28
+    assert mixed.forward(1) > 5 * numerics.Budget('float32', 'bfloat16', modules=3).forward(1)
+    bf16 = numerics.Budget('bfloat16', modules=3, contraction=784)
+    assert bf16.forward(1) < 1.001 * numerics.Budget('bfloat16', modules=3).forward(1)
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((64, 784), np.float32), rng.standard_normal((784, 128), np.float32)
+    whole = jnp.dot(x, w, precision='highest')
+    halves = jnp.dot(x[:, :392], w[:392], precision='highest') + jnp.dot(
+        x[:, 392:], w[392:], precision='highest'
+    )
+    assert 0 < numerics.error(whole, halves) < mixed.forward(1) / 3
+    weights = {'a': np.zeros((784, 128)), 'b': np.zeros((3, 32, 128)), 'c': np.zeros(7)}
+    assert numerics.widest(weights) == 784
 
 
 def test_a_flipped_token_is_told_from_a_bug_spread_over_the_tokens():

@@ -36,6 +36,7 @@ Core: no twin, tool or benchmark imports (parity_tests/test_imports.py)."""
 import dataclasses
 import math
 
+import jax
 import numpy as np
 
 UNIT_ROUNDOFF = {  # u = 2^-p for p bits of significand (the implicit one counted)
@@ -51,6 +52,7 @@ BOUNDARIES = 2  # op boundaries (roundings) per recorded module output
 C_GRAD = 1.2  # ...of the backward (a gradient), in units of u
 C_LOSS = 0.02  # the loss, a mean of many terms: x (the last module's budget) / sqrt(terms)
 C_FLIP = 1.5  # a gradient after flips: C_FLIP x sqrt(flipped tokens / tokens)
+C_ACC = 2.0  # a forward output: float32's accumulation in another order, x u(f32) sqrt(K)
 C_REDUCE = 3.0  # per hop of a gradient's collective, in units of the reduce dtype's u
 C_MOMENT = 1.0  # AdamW's moments: order x the gradients' budget x the leaf's change
 C_UPDATE = 2.5  # a parameter after the update: max(2 sqrt(flip share), gradients' budget)
@@ -87,6 +89,12 @@ def saved(model_config: dict) -> tuple[str, str]:
     return model_config.get('dtype', 'float32'), model_config.get('reduce_dtype', 'float32')
 
 
+def widest(params) -> int:
+    """K, the longest contraction a model's dots run: the largest input dimension (the last
+    but one) of its weights of two dimensions or more (stacked layers' and experts' too)."""
+    return max([x.shape[-2] for x in jax.tree.leaves(params) if np.ndim(x) >= 2] or [1])
+
+
 def error(a, b) -> float:
     """||a - b|| / max(||a||, ||b||) over the leaf, in float64: 0 where both are zero, inf where
     the shapes differ or either holds a NaN or infinity."""
@@ -109,6 +117,7 @@ class Budget:
     devices: int = 1
     modules: int = 1
     terms: int = 1  # the loss is a mean of this many terms (rows x positions)
+    contraction: int = 1  # K, the longest contraction of the model's dots (`widest`)
     flipped: int = 0  # tokens whose expert choice flipped in this step's forward (`flips`)
 
     @classmethod
@@ -134,8 +143,13 @@ class Budget:
         return C_REDUCE * unit_roundoff(self.reduce) * math.sqrt(hops)
 
     def forward(self, k: int) -> float:
-        """The k-th (from 1) module output of the forward, in the order they finish."""
-        return self._ops(BOUNDARIES * max(k, 1))
+        """The k-th (from 1) module output of the forward, in the order they finish: its
+        boundaries, and float32's accumulation of a contraction of K terms in another order (a
+        dot split over 'model' or 'fsdp' adds partial sums; another fusion another tiling),
+        C_ACC u(f32) sqrt(K), which no boundary counts: it alone is the whole budget where
+        compute is float32 and only the reduction is narrower (a fuzzer find, 2026-12-05)."""
+        accumulate = C_ACC * unit_roundoff('float32') * math.sqrt(self.contraction)
+        return self._ops(BOUNDARIES * max(k, 1)) + accumulate
 
     def loss(self) -> float:
         """A loss metric: every module's boundaries, in a mean of `terms` terms whose rounding

@@ -222,7 +222,9 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     terms = min(np.size(x) for x in jax.tree.leaves(batch))  # the loss's: rows x positions
     # the modules either side runs; under 'seq' (none compared) one device's forward, traced
     depth = max(len(acts_a), len(acts_b)) or ra.modules(state, batch)
-    model = report.model and dataclasses.replace(report.model, modules=depth, terms=terms)
+    model = report.model and dataclasses.replace(
+        report.model, modules=depth, terms=terms, contraction=numerics.widest(state.params)
+    )
     # phase -> the budget of its leaves (None: not --tolerance=model)
     budget = {p: model and getattr(model, p)() for p in ('loss', 'gradients')}
     seen = {p: _Seen(report, p) for p in ('forward', 'loss', 'gradients', 'update')}
