@@ -5,8 +5,8 @@ loss and every gradient leaf on fsdp:2,model:2,stage:2 (1f1b), data:2,seq:2,stag
 (interleaved, V = 2), data:2,expert:2,stage:2 with experts (1f1b; stage:2,expert:4
 interleaved), stage:2,seq:2,model:2 and data:2,fsdp:2,stage:2 (typed: all but the mesh with
 'model' and no 'seq', which it refuses in one line, never running GPipe in its place), and
-(explicit and auto) on the 16-device data:2,fsdp:2,model:2,stage:2; 20 AdamW steps track it (the
-exhaustive tier); the planted wrong slot (tools/zoo/pp_1f1b_wrong_slot.py) is caught on
+on the 16-device data:2,fsdp:2,model:2,stage:2 (one step in the slow tier); 20 AdamW steps
+track it on every mesh, the 16-device one included (the exhaustive tier); the planted wrong slot (tools/zoo/pp_1f1b_wrong_slot.py) is caught on
 composed meshes, and found by the bisector in the gradients, by flags and from run directories;
 1F1B's temporary memory per device on fsdp:2,model:2,stage:2 stays flat as M goes 4, 8, 16
 where GPipe's grows, and fsdp gathers per unit rather than hold a stage's layers (measured
@@ -208,6 +208,32 @@ def test_the_4d_mesh_on_16_devices(name, one_device):
     _, grads = schedule_loss_and_grads(pp_1f1b_wrong_slot, case, SIXTEEN)
     with pytest.raises(AssertionError):
         assert_trees_close(grads, want_grads, **TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.exhaustive
+def test_20_steps_on_the_4d_mesh_of_16_devices():
+    """The 16-device mesh's 20 AdamW steps (interleaved, V = 2, M = 2), each twin, in a pytest
+    of its own on 16 devices (conftest.py), as test_interleaved_on_a_4d_mesh_of_16_devices."""
+    if jax.device_count() == 16:
+        pytest.skip('run by test_20_steps_of_each_twin_on_16_devices')
+    env = dict(os.environ, SHARD_PARITY_TEST_DEVICES='16')
+    test = 'parity_tests/test_composed_schedules.py::test_20_steps_of_each_twin_on_16_devices'
+    result = subprocess.run(
+        [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '--exhaustive', test],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert '3 passed' in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.exhaustive
+@pytest.mark.parametrize('name', ['explicit', 'auto', 'typed'])
+def test_20_steps_of_each_twin_on_16_devices(name):
+    if jax.device_count() != 16:
+        pytest.skip('needs 16 devices: test_20_steps_on_the_4d_mesh_of_16_devices runs it')
+    track_20_steps(TWINS[name], SIXTEEN)
 
 
 # --- Memory: 1F1B's temp per device stays flat in M on a composed mesh, GPipe's grows ---
