@@ -184,7 +184,9 @@ def reduced_shardings(params, mesh, plan: Plan, gathered: bool = False):
     partial sum), for the strategy to add once. Vectors (biases, LayerNorm scales) stay
     replicated: jax (0.10 to 0.12 at least) refuses a reduced operand beside one split on the
     same axis in an elementwise op (x + b), so their gradients are summed where they are formed.
-    Not over an axis the array itself is split over (an expert's, over 'expert')."""
+    Not over an axis the array itself is split over (an expert's, over 'expert'), and an MoE
+    layer's (router, experts) not over 'seq': the routing runs on whole sequences (model/moe.py),
+    so no 'seq' split enters their contractions (a seq axis beside experts is of size 1)."""
     axes = set(plan.batch_axes)
     split = axes if any(mesh.shape[a] > 1 for a in axes) else set()
     specs = state_specs(params, plan, mesh)
@@ -193,11 +195,20 @@ def reduced_shardings(params, mesh, plan: Plan, gathered: bool = False):
 
     def cast(path, x, spec):  # a matrix: 2 dimensions after a stacked array's layer dimension
         matrix = x.ndim - layer_dims(path) >= 2
-        partial = split - set(spec)  # not over an axis the array itself is split over
+        partial = reduced_over(path, split) - set(spec)  # not over an axis it is split over
         return P(*spec, reduced=partial) if matrix and partial else spec
 
     specs = jax.tree_util.tree_map_with_path(cast, params, specs)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+
+
+def reduced_over(path, axes) -> set:
+    """Which of the batch axes `axes` typed/ makes the array at `path` `reduced` over: all, but
+    'seq' for an MoE layer's router and experts, whose routing runs on whole sequences
+    (model/moe.py), so that no 'seq' split enters their contractions (a seq axis beside experts
+    is of size 1: more is refused)."""
+    moe = any(getattr(k, 'key', None) in ('router', EXPERTS) for k in path)
+    return set(axes) - {SEQ} if moe else set(axes)
 
 
 def layer_specs(specs):

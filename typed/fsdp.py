@@ -21,6 +21,7 @@ from shard_parity.placement import (
     layer_specs,
     named,
     outside_layers,
+    reduced_over,
     reduced_shardings,
     state_shardings,
     state_specs,
@@ -35,9 +36,9 @@ def reshard(x, mesh, spec):  # x: this layout, here; the data moves only at a re
     return jax.reshard(x, NamedSharding(mesh, spec))
 
 
-def reduced(w, spec, axes=(FSDP,)):  # f32[C@fsdp, 4C] -> f32[C, 4C]{R:fsdp}; a vector: whole
-    whole = without(spec, FSDP)  # (reduced_shardings); not over an axis it is still split over
-    over = set(axes) - set(whole)
+def reduced(w, spec, axes=(FSDP,), path=()):  # f32[C@fsdp, 4C] -> f32[C, 4C]{R:fsdp}; a vector:
+    whole = without(spec, FSDP)  # whole (reduced_shardings); not over an axis it is split over
+    over = reduced_over(path, axes) - set(whole)
     return P(*whole, reduced=over) if w.ndim >= 2 and over else whole
 
 
@@ -50,7 +51,9 @@ def gather_layer(specs, mesh, plan, axes=(FSDP,)):
     @jax.custom_vjp
     def layer_weights(shards):  # the layer's all-gathers
         shards = as_dtype(shards, plan.precision.compute)  # what the all-gather carries: --dtype
-        return jax.tree.map(lambda w, s: reshard(w, mesh, reduced(w, s, axes)), shards, specs)
+        return jax.tree_util.tree_map_with_path(
+            lambda p, w, s: reshard(w, mesh, reduced(w, s, axes, p)), shards, specs
+        )
 
     def backward(_, grads):  # {U:fsdp} -> split: the layer's reduce-scatters, in the backward
         grads = as_dtype(grads, plan.precision.reduce)  # what the reduce-scatter carries

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from shard_parity import UsageError
+from shard_parity.model import ops
 from shard_parity.model.ops import gelu, typed_partials, wide
 
 normal = nnx.initializers.normal
@@ -74,13 +75,13 @@ def route(x, router, k: int, cap: int) -> Routing:
     probs = jax.nn.softmax(jnp.einsum('btd,de->bte', x.astype(f), router.astype(f)), -1)
     gates, choice = jax.lax.top_k(probs, k)  # [B, T, K] each
     # One row per (choice rank, position): all first choices, then all second, by position.
-    picks = jax.nn.one_hot(choice, e, dtype=f).transpose(0, 2, 1, 3).reshape(b, k * t, e)
+    picks = ops.merge(jax.nn.one_hot(choice, e, dtype=f).transpose(0, 2, 1, 3), 1, 2)  # [B, KT, E]
     slot = (
         jnp.cumsum(picks, 1).astype(jnp.int32) - 1
     )  # the place in the expert's queue, counted in that order
     kept = picks * (slot < cap)
     slots = jax.nn.one_hot(slot, cap, dtype=f) * kept[..., None]  # [B, K*T, E, cap]
-    slots = slots.reshape(b, k, t, e, cap)
+    slots = ops.split(slots, 1, (k, t))  # [B, K, T, E, cap] (ops: in Explicit mode B keeps its split)
     dispatch = slots.sum(1)  # a token picks an expert once: at most one 1 per (t, e)
     combine = jnp.einsum('bktec,btk->btec', slots, gates)
     share = picks.mean(1)  # [B, E]: f_e, the share of the sequence's choices
@@ -127,6 +128,13 @@ class MoE(nnx.Module):
         self.experts = Experts(cfg, rngs)
 
     def __call__(self, x, experts=None, stats=None, sum_partials=None):  # x: [B, T, C]
+        # Explicit mode: each sequence whole (the routing's queues and means run along it;
+        # typed/ splits T over a 'seq' axis, here of size 1: more is refused with experts, and
+        # placement.reduced_shardings leaves 'seq' out of the MoE weights'), y split back as x
+        y = self.routed(ops.whole(x, 1), experts, stats, sum_partials)
+        return y if ops.typed(x) is None else jax.reshard(y, ops.typed(x))
+
+    def routed(self, x, experts, stats, sum_partials):
         cfg = self.cfg
         r = route(x, self.router[...], cfg.experts_per_token, capacity(cfg, x.shape[1]))
         if stats is not None:  # the loss adds aux; the metrics log both (tasks.lm_loss)

@@ -155,6 +155,16 @@ def partitions(x, sharding) -> tuple:
     return sharding.spec.partitions + (None,) * (x.ndim - len(sharding.spec.partitions))
 
 
+def whole(x, axis: int):
+    """x with dimension `axis` unsplit, in Explicit mode (a reshard); elsewhere x itself."""
+    sharding = typed(x)
+    if sharding is None or partitions(x, sharding)[axis] is None:
+        return x
+    spec = list(partitions(x, sharding))
+    spec[axis] = None
+    return jax.reshard(x, NamedSharding(sharding.mesh, P(*spec)))
+
+
 def typed_partials(x, w, transposed: bool):
     """In Explicit mode, a product whose contracted dimension is split (a row-parallel layer:
     x[..., K@model] @ w[K@model, N]) comes out `unreduced` over that axis: each device's partial
