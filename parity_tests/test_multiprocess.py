@@ -39,8 +39,11 @@ CASES += [
     for c in [('auto', 'transformer', None), ('explicit', 'mlp', None)]
     + [('explicit', 'transformer', None), ('typed', 'mlp', None)]
 ]
-# auto's 3-D run across processes (issue 42): matched by hand before it was pinned here
+# auto's 3-D run across processes (issue 42): matched by hand before it was pinned here; and a
+# composed schedule, 1F1B with fsdp and tp inside each stage (the mesh's text, then its flags)
 CASES += [pytest.param('auto', 'transformer', 'data:2,fsdp:2,model:2', marks=EXHAUSTIVE)]
+SCHEDULED = 'fsdp:2,model:2,stage:2 --pp_schedule=1f1b --num_layers=2 --microbatches=2'
+CASES += [pytest.param('explicit', 'transformer', SCHEDULED, marks=EXHAUSTIVE)]
 
 
 def launch(*command, n=2, timeout=240):
@@ -64,7 +67,8 @@ def launch(*command, n=2, timeout=240):
 
 @pytest.mark.parametrize('twin, model, mesh', CASES)
 def test_two_processes_match_one(twin, model, mesh, tmp_path):
-    flags = [*FLAGS[model], *COMMON, *([f'--mesh={mesh}'] if mesh else [])]
+    mesh, *more = mesh.split() if mesh else (None,)
+    flags = [*FLAGS[model], *COMMON, *([f'--mesh={mesh}'] if mesh else []), *more]
     # The multi-process run stops at step 5 and resumes from its checkpoint: Orbax saves and
     # restores across processes too.
     for steps in (5, 10):
