@@ -45,9 +45,10 @@ def join(ys):
 
 
 def in_mesh(fn, mesh):
-    """`fn` run with `mesh` as the abstract mesh context: typed/'s stages under `vmap` over
-    'stage', where jax 0.12 found no mesh to name 'stage' in inside --attention=fused's
-    blockwise scan (`Resource axis: stage ... is not found in mesh: ()`; fuzzer, 2026-12-05)."""
+    """`fn` run with `mesh` as the abstract mesh context, for typed/ on jax 0.12: its stages
+    under `vmap` over 'stage' found no mesh to name 'stage' in inside --attention=fused's
+    blockwise scan (`Resource axis: stage ... is not found in mesh: ()`; fuzzer, 2026-12-05),
+    and pp_1f1b's zeros_like dropped its operand's sharding."""
 
     def run(*args):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):

@@ -31,6 +31,7 @@ from shard_parity.mesh import FSDP, SEQ, STAGE
 from shard_parity.model.ring import reorder
 from shard_parity.pipeline import (
     add,
+    in_mesh,
     joined,
     moe_metrics,
     phases,
@@ -135,11 +136,9 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         grads = as_dtype(joined(params, back(state.grads)[0], d_rest), reduce)
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 
-    def in_mesh(params, batch):  # the mesh as context: without it jax 0.12's zeros_like (the
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # stages' zeros before the
-            return fn(params, batch)  # first tick) drops its operand's sharding, 0.10's keeps it
-
-    return jax.jit(in_mesh)  # the inputs' placement (place_state, place_batch) is their type
+    # the mesh as context (pipeline.in_mesh): without it jax 0.12's zeros_like (the stages'
+    # zeros before the first tick) drops its operand's sharding, 0.10's keeps it
+    return jax.jit(in_mesh(fn, mesh))  # the inputs' placement (place_state, place_batch): types
 
 
 def train_step(graphdef, loss_fn, tx, mesh, plan):
