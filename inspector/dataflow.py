@@ -148,3 +148,116 @@ def element_of(module: Module, op: Instruction, n: int, tuple_valued: bool) -> I
         return op
     return next((u for u in module.users.get(op.name, [])
                  if u.opcode == 'get-tuple-element' and index_of(u) == n), None)  # fmt: skip
+
+
+# Ops through which a value reaches an output unchanged in kind: arithmetic element by element,
+# moves, selections. A contraction, a reduction, a gather or a scatter makes something else of
+# it (a weight's gradient from an activation's, a statistic from a tensor), and so does any
+# operand that only indexes or selects (a select's predicate, a slice's offsets).
+ENDS = {'dot', 'convolution', 'reduce', 'reduce-window', 'scatter', 'gather', 'sort',
+        'compare', 'is-finite', 'rng', 'rng-bit-generator', 'iota', 'fft', 'conditional', 'map',
+        'select-and-scatter', 'triangular-solve', 'cholesky', 'batch-norm-grad'}  # fmt: skip
+ASYNC = ('AsyncCollectiveStart', 'AsyncCollectiveDone')  # a TPU's chain: the value, carried
+
+
+def _carries(module: Module, user: Instruction, position: int) -> bool:
+    """Whether `user` carries operand `position`'s value on, element by element."""
+    op = user.opcode
+    if op == 'custom-call':
+        return any(f'custom_call_target="{a}"' in user.line for a in ASYNC)
+    if op in ENDS:
+        return False
+    if op == 'select' or op == 'clamp':
+        return position > 0 if op == 'select' else position == 1
+    if op == 'broadcast':  # a scale spread over a tensor (a norm's clip) is not that tensor
+        return elements_of(user.type) == elements_of(operand_of(module, user, position).type)
+    if op in ('dynamic-slice', 'slice', 'pad', 'reverse'):
+        return position == 0
+    if op == 'dynamic-update-slice':
+        return position in (0, 1)
+    return True
+
+
+def outputs_reached(module: Module, start: Instruction, k: int | None = None,
+                    limit: int = 4000) -> set[int]:  # fmt: skip
+    """The entry's result elements (indices into its ROOT tuple) that `start`'s value (its
+    element `k`) reaches through ops that carry it element by element (`_carries`): the
+    arithmetic of an optimizer's update, moves, slices, a fusion (in at its parameter, out at its
+    root), a loop (in through its carried tuple, out where its body's root hands it on), a TPU's
+    async chain. None through a dot, a reduction, a gather or a scatter: a gradient's collective
+    reaches its parameter's update; an activation's reaches it only through the dot or the
+    reduction that forms the gradient from it."""
+    out, todo, seen = set(), [(start, k)], set()
+    while todo and len(seen) < limit:
+        i, k = todo.pop()
+        if (i.name, k) in seen:
+            continue
+        seen.add((i.name, k))
+        root = i.line.lstrip().startswith('ROOT')
+        if root and i.opcode != 'tuple':  # a computation's result: on to its caller's users
+            todo += _handed_on(module, i.computation, None)
+        for u in module.users.get(i.name, []):
+            positions = [n for n, o in enumerate(u.operands) if o == i.name]
+            if u.opcode == 'get-tuple-element':
+                if k is None or index_of(u) == k:
+                    todo.append((u, None))
+            elif u.opcode == 'tuple':
+                for n in positions:
+                    if u.line.lstrip().startswith('ROOT'):
+                        if u.computation == module.entry:
+                            out.add(n)
+                        else:
+                            todo += _handed_on(module, u.computation, n)
+                    else:
+                        todo.append((u, n))
+            elif u.opcode in ('fusion', 'call') or u.opcode.startswith('async-start'):
+                inner = module.computations.get(callee(u) or callee(u, 'to_apply') or '', [])
+                for n in positions:
+                    todo += [(p, k) for p in inner
+                             if p.opcode == 'parameter' and f'parameter({n})' in p.line]  # fmt: skip
+            elif u.opcode == 'while':
+                body = module.computations.get(callee(u, 'body'), [])
+                todo += [(p, k) for p in body if p.opcode == 'parameter']
+            elif u.opcode.endswith('-done'):
+                todo.append((u, k))
+            elif u.type.startswith('('):  # a variadic op (XLA's combined all-reduce): its n-th
+                todo += [(u, n) for n in positions if _carries(module, u, n)]
+            elif any(_carries(module, u, n) for n in positions):
+                todo.append((u, None))
+    return out
+
+
+def _handed_on(module: Module, computation: str, n: int | None) -> list:
+    """What a computation's result (its element `n`) becomes in each caller: a fusion's or a
+    call's result, a loop's (its body's root is the next iteration's state and, at the end, the
+    loop's result)."""
+    out = []
+    for c in module.callers.get(computation, []):
+        if c.opcode == 'while' and callee(c, 'body') != computation:
+            continue  # a loop's condition hands nothing on
+        if c.opcode == 'while':
+            body = module.computations.get(computation, [])
+            out += [(p, n) for p in body if p.opcode == 'parameter']  # the next iteration
+        out.append((c, n))
+    return out
+
+
+def origin(module: Module, start: Instruction, limit: int = 400) -> Instruction | None:
+    """The entry parameter `start`'s value comes from through ops that only move, select or
+    convert it (a cast to the compute dtype before a gather, one layer's slice of a stack), or
+    None when it is computed."""
+    todo, seen = [(start, None)], set()
+    while todo and len(seen) < limit:
+        i, k = todo.pop(0)
+        if i is None or (i.name, k) in seen:
+            continue
+        seen.add((i.name, k))
+        if i.opcode == 'parameter' and i.computation == module.entry:
+            return i
+        if i.opcode == 'convert' or (
+            i.opcode == 'custom-call' and any(f'"{a}"' in i.line for a in ASYNC)
+        ):
+            todo.append((operand_of(module, i, 0), k))
+        else:
+            todo += sources(module, i, k)
+    return None

@@ -284,29 +284,77 @@ def test_a_run_with_checkpoints_restores_on_other_meshes():
 def test_the_collectives_rules_can_fail():
     """tools/fuzz_target.py's rules on hand-made programs: a gradient reduced over the plan's
     axes passes; over 'model' too, not at all, or an expert's weights gathered over 'expert',
-    each is named; an activation's shape over 'model' is not blamed."""
+    each is named; a reduction whose result reaches no parameter's update (an activation's,
+    tensor parallelism's psum) is not blamed, nor is a forward one."""
     from tools.fuzz_target import wrong
 
     grads = [
-        {'path': "['w']", 'shapes': {(4, 8)}, 'must': {'data'}, 'may': {'data', 'fsdp'},
-         'expert': False},
-        {'path': "['e']", 'shapes': {(2, 8, 8)}, 'must': {'data'}, 'may': {'data'}, 'expert': True},
-    ]  # fmt: skip
+        {'path': "['w']", 'must': {'data'}, 'may': {'data', 'fsdp'}, 'expert': False},
+        {'path': "['e']", 'must': {'data'}, 'may': {'data'}, 'expert': True},
+    ]
 
-    def op(kind, axes, *shapes, phase='outside-grad'):
-        return {'kind': kind, 'axes': list(axes), 'phase': phase, 'shapes': [list(s) for s in shapes],
-                'stands_for': [], 'file': 'planted.py', 'line': 7, 'name': kind}  # fmt: skip
+    def op(kind, axes, *leaves, phase='outside-grad', gathers=None):
+        return {'kind': kind, 'axes': list(axes), 'phase': phase, 'shapes': [[4, 8]] * len(leaves),
+                'leaves': [set(x) for x in leaves], 'gathers': gathers, 'file': 'planted.py',
+                'line': 7, 'name': kind}  # fmt: skip
 
-    right = [op('all-reduce', ['data'], (4, 8), (2, 8, 8), ())]
+    right = [op('all-reduce', ['data'], ["['w']"], ["['e']"], [])]
     assert wrong(right, grads) == []
-    too_many = wrong([op('all-reduce', ['data', 'model'], (4, 8), (2, 8, 8))], grads)
+    too_many = wrong([op('all-reduce', ['data', 'model'], ["['w']"], ["['e']"])], grads)
     assert len(too_many) == 2 and all('over data/model at planted.py:7' in w for w in too_many)
     assert "the gradient of ['w'] is never reduced over data" in wrong([], grads)[0]
     assert wrong([], grads, written=False) == []  # the partitioner may gather activations
-    gathered = wrong(right + [op('all-gather', ['expert'], (2, 8, 8), phase='forward')], grads)
+    gathered = wrong(right + [op('all-gather', ['expert'], [], phase='forward', gathers="['e']")],
+                     grads)  # fmt: skip
     assert gathered and "gathers ['e'], an expert's weights" in gathered[0]
-    tp = right + [op('all-reduce', ['model'], (4, 8), phase='backward')]
-    assert wrong(tp, grads) and wrong(tp, grads, lambda shape: shape == (4, 8)) == []
+    assert wrong(right + [op('all-gather', ['expert'], [], gathers=None)], grads) == []  # tokens
+    tp = right + [op('all-reduce', ['model'], [], phase='backward')]  # reaches no update
+    assert wrong(tp, grads) == []
+    assert wrong(right + [op('all-reduce', ['model'], ["['w']"], phase='backward')], grads)
+    assert wrong(right + [op('all-reduce', ['model'], ["['w']"], phase='forward')], grads) == []
+
+
+def test_the_dataflow_tells_a_gradient_from_an_activation_of_its_shape():
+    """inspector/dataflow.py's walks on a hand-written program: an all-reduce whose result is
+    added into the parameter's update reaches that output; one of the same shape that only
+    feeds a dot reaches none; a scalar scale (a norm's clip) spread by a broadcast reaches none;
+    an all-gather's operand, cast and sliced, is traced to the entry parameter it is."""
+    from shard_parity.inspector.dataflow import origin, outputs_reached
+    from shard_parity.inspector.hlo_module import Module
+
+    text = """HloModule m
+
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %add.0 = f32[] add(%a, %b)
+}
+
+ENTRY %main (p.0: f32[4,8], g.0: f32[4,8], x.0: f32[4,8]) -> (f32[4,8], f32[8,8]) {
+  %p.0 = f32[4,8] parameter(0), metadata={op_name="state.params[\\'w\\']"}
+  %g.0 = f32[4,8] parameter(1)
+  %x.0 = f32[4,8] parameter(2)
+  %grad = f32[4,8] all-reduce(%g.0), replica_groups={{0,1}}, to_apply=%sum
+  %act = f32[4,8] all-reduce(%x.0), replica_groups={{0,1}}, to_apply=%sum
+  %norm = f32[] all-reduce(%n.0), replica_groups={{0,1}}, to_apply=%sum
+  %n.0 = f32[] constant(1)
+  %scale = f32[4,8] broadcast(%norm), dimensions={}
+  %scaled = f32[4,8] multiply(%grad, %scale)
+  %new = f32[4,8] subtract(%p.0, %scaled)
+  %w = f32[8,8] dot(%act, %p.0), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  %cast = bf16[4,8] convert(%p.0)
+  %piece = bf16[2,8] slice(%cast), slice={[0:2], [0:8]}
+  %gathered = bf16[4,8] all-gather(%piece), dimensions={0}, replica_groups={{0,1}}
+  ROOT %out = (f32[4,8], f32[8,8]) tuple(%new, %w)
+}
+"""
+    module = Module(text)
+    assert outputs_reached(module, module.instructions['grad']) == {0}
+    assert outputs_reached(module, module.instructions['act']) == set()
+    assert outputs_reached(module, module.instructions['norm']) == set()
+    gathered = module.instructions['gathered']
+    assert origin(module, module.instructions[gathered.operands[0]]).name == 'p.0'
+    assert origin(module, module.instructions['w']) is None
 
 
 @pytest.mark.slow  # ~35 s: a worker, one transformer draw compiled for tpu-v5e-8 twice
@@ -433,3 +481,15 @@ def test_every_zoo_entry_is_found_and_shrunk_to_its_axis(entry, axis, more):
     line = result.stdout.strip().splitlines()[-1]
     mesh = dict(p.split(':') for p in line.split('--mesh=')[1].split()[0].split(','))
     assert any(int(mesh.get(a, 1)) > 1 for a in axis.split('|')), line
+
+
+@pytest.mark.exhaustive  # ~40 s: two auto/ programs compiled for TPU slices
+def test_the_target_corpus_replays_as_fixed():
+    """The corpus's --target entries (auto/'s programs the shape reading blamed: the embedding
+    table's gradient summed over 'model' after its lookup, tokens all-gathered over 'expert'
+    with the shape of an expert's weights) pass the dataflow reading, each on its slice."""
+    pytest.importorskip('libtpu')
+    result = fuzz('--corpus_only', '--target=tpu', '--twins=one_device,auto', timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for name in ('auto_tpu_embedding_gradient_over_model', 'auto_tpu_gathers_expert_weights'):
+        assert f'corpus {name}: passed, as fixed' in result.stdout, result.stdout[-3000:]
