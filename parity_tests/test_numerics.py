@@ -118,6 +118,38 @@ def test_a_flipped_token_is_told_from_a_bug_spread_over_the_tokens():
     assert numerics.flips(a, spread, budget) is None
 
 
+@pytest.mark.parametrize('k', [1, 2])
+def test_the_flips_expected_from_router_margins_match_the_flips_measured(k):
+    """Where a pipeline hides a mixture of experts from the forward, the flips are expected from
+    one side's router margins (tools/divergence.py's `margins`, numerics.expected_flips): for
+    random tokens whose input is rounded at a relative 1e-2 (bf16's budget scale), the expected
+    count sits within a factor 2 of the flips counted over 40 roundings; a token on its top-k
+    boundary flips half the time, one far from it never."""
+    from types import SimpleNamespace
+
+    import jax.numpy as jnp
+
+    from tools.divergence import margins
+
+    rng = np.random.default_rng(k)
+    t, c, e, rounding = 2048, 32, 8, 1e-2
+    x = rng.standard_normal((1, t, c)).astype(np.float32)
+    router = rng.standard_normal((c, e)).astype(np.float32) / np.sqrt(c)
+    moe = SimpleNamespace(cfg=SimpleNamespace(experts_per_token=k), router=jnp.asarray(router))
+    expected = numerics.expected_flips(margins(moe, jnp.asarray(x)), rounding)
+    chosen = np.sort(np.argsort(-(x @ router), -1)[..., :k], -1)
+    counted = []
+    for _ in range(40):
+        noisy = x * (1 + rounding * rng.standard_normal(x.shape).astype(np.float32))
+        other = np.sort(np.argsort(-(noisy @ router), -1)[..., :k], -1)
+        counted.append(int(np.any(other != chosen, -1).sum()))
+    measured = float(np.mean(counted))
+    print(f'k={k}: expected {expected:.2f} flips of {t} tokens, measured {measured:.2f}')
+    assert measured > 1 and expected / 2 < measured < expected * 2
+    edge = np.array([[0.0, 1.0], [10.0, 1.0], [np.inf, 0.0]])
+    assert numerics.expected_flips(edge, rounding) == pytest.approx(0.5, abs=1e-6)
+
+
 @pytest.mark.parametrize('devices', [2, 8, 64])
 def test_a_bf16_all_reduce_rounded_per_hop_sits_within_its_reduce_term(devices, capsys):
     """XLA:CPU carries a bf16 all-reduce in f32, so the CPU cannot show the reduce term: this

@@ -118,7 +118,8 @@ class Budget:
     modules: int = 1
     terms: int = 1  # the loss is a mean of this many terms (rows x positions)
     contraction: int = 1  # K, the longest contraction of the model's dots (`widest`)
-    flipped: int = 0  # tokens whose expert choice flipped in this step's forward (`flips`)
+    flipped: float = 0  # tokens whose expert choice flipped in this step's forward (`flips`),
+    # or are expected to where the forward cannot see the layer (`expected_flips`)
 
     @classmethod
     def of(cls, precisions, devices: int = 1, modules: int = 1) -> 'Budget':
@@ -206,6 +207,21 @@ def flip_share(grad, other) -> float:
     if not g.size or sigma == 0:
         return 0.0
     return float(np.mean(_erfc(g / (sigma * math.sqrt(2)))) / 2)
+
+
+def expected_flips(margins, rounding: float) -> float:
+    """The expected number of tokens whose top-k choice rounding flips, where a mixture of
+    experts runs out of the forward's sight (inside a pipeline): `margins` [..., 2] each token's
+    router margin at its top-k boundary and the scale s of its noise (tools/divergence.py's
+    `margins`), `rounding` the relative error its input carries. The margin moves by Gaussian
+    noise of sigma = rounding x s, and the token flips where the noise crosses it:
+    P = erfc(margin / (sigma sqrt 2)) / 2, summed over the tokens."""
+    m = np.asarray(margins, np.float64).reshape(-1, 2)
+    gap, sigma = np.abs(m[:, 0]), m[:, 1] * rounding
+    ok = np.isfinite(gap) & (sigma > 0)
+    if not ok.any():
+        return 0.0
+    return float(np.sum(_erfc(gap[ok] / (sigma[ok] * math.sqrt(2)))) / 2)
 
 
 def _erfc(x: np.ndarray) -> np.ndarray:
