@@ -26,7 +26,7 @@ from shard_parity.placement import activations, REPLICATED, layer_specs, named, 
 from shard_parity.step import as_dtype, bind, make_train_step
 
 from .ep import exchange
-from .fsdp import gather_layer
+from .fsdp import gather_layer, gather_outside
 from .pp import pipeline
 
 STRATEGY = 'composed'  # a named mesh: every axis the mesh names does its job
@@ -50,6 +50,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         call = hooks(plan, specs, mesh, batch)
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, P(*activations(plan))))
+        params = gather_outside(params, specs, mesh, plan) if plan.uses(FSDP) else params
         (_, metrics), grads = grad_fn(params, batch)  # XLA inserts every axis's collectives
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # grads in the params' layout: XLA reduces each over the batch's axes to its shard

@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding
 from shard_parity.placement import FSDP_BATCH, REPLICATED, layer_specs, state_shardings, state_specs
 from shard_parity.step import as_dtype, bind, make_train_step
 
-from .fsdp import gather_layer
+from .fsdp import gather_layer, gather_outside
 
 STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'fsdp'
 
@@ -26,6 +26,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         specs = state_specs(params, plan, mesh)
         call = gather_layer(layer_specs(specs), mesh, plan)  # over 'fsdp' per layer, if stacked
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
+        params = gather_outside(params, specs, mesh, plan)  # the all-gathers outside
         (_, metrics), grads = grad_fn(params, batch)  # XLA all-gathers over 'fsdp', psums 'model'
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # grads sharded like the params: XLA reduces each gradient over 'fsdp' to its shard.

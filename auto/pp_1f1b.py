@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import STAGE
+from shard_parity.mesh import FSDP, STAGE
 from shard_parity.pipeline import (
     add,
     joined,
@@ -39,6 +39,7 @@ from shard_parity.placement import STACKED, activations, named, state_shardings,
 from shard_parity.step import as_dtype, make_train_step
 
 from . import composed, pp
+from .fsdp import gather_outside
 
 STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
 PLANS = ('pp', 'composed')  # and on a named mesh with a stage axis (the bisector's sides)
@@ -83,6 +84,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         call = composed.hooks(plan, specs, mesh, batch)
         call.pop('pipeline', None)  # the ticks below are the pipeline
         batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, P(*activations(plan))))
+        params = gather_outside(params, specs, mesh, plan) if plan.uses(FSDP) else params
         rest = rest_of(params)
         chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
         model, s = pieces(graphdef, loss_fn, params, call), jnp.arange(stages)  # every slot's

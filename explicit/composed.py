@@ -38,7 +38,7 @@ from shard_parity.step import as_dtype, bind, make_train_step
 
 from .cp import pass_on
 from .ep import exchange
-from .fsdp import gather, gather_layer, scatter
+from .fsdp import gather, gather_layer, gather_outside, scatter
 from .pp import pipeline
 from .tp import sum_partials
 
@@ -89,7 +89,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
             # own term (over 'fsdp' `gather` casts; an expert is varying over 'expert' already).
             cast = lambda w, s: jax.lax.pcast(w, averaged_over(plan, s), to='varying')  # noqa: E731
             shards = jax.tree.map(cast, shards, specs)
-            params = outside_layers(gather, shards, specs, plan=plan) if plan.uses(FSDP) else shards
+            params = gather_outside(shards, specs, plan) if plan.uses(FSDP) else shards
             (_, metrics), grads = grad_fn(params, batch)  # every axis's collectives inside
             grads = outside_layers(scatter, grads, specs, plan=plan) if plan.uses(FSDP) else grads
             return jax.lax.pmean(metrics, plan.batch_axes), reduce(grads, specs, plan)

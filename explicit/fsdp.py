@@ -9,7 +9,7 @@ all-gathers each layer again to recompute it, and reduce-scatters its gradient (
 psum_scatter / n, the mean of the n devices' gradients, each device keeping its shard's)
 before the next layer's. So a device holds 1/n of the state plus about one layer whole.
 Embeddings and the final norm (and every weight of the MLP, which has no stacked layers) are
-gathered once, at the top, and their gradients reduce-scattered at the end.
+gathered once, at the top (`gather_outside`), and their gradients reduce-scattered at the end.
 """
 
 import jax
@@ -21,12 +21,13 @@ from shard_parity.step import as_dtype, bind, make_train_step
 STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'fsdp'
 
 
-def gather(shard, spec, plan):  # a weight's shard f32[d/n, ...] -> the whole weight [d, ...]
+def gather(shard, spec, plan, held=None):  # a weight's shard f32[d/n, ...] -> the whole weight
     if FSDP not in spec:  # a small array kept whole (a bias of odd size): cast as in dp
         return jax.lax.pcast(shard, FSDP, to='varying')
-    return jax.lax.all_gather(  # the all-gather, of the shard cast to --dtype first
+    whole = jax.lax.all_gather(  # the all-gather, of the shard cast to --dtype first
         as_dtype(shard, plan.precision.compute), FSDP, axis=spec.index(FSDP), tiled=True
     )
+    return whole if held is None else as_dtype(whole, held)  # held in `held` where used
 
 
 def scatter(grad, spec, plan):  # the local gradient of a whole weight -> the mean for my shard
@@ -56,6 +57,14 @@ def gather_layer(specs, mesh, plan):
     return {} if specs is None else {'layer_weights': layer_weights}
 
 
+def gather_outside(shards, specs, plan):
+    """The weights outside the layers (the embeddings, the final norm; all of the MLP), each
+    gathered as a layer is, once, and held in float32 where it is used: the policy looks the
+    rows up in a float32 table, whose gradient, a scatter-add, adds in float32 (a table used in
+    bf16 had its gradient formed in bf16: auto/'s partitioner reduced it there, before any cast)."""
+    return outside_layers(gather, shards, specs, plan=plan, held=plan.precision.param)
+
+
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params: 1/n of each array; batch: x[B/n, ...], this device's rows
@@ -64,7 +73,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
 
         def local(shards, batch):
-            params = outside_layers(gather, shards, specs, plan=plan)  # the all-gathers outside
+            params = gather_outside(shards, specs, plan)  # the all-gathers outside
             (_, metrics), grads = grad_fn(params, batch)  # the layers' reduce-scattered already
             grads = outside_layers(scatter, grads, specs, plan=plan)  # the rest's reduce-scatters
             return jax.lax.pmean(metrics, FSDP), grads  # the metrics' all-reduce

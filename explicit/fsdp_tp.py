@@ -16,7 +16,7 @@ from shard_parity.mesh import FSDP
 from shard_parity.placement import FSDP_BATCH, REPLICATED, layer_specs, outside_layers, state_specs
 from shard_parity.step import bind, make_train_step
 
-from .fsdp import gather, gather_layer, scatter
+from .fsdp import gather, gather_layer, gather_outside, scatter
 from .tp import sum_partials
 
 STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'fsdp'
@@ -31,7 +31,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         grad_fn = jax.value_and_grad(model_fn, has_aux=True)
 
         def local(shards, batch):
-            params = outside_layers(gather, shards, specs, plan=plan)  # the all-gathers outside
+            params = gather_outside(shards, specs, plan)  # the all-gathers outside
             (_, metrics), grads = grad_fn(params, batch)  # with the psums over 'model'
             grads = outside_layers(scatter, grads, specs, plan=plan)  # the rest's reduce-scatters
             return jax.lax.pmean(metrics, FSDP), grads  # the metrics' all-reduce

@@ -48,7 +48,7 @@ from shard_parity.placement import REPLICATED, STACKED, activations, outside_lay
 from shard_parity.step import as_dtype, make_train_step
 
 from . import composed, pp
-from .fsdp import gather, scatter
+from .fsdp import gather_outside, scatter
 
 STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
 PLANS = ('pp', 'composed')  # and on a named mesh with a stage axis (the bisector's sides)
@@ -91,7 +91,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         # Varying over the batch axes (dp's terms), and the rest over 'stage' too: stage 0's
         # embedding and the last stage's head each give their own term, summed after the ticks
         params = jax.tree.map(cast, params, specs)
-        params = outside_layers(gather, params, specs, plan=plan) if plan.uses(FSDP) else params
+        params = gather_outside(params, specs, plan) if plan.uses(FSDP) else params
         rest = everywhere(rest_of(params))
         chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
         model, s = pieces(graphdef, loss_fn, params, call), jax.lax.axis_index(STAGE)  # mine

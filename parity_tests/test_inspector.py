@@ -105,7 +105,10 @@ def test_fsdp_report_flags_what_nobody_asked_for():
         'explicit/fsdp.py'
     }
     kinds = [s['kind'] for s in r['surprises']['auto']]
-    assert 'unrequested-reshard' in kinds and 'twin-difference' in kinds
+    # auto/ asks for its gathers (auto/fsdp.gather_outside, as explicit/ writes them); until
+    # 2026-12-05 XLA gathered the MLP's weights where used, an unrequested reshard (the planted
+    # test above still shows that kind found): what differs is the reduce-scatter's form
+    assert set(kinds) == {'twin-difference'}
     assert 'whole-weight-gather' not in kinds  # FSDP's placement gathers weights over 'fsdp'
     no_reduce_scatter = [d for d in r['difference_lines'] if d['kind'] == 'reduce-scatter']
     assert no_reduce_scatter and all(d['file'] == 'explicit/fsdp.py' for d in no_reduce_scatter)

@@ -77,6 +77,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
             params = outside_layers(as_dtype, params, dtype=plan.precision.compute)
         cast = outside_layers if plan.uses(FSDP) or plan.uses(STAGE) else jax.tree.map
         params = cast(jax.reshard, params, reduced)
+        if plan.uses(FSDP):  # held in float32 where used: the rows looked up in a float32 table
+            params = outside_layers(as_dtype, params, dtype=plan.precision.param)
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:(data, ...)}
         # unreduced -> the state's layout: the all-reduces (over 'fsdp' the reduce-scatters)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries

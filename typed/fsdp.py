@@ -64,15 +64,23 @@ def gather_layer(specs, mesh, plan, axes=(FSDP,)):
     return {} if specs is None else {'layer_weights': layer_weights}
 
 
+def gather_outside(params, mesh, plan):
+    """The weights outside the layers (the embeddings, the final norm; all of the MLP), each
+    gathered as a layer is, once, and held in float32 where it is used: the policy looks the
+    rows up in a float32 table, whose gradient, a scatter-add, adds in float32 (a table used in
+    bf16 had its gradient formed in bf16: auto/'s partitioner reduced it there, before any cast)."""
+    params = outside_layers(as_dtype, params, dtype=plan.precision.compute)  # what they carry
+    params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, plan, gathered=True))
+    return outside_layers(as_dtype, params, dtype=plan.precision.param)
+
+
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params: f32[784@fsdp, 512] (1/n of each); batch: x f32[B@fsdp, 784]
         specs = state_specs(params, plan, mesh)
         call = gather_layer(layer_specs(specs), mesh, plan)  # the per-layer gather, if stacked
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
-        # the all-gather of every weight outside the stacked layers (all of the MLP's), in --dtype
-        params = outside_layers(as_dtype, params, dtype=plan.precision.compute)
-        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, plan, gathered=True))
+        params = gather_outside(params, mesh, plan)  # the all-gathers outside, in --dtype
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[784, 512]{U:fsdp}
         # unreduced -> split over 'fsdp': the reduce-scatter, each device keeps its shard's sum
         grads = as_dtype(grads, plan.precision.reduce)  # what the reduce-scatter carries

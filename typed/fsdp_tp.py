@@ -17,15 +17,13 @@ from shard_parity.placement import (
     FSDP_BATCH,
     layer_specs,
     named,
-    outside_layers,
-    reduced_shardings,
     state_shardings,
     state_specs,
     without,
 )
 from shard_parity.step import as_dtype, bind, make_train_step
 
-from .fsdp import gather_layer
+from .fsdp import gather_layer, gather_outside
 from .tp import sum_partials
 
 STRATEGY = 'fsdp_tp'  # --strategy=fsdp_tp: tp's split over 'model', fsdp's over 'fsdp'
@@ -38,9 +36,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         call = gather_layer(layer_specs(specs), mesh, plan)  # over 'fsdp' per layer, if stacked
         model_fn = bind(graphdef, loss_fn, sum_partials=sum_partials, **call)
         grad_fn = jax.value_and_grad(model_fn, has_aux=True)
-        # the all-gather of every weight outside the stacked layers (all of the MLP's), in --dtype
-        params = outside_layers(as_dtype, params, dtype=plan.precision.compute)
-        params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, plan, gathered=True))
+        params = gather_outside(params, mesh, plan)  # the all-gathers outside, in --dtype
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:fsdp}
         # unreduced -> split over 'fsdp': the reduce-scatter, each device keeps its shard's sum
         grads = as_dtype(grads, plan.precision.reduce)  # what the reduce-scatter carries

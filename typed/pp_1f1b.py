@@ -100,6 +100,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         if plan.uses(FSDP):  # the rest gathered once (the all-gathers carry --dtype)
             params = outside_layers(as_dtype, params, dtype=plan.precision.compute)
             params = outside_layers(jax.reshard, params, named(mesh, without(specs, FSDP)))
+            params = outside_layers(as_dtype, params, dtype=plan.precision.param)  # held in f32
         rest = rest_of(params)
         chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
         s = jnp.arange(stages, out_sharding=named(mesh, P(STAGE)))  # every slot's stage

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.explicit import composed, pp_1f1b
-from shard_parity.explicit.fsdp import gather, scatter
+from shard_parity.explicit.fsdp import gather_outside, scatter
 from shard_parity.explicit.pp_1f1b import interleave, pass_back, pass_on
 from shard_parity.mesh import FSDP, SEQ, STAGE
 from shard_parity.model.ring import reorder
@@ -50,7 +50,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         # Varying over the batch axes (dp's terms), and the rest over 'stage' too: stage 0's
         # embedding and the last stage's head each give their own term, summed after the ticks
         params = jax.tree.map(cast, params, specs)
-        params = outside_layers(gather, params, specs, plan=plan) if plan.uses(FSDP) else params
+        params = gather_outside(params, specs, plan) if plan.uses(FSDP) else params
         rest = everywhere(rest_of(params))
         chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
         model, s = pieces(graphdef, loss_fn, params, call), jax.lax.axis_index(STAGE)  # mine
