@@ -221,7 +221,9 @@ def outputs_reached(module: Module, start: Instruction, k: int | None = None,
             elif u.opcode.endswith('-done'):
                 todo.append((u, k))
             elif u.type.startswith('('):  # a variadic op (XLA's combined all-reduce): its n-th
-                todo += [(u, n) for n in positions if _carries(module, u, n)]
+                # result is its n-th operand's; a tuple passed whole (an opt-barrier) keeps k
+                whole = k is not None and i.type.startswith('(')
+                todo += [(u, k if whole else n) for n in positions if _carries(module, u, n)]
             elif any(_carries(module, u, n) for n in positions):
                 todo.append((u, None))
     return out

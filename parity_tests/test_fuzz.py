@@ -330,7 +330,7 @@ def test_the_dataflow_tells_a_gradient_from_an_activation_of_its_shape():
   ROOT %add.0 = f32[] add(%a, %b)
 }
 
-ENTRY %main (p.0: f32[4,8], g.0: f32[4,8], x.0: f32[4,8]) -> (f32[4,8], f32[8,8]) {
+ENTRY %main (p.0: f32[4,8], g.0: f32[4,8], x.0: f32[4,8]) -> (f32[4,8], f32[8,8], f32[4,8]) {
   %p.0 = f32[4,8] parameter(0), metadata={op_name="state.params[\\'w\\']"}
   %g.0 = f32[4,8] parameter(1)
   %x.0 = f32[4,8] parameter(2)
@@ -345,16 +345,83 @@ ENTRY %main (p.0: f32[4,8], g.0: f32[4,8], x.0: f32[4,8]) -> (f32[4,8], f32[8,8]
   %cast = bf16[4,8] convert(%p.0)
   %piece = bf16[2,8] slice(%cast), slice={[0:2], [0:8]}
   %gathered = bf16[4,8] all-gather(%piece), dimensions={0}, replica_groups={{0,1}}
-  ROOT %out = (f32[4,8], f32[8,8]) tuple(%new, %w)
+  %grad2 = f32[4,8] all-reduce(%x.0), replica_groups={{0,1}}, to_apply=%sum
+  %pair = (f32[4,8], f32[4,8]) tuple(%p.0, %grad2)
+  %kept = (f32[4,8], f32[4,8]) opt-barrier(%pair)
+  %second = f32[4,8] get-tuple-element(%kept), index=1
+  %new2 = f32[4,8] add(%second, %second)
+  ROOT %out = (f32[4,8], f32[8,8], f32[4,8]) tuple(%new, %w, %new2)
 }
 """
     module = Module(text)
     assert outputs_reached(module, module.instructions['grad']) == {0}
     assert outputs_reached(module, module.instructions['act']) == set()
     assert outputs_reached(module, module.instructions['norm']) == set()
+    assert outputs_reached(module, module.instructions['grad2']) == {2}  # a tuple kept whole
     gathered = module.instructions['gathered']
     assert origin(module, module.instructions[gathered.operands[0]]).name == 'p.0'
     assert origin(module, module.instructions['w']) is None
+
+
+def test_the_dataflow_reads_a_compiled_step():
+    """The walks on a program XLA:CPU compiled (fusions, a loop over stacked layers, XLA's own
+    combined all-reduce): each gradient's reduction reaches its parameter's update and no
+    other's, and the all-gather of a weight split over 'fsdp' is traced
+    to its parameter by the entry's `state.params[...]` name, as tools/fuzz_target.read does."""
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from shard_parity.inspector.dataflow import callee, operand_of, origin, outputs_reached
+    from shard_parity.inspector.hlo_module import Module
+    from tools.fuzz_target import PARAM, updated
+
+    mesh = jax.make_mesh((8,), ('fsdp',), axis_types=(jax.sharding.AxisType.Auto,))
+    rows, whole = NamedSharding(mesh, P('fsdp')), NamedSharding(mesh, P())
+
+    def loss(params, x):
+        w = jax.lax.with_sharding_constraint(params['w'], whole)  # the all-gather of 'w'
+
+        def layer(h, v):
+            return jnp.tanh(h @ v), None
+
+        h, _ = jax.lax.scan(layer, x @ w, params['stack'])
+        return (h**2).mean()
+
+    def step(state, batch):
+        value, grads = jax.value_and_grad(loss)(state['params'], batch)
+        params = jax.tree.map(lambda p, g: p - 0.1 * g, state['params'], grads)
+        return {'params': params}, value
+
+    state = {'params': {'w': jnp.ones((16, 8)), 'stack': jnp.full((3, 8, 8), 0.1)}}
+    state = jax.device_put(state, {'params': {'w': rows, 'stack': whole}})
+    batch = jax.device_put(jnp.ones((16, 16)), rows)
+    compiled = jax.jit(step).lower(state, batch).compile()
+    module = Module(compiled.as_text())
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(
+        state['params'])]  # fmt: skip
+    outputs = updated(compiled.out_tree, paths)
+    assert sorted(outputs.values()) == ["['stack']", "['w']"]
+    reached = []
+    for i in module.instructions.values():
+        if i.opcode == 'all-reduce':
+            n = len(i.type.split('], ')) if i.type.startswith('(') else 1
+            for e in range(n):
+                found = outputs_reached(module, i, e if n > 1 else None)
+                reached.append(sorted(outputs[j] for j in found if j in outputs))
+    # each parameter's gradient reduced (the stack's out of the loop, w's as an all-reduce and
+    # a slice: XLA:CPU's reduce-scatter), each reaching its own update and no other's
+    assert ["['stack']"] in reached and ["['w']"] in reached
+    assert all(len(r) <= 1 for r in reached)
+    gathers = [i for i in module.instructions.values() if i.opcode.startswith('all-gather')]
+    named = set()
+    for g in gathers:
+        inner = module.computations.get(callee(g) or '', [])
+        g = next((j for j in inner if j.opcode.startswith('all-gather')), g)
+        source = origin(module, operand_of(module, g, 0))
+        m = PARAM.search(source.line.replace("\\'", "'")) if source is not None else None
+        named |= {m.group('path')} if m else set()
+    assert "['w']" in named
 
 
 @pytest.mark.slow  # ~35 s: a worker, one transformer draw compiled for tpu-v5e-8 twice

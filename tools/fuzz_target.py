@@ -45,7 +45,8 @@ REDUCTIONS = ('all-reduce', 'reduce-scatter')
 PARTITIONED = ('auto', 'typed')  # twins whose collectives the partitioner places
 PER_LEAF_STAGE = ('1f1b', 'interleaved')  # schedules that reduce the non-block leaves over 'stage'
 EMBEDDINGS = ("['embed']", "['pos']")  # the transformer's lookups: the blocks' input
-PARAM = re.compile(r"parameter\(\d+\).*op_name=\"state\.params(?P<path>[^\"]*)\"")
+# an entry parameter's name: the step's argument path (a TrainState's .params, or a dict's)
+PARAM = re.compile(r"parameter\(\d+\).*op_name=\"state(?:\.params|\['params'\])(?P<path>[^\"]*)\"")
 
 
 def compiled_ops(side, start, target: str) -> list[dict]:
@@ -125,7 +126,10 @@ def leaves(plan, params, mesh) -> list[dict]:
         if not stacked and plan.uses(STAGE) and plan.schedule in PER_LEAF_STAGE:
             may |= {STAGE}
         key = jax.tree_util.keystr(path)
-        if key.startswith(EMBEDDINGS):  # the blocks' input cotangent, summed after the lookup
+        # the blocks' input cotangent, summed after the lookup (auto/'s partitioner), or before
+        # it, which reads as after it where a device holds one row: XLA makes the sum over
+        # rows that forms the position table's gradient a reshape, and the walk goes through
+        if key.startswith(EMBEDDINGS):
             may |= {a for a in (MODEL, STAGE) if plan.uses(a)}
         out.append({'path': key, 'must': set(must), 'may': may,
                     'expert': is_expert(path) and EXPERT in axes})  # fmt: skip

@@ -254,7 +254,8 @@ class Transformer(nnx.Module):
         table = self.embed.embedding[...]
         # the head, tied to the embedding: float32 logits (float64 under the bisector's --x64),
         # its weight gradient in the reduce dtype; in the table's own where that is x's already
-        # (a copy gathered in --dtype: its lookup's gradient is in that dtype, and the two add)
+        # (a copy in --dtype, as an evaluation's gathered one: its lookup's gradient is in that
+        # dtype, and the two add; FSDP's training step holds its gathered copy in float32)
         grad = None if table.dtype == x.dtype else self.cfg.reduce_dtype
         logits = product(x, table.astype(x.dtype), True, wide(x.dtype), grad)
         return logits, (None if caches is None else new_caches)
