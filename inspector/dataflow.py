@@ -43,6 +43,13 @@ def dtype_of(type_text: str) -> str:
     return m.group('dtype') if m else ''
 
 
+def parameters(module: Module, computation: str | None, n: int | None = None) -> list:
+    """The parameter instructions of `computation` (the n-th alone, if given): what a fusion's
+    n-th operand, or a loop's carried state, is called inside it."""
+    return [p for p in module.computations.get(computation or '', []) if p.opcode == 'parameter'
+            and (n is None or f'parameter({n})' in p.line)]  # fmt: skip
+
+
 def operand_of(module: Module, i: Instruction, n: int) -> Instruction | None:
     """`i`'s n-th operand, if the module defines it."""
     ops = i.operands
@@ -114,10 +121,7 @@ def readers(module: Module, i: Instruction, limit: int = 60):
             if u.opcode in MOVES or u.opcode == 'get-tuple-element' or u.opcode.endswith('-done'):
                 todo.append(u)
             elif u.opcode == 'fusion':  # the ops inside that read it
-                n = u.operands.index(j.name)
-                inner = module.computations.get(callee(u), [])
-                todo += [p for p in inner
-                         if p.opcode == 'parameter' and f'parameter({n})' in p.line]  # fmt: skip
+                todo += parameters(module, callee(u), u.operands.index(j.name))
             elif u.opcode == 'tuple' and u.line.lstrip().startswith('ROOT'):
                 todo.append(u)  # a fusion's results: on to what reads them
             else:
@@ -160,11 +164,16 @@ ENDS = {'dot', 'convolution', 'reduce', 'reduce-window', 'scatter', 'gather', 's
 ASYNC = ('AsyncCollectiveStart', 'AsyncCollectiveDone')  # a TPU's chain: the value, carried
 
 
+def _async(i: Instruction) -> bool:
+    """Whether `i` is a TPU's async chain's start or done custom call (it carries its value)."""
+    return i.opcode == 'custom-call' and any(f'custom_call_target="{a}"' in i.line for a in ASYNC)
+
+
 def _carries(module: Module, user: Instruction, position: int) -> bool:
     """Whether `user` carries operand `position`'s value on, element by element."""
     op = user.opcode
     if op == 'custom-call':
-        return any(f'custom_call_target="{a}"' in user.line for a in ASYNC)
+        return _async(user)
     if op in ENDS:
         return False
     if op == 'select' or op == 'clamp':
@@ -211,13 +220,10 @@ def outputs_reached(module: Module, start: Instruction, k: int | None = None,
                     else:
                         todo.append((u, n))
             elif u.opcode in ('fusion', 'call') or u.opcode.startswith('async-start'):
-                inner = module.computations.get(callee(u) or callee(u, 'to_apply') or '', [])
-                for n in positions:
-                    todo += [(p, k) for p in inner
-                             if p.opcode == 'parameter' and f'parameter({n})' in p.line]  # fmt: skip
+                inner = callee(u) or callee(u, 'to_apply')
+                todo += [(p, k) for n in positions for p in parameters(module, inner, n)]
             elif u.opcode == 'while':
-                body = module.computations.get(callee(u, 'body'), [])
-                todo += [(p, k) for p in body if p.opcode == 'parameter']
+                todo += [(p, k) for p in parameters(module, callee(u, 'body'))]
             elif u.opcode.endswith('-done'):
                 todo.append((u, k))
             elif u.type.startswith('('):  # a variadic op (XLA's combined all-reduce): its n-th
@@ -237,9 +243,8 @@ def _handed_on(module: Module, computation: str, n: int | None) -> list:
     for c in module.callers.get(computation, []):
         if c.opcode == 'while' and callee(c, 'body') != computation:
             continue  # a loop's condition hands nothing on
-        if c.opcode == 'while':
-            body = module.computations.get(computation, [])
-            out += [(p, n) for p in body if p.opcode == 'parameter']  # the next iteration
+        if c.opcode == 'while':  # the next iteration
+            out += [(p, n) for p in parameters(module, computation)]
         out.append((c, n))
     return out
 
@@ -256,9 +261,7 @@ def origin(module: Module, start: Instruction, limit: int = 400) -> Instruction 
         seen.add((i.name, k))
         if i.opcode == 'parameter' and i.computation == module.entry:
             return i
-        if i.opcode == 'convert' or (
-            i.opcode == 'custom-call' and any(f'"{a}"' in i.line for a in ASYNC)
-        ):
+        if i.opcode == 'convert' or _async(i):
             todo.append((operand_of(module, i, 0), k))
         else:
             todo += sources(module, i, k)

@@ -372,9 +372,8 @@ def test_the_dataflow_reads_a_compiled_step():
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from shard_parity.inspector.dataflow import callee, operand_of, origin, outputs_reached
     from shard_parity.inspector.hlo_module import Module
-    from tools.fuzz_target import PARAM, updated
+    from tools.fuzz_target import gathered, reached, updated
 
     mesh = jax.make_mesh((8,), ('fsdp',), axis_types=(jax.sharding.AxisType.Auto,))
     rows, whole = NamedSharding(mesh, P('fsdp')), NamedSharding(mesh, P())
@@ -402,26 +401,17 @@ def test_the_dataflow_reads_a_compiled_step():
         state['params'])]  # fmt: skip
     outputs = updated(compiled.out_tree, paths)
     assert sorted(outputs.values()) == ["['stack']", "['w']"]
-    reached = []
+    found = []
     for i in module.instructions.values():
         if i.opcode == 'all-reduce':
             n = len(i.type.split('], ')) if i.type.startswith('(') else 1
-            for e in range(n):
-                found = outputs_reached(module, i, e if n > 1 else None)
-                reached.append(sorted(outputs[j] for j in found if j in outputs))
+            found += [sorted(each) for each in reached(module, i, n, outputs)]
     # each parameter's gradient reduced (the stack's out of the loop, w's as an all-reduce and
     # a slice: XLA:CPU's reduce-scatter), each reaching its own update and no other's
-    assert ["['stack']"] in reached and ["['w']"] in reached
-    assert all(len(r) <= 1 for r in reached)
+    assert ["['stack']"] in found and ["['w']"] in found
+    assert all(len(r) <= 1 for r in found)
     gathers = [i for i in module.instructions.values() if i.opcode.startswith('all-gather')]
-    named = set()
-    for g in gathers:
-        inner = module.computations.get(callee(g) or '', [])
-        g = next((j for j in inner if j.opcode.startswith('all-gather')), g)
-        source = origin(module, operand_of(module, g, 0))
-        m = PARAM.search(source.line.replace("\\'", "'")) if source is not None else None
-        named |= {m.group('path')} if m else set()
-    assert "['w']" in named
+    assert "['w']" in {gathered(module, g) for g in gathers}
 
 
 @pytest.mark.slow  # ~35 s: a worker, one transformer draw compiled for tpu-v5e-8 twice

@@ -206,7 +206,7 @@ def flip_share(grad, other) -> float:
     sigma = np.linalg.norm(d) / math.sqrt(max(g.size, 1))
     if not g.size or sigma == 0:
         return 0.0
-    return float(np.mean(_erfc(g / (sigma * math.sqrt(2)))) / 2)
+    return float(np.mean(_crossed(g, sigma)))
 
 
 def expected_flips(margins, rounding: float) -> float:
@@ -221,7 +221,13 @@ def expected_flips(margins, rounding: float) -> float:
     ok = np.isfinite(gap) & (sigma > 0)
     if not ok.any():
         return 0.0
-    return float(np.sum(_erfc(gap[ok] / (sigma[ok] * math.sqrt(2)))) / 2)
+    return float(np.sum(_crossed(gap[ok], sigma[ok])))
+
+
+def _crossed(size, sigma) -> np.ndarray:
+    """The probability that Gaussian noise of `sigma` moves a value of `size` (>= 0) across
+    zero, one way: erfc(size / (sigma sqrt 2)) / 2 (a gradient's sign, a router's margin)."""
+    return _erfc(size / (sigma * math.sqrt(2))) / 2
 
 
 def _erfc(x: np.ndarray) -> np.ndarray:

@@ -276,9 +276,10 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     # other's pipeline): its flips are not counted but expected, from the margins of that side's
     # router (numerics.expected_flips), at the rounding its input carries (a third of its budget)
     risky = 0.0
-    for side, acts, other in ((ra, acts_a, acts_b), (rb, list(acts_b.items()), dict(acts_a))):
+    sides = ((ra, acts_a, acts_b), (rb, list(acts_b.items()), dict(acts_a))) if model else ()
+    for side, acts, other in sides:
         hidden = [(k, p) for k, (p, _) in enumerate(acts, 1) if p in side.routers and p not in other]
-        for k, path in hidden if model else ():
+        for k, path in hidden:
             n = numerics.expected_flips(side.routers[path], model.forward(k) * numerics.FLIP_LOOK)
             report.hidden_flips.append([step, path, round(n, 3)])
             risky += n

@@ -96,18 +96,29 @@ def read(module: Module, ops: list[dict], outputs: dict) -> list[dict]:
         if i is None:
             continue
         if op['kind'] in REDUCTIONS:
-            tuple_valued = n > 1 and i.type.startswith('(')
-            for e in range(n):
-                reached = outputs_reached(module, i, e if tuple_valued else None)
-                op['leaves'][e] = {outputs[j] for j in reached if j in outputs}
+            op['leaves'] = reached(module, i, n, outputs)
         elif op['kind'] == 'all-gather':
-            if i.opcode == 'fusion':  # a TPU's async chain: the gather inside its start
-                inner = module.computations.get(callee(i), [])
-                i = next((j for j in inner if j.opcode.startswith('all-gather')), i)
-            source = origin(module, operand_of(module, i, 0)) if i.operands else None
-            m = PARAM.search(source.line.replace("\\'", "'")) if source is not None else None
-            op['gathers'] = m.group('path') if m else None
+            op['gathers'] = gathered(module, i)
     return ops
+
+
+def reached(module: Module, i, n: int, outputs: dict) -> list[set]:
+    """Per operand of the reduction `i` (n of them; XLA combines several into a tuple), the
+    parameters (`outputs`: `updated`'s) whose update its result reaches."""
+    tuple_valued = n > 1 and i.type.startswith('(')
+    found = [outputs_reached(module, i, e if tuple_valued else None) for e in range(n)]
+    return [{outputs[j] for j in each if j in outputs} for each in found]
+
+
+def gathered(module: Module, i) -> str | None:
+    """The parameter's path (`['w']`) the all-gather `i` gathers, by its entry parameter's
+    name, or None where it gathers something computed."""
+    if i.opcode == 'fusion':  # a TPU's async chain: the gather inside its start
+        inner = module.computations.get(callee(i), [])
+        i = next((j for j in inner if j.opcode.startswith('all-gather')), i)
+    source = origin(module, operand_of(module, i, 0)) if i.operands else None
+    m = PARAM.search(source.line.replace("\\'", "'")) if source is not None else None
+    return m.group('path') if m else None
 
 
 def leaves(plan, params, mesh) -> list[dict]:

@@ -37,7 +37,7 @@ from shard_parity.step import as_dtype, bind, make_train_step
 
 from .cp import ring
 from .ep import exchange
-from .fsdp import gather_layer
+from .fsdp import gather_layer, gather_outside
 from .pp import pipeline
 from .tp import sum_partials
 
@@ -72,13 +72,11 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         # Free (and the all-gather over 'fsdp'): reduced over the batch axes, so the gradients
         # come out unreduced. Not the blocks under 'fsdp' (gather_layer's, per layer) nor under
         # 'stage': vmap refuses a reduced operand (a JAX bug, docs/pipeline.md; typed/pp.py).
-        reduced = reduced_shardings(params, mesh, plan, gathered=plan.uses(FSDP))
-        if plan.uses(FSDP):  # what the all-gathers carry: --dtype
-            params = outside_layers(as_dtype, params, dtype=plan.precision.compute)
-        cast = outside_layers if plan.uses(FSDP) or plan.uses(STAGE) else jax.tree.map
-        params = cast(jax.reshard, params, reduced)
-        if plan.uses(FSDP):  # held in float32 where used: the rows looked up in a float32 table
-            params = outside_layers(as_dtype, params, dtype=plan.precision.param)
+        if plan.uses(FSDP):  # the all-gathers in --dtype, held in float32 (typed/fsdp.py's)
+            params = gather_outside(params, mesh, plan)
+        else:
+            cast = outside_layers if plan.uses(STAGE) else jax.tree.map
+            params = cast(jax.reshard, params, reduced_shardings(params, mesh, plan))
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:(data, ...)}
         # unreduced -> the state's layout: the all-reduces (over 'fsdp' the reduce-scatters)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
