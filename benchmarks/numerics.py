@@ -9,7 +9,9 @@ steps from one initial state: a correct pair (one device against a twin, on a me
 phase's largest and median error / budget over every leaf it compared; a bug (a tools/zoo entry
 against its reference) reports where the model first sees it and by how many budgets.
 The criteria (issue 41): correct pairs at most 1/3 of the budget, their median within a factor
-30 of it (at least 1/30); bugs at least 10 budgets over.
+30 of it (at least 1/30); bugs at least 10 budgets over. Below the pairs, the median over them
+of each pair's largest error / budget per phase (a pair's figure, as the verdict reads it).
+'parameters' is the update's parameters alone, over the steps that moved them.
 """
 
 import argparse
@@ -126,7 +128,23 @@ def correct_row(label, report) -> dict:
                      and not path.startswith('B: ')]  # fmt: skip
         if fractions:
             row[phase] = (max(fractions), statistics.median(fractions))
+    moved = [f for step in parameters(report.seen) if any(step) for f in step]
+    if moved:
+        row['parameters'] = (max(moved), statistics.median(moved))
     return row
+
+
+def parameters(seen) -> list[list[float]]:
+    """Per step, the parameters' error / budget (A against B). A step whose parameters are all
+    exactly equal moved none (a learning rate of 0: the warm-up's first step), and the table's
+    parameters column leaves it out."""
+    steps = []
+    for phase, path, fraction in seen:
+        if phase == 'update' and path == 'A vs B: step':
+            steps.append([])
+        elif phase == 'update' and path.startswith('A vs B: params.'):
+            steps[-1].append(fraction)
+    return steps
 
 
 def bug_row(label, report) -> dict:
@@ -151,8 +169,9 @@ def main(argv=None) -> int:
 
     configure_jax(8)
     rows = []
-    print(f'{"correct pair (bf16)":<34} {"forward max/med":>18} '
-          f'{"loss max/med":>18} {"gradients max/med":>18} {"update max/med":>18}')  # fmt: skip
+    phases = ('forward', 'loss', 'gradients', 'update', 'parameters')
+    print(f'{"correct pair (bf16)":<34} {"forward max/med":>18} {"loss max/med":>18} '
+          f'{"gradients max/med":>18} {"update max/med":>18} {"parameters max/med":>18}')  # fmt: skip
     for label, a, b, model, strategy, axes, compute, reduce, extra in CORRECT:
         if args.only not in label:
             continue
@@ -160,9 +179,15 @@ def main(argv=None) -> int:
                                      args.steps))  # fmt: skip
         rows.append(row)
         cells = [f'{row[ph][0]:>8.3g} {row[ph][1]:>9.3g}' if ph in row else f'{"-":>18}'
-                 for ph in ('forward', 'loss', 'gradients', 'update')]  # fmt: skip
+                 for ph in phases]  # fmt: skip
         print(f'{label:<34} ' + ' '.join(cells) + ('  DIVERGED' if row['diverged'] else ''),
               flush=True)  # fmt: skip
+    pairs = [r for r in rows if 'case' in r and 'diverged' in r]
+    cells = []
+    for ph in phases:
+        worst = [r[ph][0] for r in pairs if ph in r]
+        cells.append(f'{statistics.median(worst):>18.3g}' if worst else f'{"-":>18}')
+    print(f'{"median pair (its largest)":<34} ' + ' '.join(cells))
     print(f'\n{"planted bug (bf16)":<22} {"first seen":<44} {"budgets":>9} {"largest":>9}')
     for label, a, b, model, strategy, axes, extra in BUGS:
         if args.only not in label:

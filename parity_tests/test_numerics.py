@@ -118,6 +118,70 @@ def test_a_flipped_token_is_told_from_a_bug_spread_over_the_tokens():
     assert numerics.flips(a, spread, budget) is None
 
 
+def _adamw_step(count_before: int, rate: float = 1e-3):
+    """(update, grads, state): AdamW at a constant `rate` from a state that has taken
+    `count_before` steps of gradients like `grads` (4,096 elements whose sizes span two orders
+    of magnitude); update(g) = the parameters after the step on g."""
+    import jax
+    import optax
+
+    from shard_parity.step import TrainState, apply_gradients
+
+    rng = np.random.default_rng(1)
+    size = lambda: rng.standard_normal(4096) * 10 ** rng.uniform(-2, 0, 4096)  # noqa: E731
+    params = {'w': rng.standard_normal(4096).astype(np.float32)}
+    tx = optax.adamw(rate, weight_decay=0.1)
+    state = TrainState(np.int32(0), params, tx.init(params))
+    step = jax.jit(lambda s, g: apply_gradients(s, g, tx))
+    for _ in range(count_before):
+        state = jax.device_get(step(state, {'w': size().astype(np.float32)}))
+    grads = {'w': size().astype(np.float32)}
+    return (lambda g: jax.device_get(step(state, g)).params), grads, state
+
+
+def _flip_law(g, sigma) -> float:
+    """AdamW's first step is sign-like: the expected share of elements whose Gaussian rounding
+    of `sigma` turns the sign, erfc(|g| / (sigma sqrt 2)) / 2 averaged."""
+    return float(np.mean(np.vectorize(math.erfc)(np.abs(g) / (sigma * 2**0.5)) / 2))
+
+
+def test_the_parameters_budget_carries_the_gradients_rounding_through_the_optimizer():
+    """numerics.spread moves each parameter as the optimizer's own step does under Gaussian
+    gradient rounding at the measured scale: at AdamW's first step (sign-like) it is the flip
+    law's 2 sqrt(share flipped) x the update; at the second, a Monte Carlo over 400 roundings
+    agrees with its quadrature, and the step moves far less than the flip law says (m and v
+    damp it; that law was the parameters' budget until 2026-12-05). A rounding sits well inside
+    the budget; an optimizer bug on the same gradient (a learning rate 20% high) leaves it."""
+    rng = np.random.default_rng(2)
+
+    def rounded(g):
+        return {'w': (g + 1e-4 * rng.standard_normal(g.size)).astype(np.float32)}
+
+    update, grads, state = _adamw_step(0)
+    g = grads['w'].astype(np.float64)
+    other = rounded(g)
+    sigma = np.linalg.norm(other['w'] - g) / math.sqrt(g.size)
+    step = np.linalg.norm(update(grads)['w'] - state.params['w'])
+    (moved,) = numerics.spread(update, grads, other)
+    assert moved == pytest.approx(2 * math.sqrt(_flip_law(g, sigma)) * step, rel=0.1)
+
+    update, grads, state = _adamw_step(1)
+    g = grads['w'].astype(np.float64)
+    other = rounded(g)
+    sigma = np.linalg.norm(other['w'] - g) / math.sqrt(g.size)
+    (moved,) = numerics.spread(update, grads, other)
+    base = update(grads)['w'].astype(np.float64)
+    draws = [np.sum((update(rounded(g))['w'] - base) ** 2) for _ in range(400)]
+    assert moved == pytest.approx(math.sqrt(np.mean(draws)), rel=0.1)
+    step = np.linalg.norm(base - state.params['w'])
+    assert moved < 0.5 * 2 * math.sqrt(_flip_law(g, sigma)) * step
+
+    budget = numerics.Budget('bfloat16').parameters(moved / np.linalg.norm(base))
+    assert numerics.error(update(other)['w'], base) < budget / 3
+    too_fast, _, _ = _adamw_step(1, rate=1.2e-3)
+    assert numerics.error(too_fast(other)['w'], base) > 3 * budget
+
+
 @pytest.mark.parametrize('k', [1, 2])
 def test_the_flips_expected_from_router_margins_match_the_flips_measured(k):
     """Where a pipeline hides a mixture of experts from the forward, the flips are expected from

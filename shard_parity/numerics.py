@@ -21,9 +21,10 @@ BOUNDARIES; the loss: every module's; a gradient: the forward's and the backward
 many), and d the devices a gradient's collective reduces over (a ring or tree adds a rounding
 per hop, log2(d) + 1 of them in a tree; a per-device sum of its own rows is one more).  After the
 update, AdamW's moments get the gradients' budget x their order x the share of the leaf this
-step changed (`Budget.moment`), and a parameter gets 2 sqrt(the share of its gradient that
-rounding may flip) x that share (`Budget.parameters`: AdamW's first steps are sign-like). A
-leaf whose gradient is not at hand gets sqrt(the gradients' budget) (`Budget.update`). Along a
+step changed (`Budget.moment`), and a parameter C_MOVE x how far the optimizer's own step
+moves it when its gradient carries the rounding the two sides measure (`spread`,
+`Budget.parameters`: sign flips at AdamW's first step, damped by m and v after it). A leaf
+whose gradient is not at hand gets sqrt(the gradients' budget) (`Budget.update`). Along a
 trajectory (tools/compare.py's band) the difference of two correctly rounded runs grows with
 the step: `band`.
 
@@ -55,7 +56,8 @@ C_FLIP = 1.5  # a gradient after flips: C_FLIP x sqrt(flipped tokens / tokens)
 C_ACC = 2.0  # a forward output: float32's accumulation in another order, x u(f32) sqrt(K)
 C_REDUCE = 3.0  # per hop of a gradient's collective, in units of the reduce dtype's u
 C_MOMENT = 1.0  # AdamW's moments: order x the gradients' budget x the leaf's change
-C_UPDATE = 2.5  # a parameter after the update: max(2 sqrt(flip share), gradients' budget)
+C_UPDATE = 2.5  # a leaf after the update, no gradient at hand: x sqrt(gradients' budget)
+C_MOVE = 10.0  # a parameter after the update: x how far its gradient's rounding moves it (`spread`)
 # Along a trajectory (compare's band), relative to the figure:
 #     band(step) = BAND_0 x u x min((1 + step / BAND_STEPS)^BAND_POWER, BAND_CAP)
 # fitted to auto against explicit (bf16, data:2,fsdp:2,model:2), 100 and 300 steps.
@@ -169,21 +171,21 @@ class Budget:
     def moment(self, change: float, order: int) -> float:
         """AdamW's moment of `order` (1: m, 2: v) after the step: the term it added is
         (1 - beta) g^order, whose relative error is `order` times the gradient's, so the budget
-        is linear in the gradients' (not their square root, as the parameters' is)."""
+        is linear in the gradients' (a parameter's goes through the optimizer: `parameters`)."""
         return C_MOMENT * order * self.gradients() * change + C_OP * unit_roundoff('float32')
 
-    def parameters(self, change: float, share: float) -> float:
-        """A parameter after the step, `share` the share of its gradient's elements whose sign
-        rounding may flip (`flip_share`). AdamW's first updates are sign-like, so a flipped
-        element moves its update by twice its size: a norm-wise error of 2 sqrt(share). An
-        element that does not flip still carries the gradients' relative error into the
-        update, and the larger of the two is taken."""
-        flipped = max(2 * math.sqrt(share), self.gradients())
-        return C_UPDATE * flipped * change + C_OP * unit_roundoff('float32')
+    def parameters(self, moved: float) -> float:
+        """A parameter after the step, `moved` = how far the optimizer's step moves it when its
+        gradient carries the rounding the two sides measure, relative to its norm (`spread`
+        over ||after||): the step itself (AdamW at its count, the clip, the schedule) carries
+        the gradient's rounding into the parameter, sign flips and all, so the budget is a
+        multiple of that, plus float32's rounding of the sum."""
+        return C_MOVE * moved + C_OP * unit_roundoff('float32')
 
     def update(self, change: float = 1.0) -> float:
-        """Each leaf of the state after the update (parameters, AdamW's moments): the error of
-        what the step added, `change` = ||after - before|| / ||after|| of the leaf (the
+        """A leaf of the state after the update where its gradient is not at hand (a
+        checkpoint's state, run directories; with the gradients, `moment` and `parameters`
+        take it): the error of what the step added, `change` = ||after - before|| / ||after|| of the leaf (the
         magnitude of the term, not of the result), plus float32's rounding of the sum. AdamW's
         first steps are sign-like (m / sqrt(v) = g / |g|): an element whose gradient is within
         round-off of zero flips its update, and the fraction that flips is about the gradients'
@@ -195,18 +197,51 @@ class Budget:
         return band(self.compute, self.reduce, step)
 
 
-def flip_share(grad, other) -> float:
-    """The expected share of `grad`'s elements whose sign rounding flips, `other` the other
-    side's gradient of the same leaf: each element's rounding taken as Gaussian at the scale
-    the two sides measure, sigma = ||grad - other|| / sqrt(N) (the magnitudes measured on the
-    terms, not assumed), so that an element of size |g_i| flips with probability
-    P(|noise| > |g_i|) / 2 = erfc(|g_i| / (sigma sqrt 2)) / 2."""
-    g = np.abs(np.asarray(grad, np.float64)).ravel()
-    d = np.asarray(grad, np.float64).ravel() - np.asarray(other, np.float64).ravel()
-    sigma = np.linalg.norm(d) / math.sqrt(max(g.size, 1))
-    if not g.size or sigma == 0:
-        return 0.0
-    return float(np.mean(_crossed(g, sigma)))
+SPREAD_NODES = 8  # Gauss-Hermite nodes of `spread`: one optimizer update each
+
+
+def spread(update, grads, other, nodes: int = SPREAD_NODES) -> list[float]:
+    """How far the optimizer's step moves each leaf when the gradients carry the rounding the
+    two sides measure: `update` maps a gradient tree to the parameters after the step, `grads`
+    and `other` are the two sides' gradients. Each element's rounding is taken as Gaussian at
+    its leaf's measured scale, sigma = ||grads - other|| / sqrt(N) over the N elements either
+    side's gradient reached (the magnitudes measured on the terms, not assumed), and
+
+        moved = sqrt(E ||update(grads + noise) - update(grads)||^2)
+
+    per leaf, the expectation by Gauss-Hermite quadrature in `nodes` updates: at node z_k every
+    element gets sigma z_k with a sign of its own (fixed, so that no common shift moves a global
+    norm), which is each element's own quadrature, the nodes being symmetric. Through the
+    optimizer itself (AdamW at its step count, the clip, the learning rate's schedule): at
+    AdamW's first step, sign-like (m / sqrt(v) = g / |g|), an element of size |g_i| flips its
+    update with probability erfc(|g_i| / (sigma sqrt 2)) / 2 and then moves by twice its size,
+    so moved = 2 sqrt(the share flipped) x the update's norm; from the second step on, m and v
+    hold earlier gradients and damp it (the newest one's weight in AdamW's bias-corrected m is
+    (1 - b1) / (1 - b1^t), 0.53 at t = 2): on the tests' transformer a sign-like law at t = 2
+    reads about 9 times what the step moves (docs/numerics.md)."""
+    leaves, treedef = jax.tree.flatten(grads)
+    others = jax.tree.leaves(other)
+    rng = np.random.default_rng(0)
+    sigmas, signs = [], []
+    for g, o in zip(leaves, others, strict=True):
+        g, o = np.asarray(g, np.float32), np.asarray(o, np.float32)
+        summed = (g != 0) | (o != 0)  # an element no term reached (an unseen token's row) is 0
+        n = int(summed.sum())  # on both sides, exactly: no rounding
+        sigmas.append(float(np.linalg.norm((g - o).astype(np.float64))) / math.sqrt(max(n, 1)))
+        signs.append(rng.choice(np.array([-1, 1], np.float32), size=g.shape) * summed)
+    base = [np.asarray(x, np.float64) for x in jax.tree.leaves(update(grads))]
+    if not any(sigmas):
+        return [0.0] * len(base)
+    z, w = np.polynomial.hermite_e.hermegauss(nodes)
+    w = w / w.sum()
+    acc = [0.0] * len(base)
+    for zk, wk in zip(z, w):
+        noisy = [np.asarray(g, np.float32) + np.float32(s * zk) * r
+                 for g, s, r in zip(leaves, sigmas, signs)]  # fmt: skip
+        moved = jax.tree.leaves(update(jax.tree.unflatten(treedef, noisy)))
+        for i, (x, b) in enumerate(zip(moved, base)):
+            acc[i] += wk * float(np.sum((np.asarray(x, np.float64) - b) ** 2))
+    return [math.sqrt(a) for a in acc]
 
 
 def expected_flips(margins, rounding: float) -> float:

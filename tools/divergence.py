@@ -300,7 +300,7 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     # more. So each side's train_step is held to what its own gradient makes of the state.
     leaves = []
     (sa, _), (sb, _) = ra.train_step(state, batch), rb.train_step(state, batch)
-    update = model and state_budget(model, ga, gb)
+    update = model and state_budget(model, ga, gb, lambda g: apply(state, g).params)
     # the policy keeps the parameters and AdamW's state in float32 whatever --dtype says: a
     # leaf stored in another type is a bug even where its numbers are within round-off
     for prefix, x, y in (('A: ', apply(state, ga), sa), ('B: ', apply(state, gb), sb)):
@@ -313,24 +313,27 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     return None, None, sa
 
 
-def state_budget(model: numerics.Budget, grads, other):
+def state_budget(model: numerics.Budget, grads, other, update):
     """budget(before, after, path) of a leaf of the state after the step: AdamW's moments
-    linear in the gradients' budget, a parameter by the share of its gradient that rounding
-    may flip (`grads` and `other`, the two sides': numerics.flip_share), else the square-root
+    linear in the gradients' budget; a parameter by how far the optimizer's step moves it when
+    its gradient carries the rounding the two sides measure (`grads` and `other`, the two
+    sides'; `update` maps gradients to the parameters after the step from this state:
+    numerics.spread, computed once, at the first parameter compared); else the square-root
     law."""
-    by_path, others = dict(named_leaves(grads)), dict(named_leaves(other))
-    shares = {}
+    names = {'params.' + p for p, _ in named_leaves(grads)}
+    moved = {}
 
     def budget(before, after, path):
         change = numerics.change(before, after)
         for tag, order in (('.mu.', 1), ('.nu.', 2)):
             if tag in f'.{path}.':
                 return model.moment(change, order)
-        grad = by_path.get(path.removeprefix('params.'))
-        if path.startswith('params.') and grad is not None:
-            if path not in shares:
-                shares[path] = numerics.flip_share(grad, others[path.removeprefix('params.')])
-            return model.parameters(change, shares[path])
+        if path in names:
+            if not moved:
+                paths = ['params.' + p for p, _ in named_leaves(grads)]
+                moved.update(zip(paths, numerics.spread(update, grads, other), strict=True))
+            norm = float(np.linalg.norm(np.asarray(after, np.float64)))
+            return model.parameters(moved[path] / norm if norm else 0.0)
         return model.update(change)
 
     return budget
