@@ -182,6 +182,29 @@ def test_the_parameters_budget_carries_the_gradients_rounding_through_the_optimi
     assert numerics.error(too_fast(other)['w'], base) > 3 * budget
 
 
+def test_the_parameters_budget_holds_one_flip_the_mean_does_not_expect():
+    """A mean is not a count: at AdamW's first step a leaf whose rounding expects far less than
+    one flip still gets one now and then (the fuzzer's corpus entry
+    bisect_forward_budget_f32_accumulation: a bias element summed to exactly 0 in bf16 on one
+    side, 2.9 sigma of its leaf). Here no gradient is within 100 sigma of zero but one, at 3.2
+    sigma, which the other side sums to exactly 0: the mean move alone puts that one flip over
+    the budget; with the largest move one plausible flip makes (`flip_z`), it sits inside."""
+    update, _, _ = _adamw_step(0)
+    rng = np.random.default_rng(3)
+    g = np.sign(rng.standard_normal(4096)) * 10 ** rng.uniform(-2, 0, 4096)
+    other = g + 1e-4 * rng.standard_normal(g.size)
+    g[0] = 3.2e-4
+    other[0] = 0  # summed to exactly 0 on one side
+    grads, other = {'w': g.astype(np.float32)}, {'w': other.astype(np.float32)}
+    base = update(grads)['w']
+    error = numerics.error(update(other)['w'], base)
+    budget, norm = numerics.Budget('bfloat16'), np.linalg.norm(base)
+    (mean,) = numerics.spread(update, grads, other, flip_z=0)
+    (moved,) = numerics.spread(update, grads, other)
+    assert error > budget.parameters(mean / norm)
+    assert error < budget.parameters(moved / norm) / 3
+
+
 @pytest.mark.parametrize('k', [1, 2])
 def test_the_flips_expected_from_router_margins_match_the_flips_measured(k):
     """Where a pipeline hides a mixture of experts from the forward, the flips are expected from

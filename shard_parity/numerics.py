@@ -53,6 +53,7 @@ BOUNDARIES = 2  # op boundaries (roundings) per recorded module output
 C_GRAD = 1.2  # ...of the backward (a gradient), in units of u
 C_LOSS = 0.02  # the loss, a mean of many terms: x (the last module's budget) / sqrt(terms)
 C_FLIP = 1.5  # a gradient after flips: C_FLIP x sqrt(flipped tokens / tokens)
+C_FLIP_LOSS = 0.1  # a loss metric after flips: C_FLIP_LOSS x flipped tokens / tokens (one case)
 C_ACC = 2.0  # a forward output: float32's accumulation in another order, x u(f32) sqrt(K)
 C_REDUCE = 3.0  # per hop of a gradient's collective, in units of the reduce dtype's u
 C_MOMENT = 1.0  # AdamW's moments: order x the gradients' budget x the leaf's change
@@ -159,9 +160,15 @@ class Budget:
         errors are independent (sqrt(terms) of them cancel), then float32's own, which no mean
         cancels: the sides' float32 sums run in other orders through every module (a float32
         compute with a bf16 reduce once got a budget of a tenth of one float32 ulp: fuzzer,
-        2026-12-05, tools/fuzz_corpus/bisect_loss_budget_below_f32.json)."""
+        2026-12-05, tools/fuzz_corpus/bisect_loss_budget_below_f32.json). After F flips, F of
+        the mean's terms come from other experts' outputs: C_FLIP_LOSS x F / terms more (a
+        fuzzer find, 2026-12-05: typed on model:8, one flip in 16 tokens moved the loss by
+        1.0e-3 and the router's auxiliary loss by 1.6e-3, 1.8 and 2.8 budgets without it;
+        tools/fuzz_corpus/bisect_loss_after_a_flip.json)."""
         mean = C_LOSS * self._ops(BOUNDARIES * self.modules) / math.sqrt(self.terms)
-        return mean + C_OP * unit_roundoff('float32') * math.sqrt(BOUNDARIES * self.modules)
+        flips = C_FLIP_LOSS * self.flipped / self.terms  # a flipped token's term is another's
+        return (mean + C_OP * unit_roundoff('float32') * math.sqrt(BOUNDARIES * self.modules)
+                + flips)  # fmt: skip
 
     def gradients(self) -> float:
         """Each gradient leaf: the forward's boundaries and the backward's, then the collective."""
@@ -198,9 +205,10 @@ class Budget:
 
 
 SPREAD_NODES = 8  # Gauss-Hermite nodes of `spread`: one optimizer update each
+FLIP_Z = 4.0  # an element within FLIP_Z sigma of zero may flip (Gaussian: 6e-5 beyond)
 
 
-def spread(update, grads, other, nodes: int = SPREAD_NODES) -> list[float]:
+def spread(update, grads, other, nodes: int = SPREAD_NODES, flip_z: float = FLIP_Z) -> list[float]:
     """How far the optimizer's step moves each leaf when the gradients carry the rounding the
     two sides measure: `update` maps a gradient tree to the parameters after the step, `grads`
     and `other` are the two sides' gradients. Each element's rounding is taken as Gaussian at
@@ -218,7 +226,14 @@ def spread(update, grads, other, nodes: int = SPREAD_NODES) -> list[float]:
     so moved = 2 sqrt(the share flipped) x the update's norm; from the second step on, m and v
     hold earlier gradients and damp it (the newest one's weight in AdamW's bias-corrected m is
     (1 - b1) / (1 - b1^t), 0.53 at t = 2): on the tests' transformer a sign-like law at t = 2
-    reads about 9 times what the step moves (docs/numerics.md)."""
+    reads about 9 times what the step moves (docs/numerics.md).
+
+    A mean is not a count: where a leaf expects less than one flip, one flip still comes now
+    and then, and it moves the leaf by far more than the mean says (a fuzzer find, 2026-12-05:
+    an MLP bias element summed to exactly 0 in bf16 on one side, -8.7e-5 on the other, 2.9
+    sigma of its leaf, and its first AdamW step went from the learning rate to 0: 33 times
+    the mean). So moved is at least the largest move one element makes when its gradient
+    turns, among the elements within `flip_z` sigma of zero (one more update)."""
     leaves, treedef = jax.tree.flatten(grads)
     others = jax.tree.leaves(other)
     rng = np.random.default_rng(0)
@@ -241,7 +256,13 @@ def spread(update, grads, other, nodes: int = SPREAD_NODES) -> list[float]:
         moved = jax.tree.leaves(update(jax.tree.unflatten(treedef, noisy)))
         for i, (x, b) in enumerate(zip(moved, base)):
             acc[i] += wk * float(np.sum((np.asarray(x, np.float64) - b) ** 2))
-    return [math.sqrt(a) for a in acc]
+    # ...and at least what one plausible flip makes: where a leaf expects less than one flip,
+    # the mean understates the flip that does come (a count of 0 or 1, not its mean)
+    turned = [np.where((r != 0) & (np.abs(g) <= flip_z * s), -np.asarray(g, np.float32), g)
+              for g, s, r in zip(leaves, sigmas, signs)]  # fmt: skip
+    one = jax.tree.leaves(update(jax.tree.unflatten(treedef, turned)))
+    return [max(math.sqrt(a), float(np.max(np.abs(np.asarray(x, np.float64) - b), initial=0)))
+            for a, x, b in zip(acc, one, base)]  # fmt: skip
 
 
 def expected_flips(margins, rounding: float) -> float:

@@ -64,7 +64,7 @@ def one_twin(twin: str, start, one, apply, batch, checkpoint: str | None = None)
         runner = D.Runner(side, start.graphdef, start.loss_fn, start.tx, 'B')
         report = D.new_report(one.side, side)  # the bisector's: bf16's error model, or f32's
         phase, layer, out = D.compare_step(
-            one, runner, apply, start.state, batch, report.tolerance, report
+            one, runner, apply, start.state, batch, report.tolerance, report, 0
         )
     except UsageError as e:
         return {'verdict': 'refused', 'message': str(e)}
