@@ -192,11 +192,12 @@ class Budget:
     def update(self, change: float = 1.0) -> float:
         """A leaf of the state after the update where its gradient is not at hand (a
         checkpoint's state, run directories; with the gradients, `moment` and `parameters`
-        take it): the error of what the step added, `change` = ||after - before|| / ||after|| of the leaf (the
-        magnitude of the term, not of the result), plus float32's rounding of the sum. AdamW's
-        first steps are sign-like (m / sqrt(v) = g / |g|): an element whose gradient is within
-        round-off of zero flips its update, and the fraction that flips is about the gradients'
-        relative error e, so the update's norm-wise error goes as sqrt(e), not e."""
+        take it): the error of what the step added, `change` = ||after - before|| / ||after||
+        of the leaf (the magnitude of the term, not of the result), plus float32's rounding of
+        the sum. AdamW's first steps are sign-like (m / sqrt(v) = g / |g|): an element whose
+        gradient is within round-off of zero flips its update, and the fraction that flips is
+        about the gradients' relative error e, so the update's norm-wise error goes as
+        sqrt(e), not e."""
         return C_UPDATE * math.sqrt(self.gradients()) * change + C_OP * unit_roundoff('float32')
 
     def along(self, step: int) -> float:
