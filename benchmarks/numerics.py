@@ -170,8 +170,7 @@ def main(argv=None) -> int:
     configure_jax(8)
     rows = []
     phases = ('forward', 'loss', 'gradients', 'update', 'parameters')
-    print(f'{"correct pair (bf16)":<34} {"forward max/med":>18} {"loss max/med":>18} '
-          f'{"gradients max/med":>18} {"update max/med":>18} {"parameters max/med":>18}')  # fmt: skip
+    print(f'{"correct pair (bf16)":<34} ' + ' '.join(f'{ph + " max/med":>18}' for ph in phases))
     for label, a, b, model, strategy, axes, compute, reduce, extra in CORRECT:
         if args.only not in label:
             continue
@@ -182,10 +181,9 @@ def main(argv=None) -> int:
                  for ph in phases]  # fmt: skip
         print(f'{label:<34} ' + ' '.join(cells) + ('  DIVERGED' if row['diverged'] else ''),
               flush=True)  # fmt: skip
-    pairs = [r for r in rows if 'case' in r and 'diverged' in r]
     cells = []
-    for ph in phases:
-        worst = [r[ph][0] for r in pairs if ph in r]
+    for ph in phases:  # every row so far is a pair's
+        worst = [r[ph][0] for r in rows if ph in r]
         cells.append(f'{statistics.median(worst):>18.3g}' if worst else f'{"-":>18}')
     print(f'{"median pair (its largest)":<34} ' + ' '.join(cells))
     print(f'\n{"planted bug (bf16)":<22} {"first seen":<44} {"budgets":>9} {"largest":>9}')

@@ -142,7 +142,7 @@ def _adamw_step(count_before: int, rate: float = 1e-3):
 def _flip_law(g, sigma) -> float:
     """AdamW's first step is sign-like: the expected share of elements whose Gaussian rounding
     of `sigma` turns the sign, erfc(|g| / (sigma sqrt 2)) / 2 averaged."""
-    return float(np.mean(np.vectorize(math.erfc)(np.abs(g) / (sigma * 2**0.5)) / 2))
+    return float(np.mean(numerics._crossed(np.abs(g), sigma)))
 
 
 def test_the_parameters_budget_carries_the_gradients_rounding_through_the_optimizer():

@@ -236,11 +236,11 @@ def spread(update, grads, other, nodes: int = SPREAD_NODES, flip_z: float = FLIP
     the mean). So moved is at least the largest move one element makes when its gradient
     turns, among the elements within `flip_z` sigma of zero (one more update)."""
     leaves, treedef = jax.tree.flatten(grads)
-    others = jax.tree.leaves(other)
+    leaves = [np.asarray(g, np.float32) for g in leaves]
+    others = [np.asarray(o, np.float32) for o in jax.tree.leaves(other)]
     rng = np.random.default_rng(0)
     sigmas, signs = [], []
     for g, o in zip(leaves, others, strict=True):
-        g, o = np.asarray(g, np.float32), np.asarray(o, np.float32)
         summed = (g != 0) | (o != 0)  # an element no term reached (an unseen token's row) is 0
         n = int(summed.sum())  # on both sides, exactly: no rounding
         sigmas.append(float(np.linalg.norm((g - o).astype(np.float64))) / math.sqrt(max(n, 1)))
@@ -252,14 +252,13 @@ def spread(update, grads, other, nodes: int = SPREAD_NODES, flip_z: float = FLIP
     w = w / w.sum()
     acc = [0.0] * len(base)
     for zk, wk in zip(z, w):
-        noisy = [np.asarray(g, np.float32) + np.float32(s * zk) * r
-                 for g, s, r in zip(leaves, sigmas, signs)]  # fmt: skip
+        noisy = [g + np.float32(s * zk) * r for g, s, r in zip(leaves, sigmas, signs)]
         moved = jax.tree.leaves(update(jax.tree.unflatten(treedef, noisy)))
         for i, (x, b) in enumerate(zip(moved, base)):
             acc[i] += wk * float(np.sum((np.asarray(x, np.float64) - b) ** 2))
     # ...and at least what one plausible flip makes: where a leaf expects less than one flip,
     # the mean understates the flip that does come (a count of 0 or 1, not its mean)
-    turned = [np.where((r != 0) & (np.abs(g) <= flip_z * s), -np.asarray(g, np.float32), g)
+    turned = [np.where((r != 0) & (np.abs(g) <= flip_z * s), -g, g)
               for g, s, r in zip(leaves, sigmas, signs)]  # fmt: skip
     one = jax.tree.leaves(update(jax.tree.unflatten(treedef, turned)))
     return [max(math.sqrt(a), float(np.max(np.abs(np.asarray(x, np.float64) - b), initial=0)))

@@ -320,7 +320,7 @@ def state_budget(model: numerics.Budget, grads, other, update):
     sides'; `update` maps gradients to the parameters after the step from this state:
     numerics.spread, computed once, at the first parameter compared); else the square-root
     law."""
-    names = {'params.' + p for p, _ in named_leaves(grads)}
+    paths = ['params.' + p for p, _ in named_leaves(grads)]
     moved = {}
 
     def budget(before, after, path):
@@ -328,9 +328,8 @@ def state_budget(model: numerics.Budget, grads, other, update):
         for tag, order in (('.mu.', 1), ('.nu.', 2)):
             if tag in f'.{path}.':
                 return model.moment(change, order)
-        if path in names:
+        if path in paths:
             if not moved:
-                paths = ['params.' + p for p, _ in named_leaves(grads)]
                 moved.update(zip(paths, numerics.spread(update, grads, other), strict=True))
             norm = float(np.linalg.norm(np.asarray(after, np.float64)))
             return model.parameters(moved[path] / norm if norm else 0.0)
@@ -381,7 +380,7 @@ def shared_update(tx):
     one_device = jax.jit(lambda s, g: apply_gradients(s, g, tx))
 
     def apply(state, grads):
-        return jax.device_get(one_device(jax.tree.map(np.array, state), grads))
+        return jax.device_get(one_device(jax.tree.map(np.asarray, state), grads))
 
     return apply
 
