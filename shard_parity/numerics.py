@@ -17,9 +17,10 @@ roundings add as a random walk (Higham's probabilistic bound), so after n bounda
                                            +  C_OP x u(float32) x sqrt(n)
 
 with n the boundaries the quantity has passed (the k-th module output of the forward: k x
-BOUNDARIES; the loss: every module's; a gradient: the forward's and the backward's, twice as
-many), and d the devices a gradient's collective reduces over (a ring or tree adds a rounding
-per hop, log2(d) + 1 of them in a tree; a per-device sum of its own rows is one more).  After the
+BOUNDARIES; a gradient: the forward's and the backward's, twice as many), and d the devices a
+gradient's collective reduces over (a ring or tree adds a rounding per hop, log2(d) + 1 of them
+in a tree; a per-device sum of its own rows is one more). A loss metric gets each output's
+rounding carried to it by its measured first-order sensitivity (`Budget.loss`). After the
 update, AdamW's moments get the gradients' budget x their order x the share of the leaf this
 step changed (`Budget.moment`), and a parameter C_MOVE x how far the optimizer's own step
 moves it when its gradient carries the rounding the two sides measure (`spread`,
@@ -51,7 +52,7 @@ UNIT_ROUNDOFF = {  # u = 2^-p for p bits of significand (the implicit one counte
 C_OP = 2.5  # norm-wise relative error per op boundary of the forward, in units of u
 BOUNDARIES = 2  # op boundaries (roundings) per recorded module output
 C_GRAD = 1.2  # ...of the backward (a gradient), in units of u
-C_LOSS = 0.02  # the loss, a mean of many terms: x (the last module's budget) / sqrt(terms)
+C_LOSS = 3.0  # a loss metric: x each output's rounding carried to it (`Budget.loss`)
 C_FLIP = 1.5  # a gradient after flips: C_FLIP x sqrt(flipped tokens / tokens)
 C_FLIP_LOSS = 0.1  # a loss metric after flips: C_FLIP_LOSS x flipped tokens / tokens (one case)
 C_ACC = 2.0  # a forward output: float32's accumulation in another order, x u(f32) sqrt(K)
@@ -155,19 +156,25 @@ class Budget:
         accumulate = C_ACC * unit_roundoff('float32') * math.sqrt(self.contraction)
         return self._ops(BOUNDARIES * max(k, 1)) + accumulate
 
-    def loss(self) -> float:
-        """A loss metric: every module's boundaries, in a mean of `terms` terms whose rounding
-        errors are independent (sqrt(terms) of them cancel), then float32's own, which no mean
-        cancels: the sides' float32 sums run in other orders through every module (a float32
-        compute with a bf16 reduce once got a budget of a tenth of one float32 ulp: fuzzer,
-        2026-12-05, tools/fuzz_corpus/bisect_loss_budget_below_f32.json). After F flips, F of
-        the mean's terms come from other experts' outputs: C_FLIP_LOSS x F / terms more (a
-        fuzzer find, 2026-12-05: typed on model:8, one flip in 16 tokens moved the loss by
-        1.0e-3 and the router's auxiliary loss by 1.6e-3, 1.8 and 2.8 budgets without it;
-        tools/fuzz_corpus/bisect_loss_after_a_flip.json)."""
-        mean = C_LOSS * self._ops(BOUNDARIES * self.modules) / math.sqrt(self.terms)
+    def loss(self, sensitivity: float) -> float:
+        """A loss metric: each module output's rounding (C_OP u sqrt(BOUNDARIES), independent
+        per element), carried to the metric to first order: `sensitivity` = sqrt(sum over the
+        outputs of ||dm / d eps||^2) / |m| for relative noise eps at each output, measured on the
+        step's batch and weights (tools/divergence.py's `sensitivities`). A mean of T terms
+        averages it as sqrt(T) and a cross-entropy damps it by the logits' size against the
+        loss; both are in it, measured, where a constant fitted on one model at 256 terms
+        overstated the averaging at 4 by 7 times and left the MLP's loss 1.4 budgets over (a
+        fuzzer find, 2026-12-05: tools/fuzz_corpus/bisect_loss_budget_few_terms.json). Then
+        float32's own rounding, which no mean cancels: the sides' float32 sums run in other
+        orders through every module (a float32 compute with a bf16 reduce once got a budget
+        of a tenth of one float32 ulp: fuzzer, 2026-12-05, bisect_loss_budget_below_f32). After
+        F flips, F of the mean's terms come from other experts' outputs: C_FLIP_LOSS x F /
+        terms more (a fuzzer find, 2026-12-05: typed on model:8, one flip in 16 tokens moved
+        the loss by 1.0e-3 and the router's auxiliary loss by 1.6e-3, 1.8 and 2.8 budgets
+        without it; tools/fuzz_corpus/bisect_loss_after_a_flip.json)."""
+        carried = C_LOSS * self._ops(BOUNDARIES) * sensitivity
         flips = C_FLIP_LOSS * self.flipped / self.terms  # a flipped token's term is another's
-        return (mean + C_OP * unit_roundoff('float32') * math.sqrt(BOUNDARIES * self.modules)
+        return (carried + C_OP * unit_roundoff('float32') * math.sqrt(BOUNDARIES * self.modules)
                 + flips)  # fmt: skip
 
     def gradients(self) -> float:
@@ -319,23 +326,43 @@ def tokens(x) -> np.ndarray:
     return x.reshape(-1, x.shape[-1]) if x.ndim >= 2 else x.reshape(-1, 1)
 
 
-def flips(a, b, budget: float, share: float = FLIP_SHARE) -> set | None:
+def flips(a, b, budget: float, share: float = FLIP_SHARE, most: int | None = None) -> set | None:
     """The tokens whose expert choice flipped, where a mixture-of-experts layer's outputs a and
     b are apart by more than `budget` only because of them: bf16 rounding can move a token's
     router logits across its top-k boundary, and then that token's output is another expert's,
     far beyond round-off, while every other token agrees. Removing the worst tokens one by one
-    until the rest sit within `budget`: those tokens, if at most `share` of them (at least one);
-    None where more would have to go (a bug spreads over the tokens)."""
+    until the rest sit within `budget`: those tokens, if at most `share` of them (at least one)
+    and at most `most`; None where more would have to go (a bug spreads over the tokens)."""
     ta, tb = tokens(a), tokens(b)
     if ta.shape != tb.shape:
         return None
     worst = np.argsort(-((ta - tb) ** 2).sum(1))
     keep = np.ones(len(ta), bool)
-    for n, t in enumerate(worst[: max(1, int(share * len(ta)))], 1):
+    limit = max(1, int(share * len(ta)))
+    for n, t in enumerate(worst[: limit if most is None else min(most, limit)], 1):
         keep[t] = False
         if error(ta[keep], tb[keep]) <= budget:
             return {int(i) for i in worst[:n]}
     return None
+
+
+PLAUSIBLE_TAIL = 1e-4  # a count of flips beyond which a Poisson count has less than this left
+
+
+def plausible(expected: float, tail: float = PLAUSIBLE_TAIL) -> int:
+    """The most flips a Poisson count of mean `expected` reaches but for `tail` of its draws:
+    where rounding flips tokens out of the forward's sight (`expected_flips`), the tokens the
+    first output seen after them may lose. A mean is not a count: 0.05 expected makes 2
+    plausible, 1 makes 6; 0 makes none."""
+    if expected <= 0:
+        return 0
+    n, term = 0, math.exp(-expected)
+    left = 1 - term  # P(N > n)
+    while left >= tail:
+        n += 1
+        term *= expected / n
+        left -= term
+    return n
 
 
 def without(x, gone: set) -> np.ndarray:
