@@ -160,7 +160,8 @@ class Budget:
         """A loss metric: each module output's rounding (C_OP u sqrt(BOUNDARIES), independent
         per element), carried to the metric to first order: `sensitivity` = sqrt(sum over the
         outputs of ||dm / d eps||^2) / |m| for relative noise eps at each output, measured on the
-        step's batch and weights (tools/divergence.py's `sensitivities`). A mean of T terms
+        step's batch and weights (tools/divergence.py's `sensitivities`, over the larger |m| of
+        the two sides). A mean of T terms
         averages it as sqrt(T) and a cross-entropy damps it by the logits' size against the
         loss; both are in it, measured, where a constant fitted on one model at 256 terms
         overstated the averaging at 4 by 7 times and left the MLP's loss 1.4 budgets over (a
@@ -331,15 +332,16 @@ def flips(a, b, budget: float, share: float = FLIP_SHARE, most: int | None = Non
     b are apart by more than `budget` only because of them: bf16 rounding can move a token's
     router logits across its top-k boundary, and then that token's output is another expert's,
     far beyond round-off, while every other token agrees. Removing the worst tokens one by one
-    until the rest sit within `budget`: those tokens, if at most `share` of them (at least one)
-    and at most `most`; None where more would have to go (a bug spreads over the tokens)."""
+    until the rest sit within `budget`: those tokens, if at most `share` of them (at least one),
+    or at most `most` where given (the flips a count expects: `plausible`); None where more
+    would have to go (a bug spreads over the tokens)."""
     ta, tb = tokens(a), tokens(b)
     if ta.shape != tb.shape:
         return None
     worst = np.argsort(-((ta - tb) ** 2).sum(1))
     keep = np.ones(len(ta), bool)
-    limit = max(1, int(share * len(ta)))
-    for n, t in enumerate(worst[: limit if most is None else min(most, limit)], 1):
+    limit = max(1, int(share * len(ta))) if most is None else most
+    for n, t in enumerate(worst[:limit], 1):
         keep[t] = False
         if error(ta[keep], tb[keep]) <= budget:
             return {int(i) for i in worst[:n]}
@@ -356,13 +358,12 @@ def plausible(expected: float, tail: float = PLAUSIBLE_TAIL) -> int:
     plausible, 1 makes 6; 0 makes none."""
     if expected <= 0:
         return 0
-    n, term = 0, math.exp(-expected)
-    left = 1 - term  # P(N > n)
-    while left >= tail:
+    n, below = 0, 0.0  # P(N < n), its terms in logs: exp(-expected) underflows from 745
+    while True:
+        below += math.exp(n * math.log(expected) - expected - math.lgamma(n + 1))
+        if 1 - below < tail:  # P(N > n)
+            return n
         n += 1
-        term *= expected / n
-        left -= term
-    return n
 
 
 def without(x, gone: set) -> np.ndarray:

@@ -178,6 +178,7 @@ def from_runs(run_a: str, run_b: str):
 def as_dict(report) -> dict:
     out = dataclasses.asdict(report)
     out.pop('seen')  # every leaf's fraction of its budget: the calibration's, not the report's
+    out.pop('suspect')  # the hints' input, said in the hints
     out['diverged'] = report.diverged
     return json.loads(json.dumps(out, default=str).replace('Infinity', '"inf"'))
 

@@ -21,8 +21,9 @@ computed in names the first layer that differs.
 
 Under --tolerance=model (the default where either side computes or reduces in less than
 float32) each leaf is held to its budget in shard_parity/numerics.py's error model, norm-wise:
-the k-th module output to forward(k), the loss to loss(), each gradient leaf to gradients(), the
-state after the update to update(); the report keeps each phase's largest error / budget.
+the k-th module output to forward(k), each loss metric to loss(its measured sensitivity), each
+gradient leaf to gradients(), the state after the update to update() (a moment to moment(), a
+parameter to parameters()); the report keeps each phase's largest error / budget.
 
 The sides themselves (a twin, a module of yours, one device; placed on their meshes) are
 tools/sides.py's; how two leaves differ and what that points to, tools/leaves.py's.
@@ -138,21 +139,21 @@ def recorded(loss_fn, names: list, kinds: dict | None = None):
 
 
 def sensitivities(graphdef, loss_fn):
-    """fn(params, batch) -> {metric: s}, on one device: how a loss metric m moves when every
+    """fn(params, batch) -> {metric: s}, on one device: how far a loss metric m moves when every
     module's output carries independent relative rounding, per unit of it,
 
-        s = sqrt(sum over outputs k of ||dm / d eps_k||^2) / |m|,   output_k x (1 + eps_k),
+        s = sqrt(sum over outputs k of ||dm / d eps_k||^2),   output_k x (1 + eps_k), eps_k = 0,
 
     the first-order propagation of each output's rounding to the metric, measured on this
-    batch and these weights (numerics.Budget.loss: a mean of T terms averages it as sqrt(T), a
-    cross-entropy damps it by the logits' size against the loss, and both are in s)."""
+    batch and these weights (numerics.Budget.loss takes s / |m|: a mean of T terms averages it
+    as sqrt(T), a cross-entropy damps it by the logits' size against the loss, and both are in
+    s). One forward and one backward per metric."""
 
     def metrics(eps, params, batch):
         model, it = nnx.merge(graphdef, params), iter(eps)
 
         def scale(path, module, x, first):
-            e = next(it)
-            return x * (1 + e).astype(x.dtype)
+            return x * (1 + next(it)).astype(x.dtype)  # a bf16 output stays bf16
 
         with intercepted(model, next(iter(batch.values())).shape[0], scale):
             return loss_fn(model, batch)[1]
@@ -163,13 +164,13 @@ def sensitivities(graphdef, loss_fn):
         shapes = jax.eval_shape(bind(graphdef, recorded(loss_fn, names)), params, batch)
         eps = [jnp.zeros(x.shape, jnp.float32) for n, x in zip(names, shapes)
                if not n.endswith(ROUTER)]  # fmt: skip
-        values = metrics(eps, params, batch)
-        grads = jax.jacrev(metrics)(eps, params, batch)
-        return {
-            k: jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in grads[k]))
-            / jnp.maximum(jnp.abs(values[k]), jnp.finfo(jnp.float32).tiny)
-            for k in values
-        }
+        values, pull = jax.vjp(lambda e: metrics(e, params, batch), eps)
+        out = {}
+        for k in values:  # one backward per metric, the others' cotangents zero
+            cotangent = {j: jnp.asarray(j == k, v.dtype) for j, v in values.items()}
+            grads = pull(cotangent)[0]
+            out[k] = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads))
+        return out
 
     return lambda params, batch: {k: float(v) for k, v in fn(params, batch).items()}
 
@@ -210,6 +211,8 @@ class Report:
     flips: list = dataclasses.field(default_factory=list)  # [step, MoE layer, tokens flipped]
     # [step, MoE layer, flips expected]: one side runs it where the forward cannot see it
     hidden_flips: list = dataclasses.field(default_factory=list)
+    # [step, flips expected out of sight]: a forward output failed where flips may be the cause
+    suspect: list | None = None
 
     @property
     def diverged(self) -> bool:
@@ -247,9 +250,14 @@ class Runner:
         return max(len([n for n in names if not n.endswith(ROUTER)]), 1)
 
     @functools.cached_property
-    def sensitivity(self):
-        fn = sensitivities(self.graphdef, self.loss_fn)
-        return lambda params, batch: fn(jax.tree.map(np.asarray, params), batch)
+    def _sensitivities(self):
+        return sensitivities(self.graphdef, self.loss_fn)
+
+    @guarded
+    def sensitivity(self, state, batch) -> dict:
+        """Each loss metric's first-order sensitivity to the outputs' rounding (`sensitivities`),
+        on one device whatever this side's mesh."""
+        return self._sensitivities(jax.tree.map(np.asarray, state.params), batch)
 
     @guarded
     def activations(self, state, batch) -> list:
@@ -308,8 +316,6 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     model = report.model and dataclasses.replace(
         report.model, modules=depth, terms=terms, contraction=numerics.widest(state.params)
     )
-    # each loss metric's first-order sensitivity to the outputs' rounding, on one device
-    sensitivity = model and ra.sensitivity(state.params, batch)
     # a mixture of experts that one side runs where the forward cannot see it (inside the
     # other's pipeline): its flips are not counted but expected, from the margins of that side's
     # router (numerics.expected_flips), at the rounding its input carries (a third of its budget)
@@ -326,6 +332,7 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
         if hidden:  # one side's estimate; the outputs both compare after the first of them
             after = {p for p, _ in acts[hidden[0][0] :] if p in other}
             break
+    downstream, out_of_sight = set(after), 0  # ...and the hidden flips found there
     seen = {p: _Seen(report, p) for p in ('forward', 'loss', 'gradients', 'update')}
     flipped = set()  # tokens whose expert choice bf16 flipped: left out downstream
     for k, (path, x) in enumerate(common, 1):
@@ -335,8 +342,8 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
         allowed = model and model.forward(k)
         # a few tokens' top-k flipped by rounding? Looked for from a third of the budget (where
         # round-off alone stays), so that a flip is counted, not left inside the budget unsaid;
-        # at a mixture of experts, or at the first output seen after hidden ones, as many
-        # tokens as their expected flips make plausible (numerics.plausible)
+        # at a mixture of experts, or at the outputs seen after hidden ones (until found there),
+        # as many tokens as their expected flips make plausible (numerics.plausible)
         calm = model and allowed * numerics.FLIP_LOOK
         moe = ra.kinds.get(path) == 'MoE'
         if model and (moe or path in after) and numerics.error(x, y) > calm:
@@ -345,16 +352,27 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
             if found:
                 flipped |= found
                 report.flips.append([step, layer, len(found)])
-                after = after if moe else set()  # the hidden layers' flips: counted once
                 x, y = numerics.without(x, flipped), numerics.without(y, flipped)
+            if found and not moe:  # the hidden layers' flips: found once, expected already
+                after, out_of_sight = set(), len(found)
         leaf = compare(path, x, y, tolerance, n, allowed, seen['forward'])
         if leaf:
+            if model and (flipped or path in downstream):  # flips may be what differs here
+                report.suspect = [step, risky if path in downstream else 0.0]
             return 'forward', path, [leaf]
     if flipped or risky:  # a flipped token's gradient went to other experts: the gradients' budget
-        model = dataclasses.replace(model, flipped=len(flipped) + risky)
+        counted = len(flipped) - out_of_sight + max(out_of_sight, risky)
+        model = dataclasses.replace(model, flipped=counted)
     (ma, ga), (mb, gb) = ra.loss_and_grads(state, batch), rb.loss_and_grads(state, batch)
-    metric = model and (lambda _, __, path: model.loss(sensitivity[path]))
-    leaves = compare_trees('', ma, mb, tolerance, metric, seen['loss'], model and ma)
+    # each loss metric's first-order sensitivity to the outputs' rounding, on one device, over
+    # the larger of the two sides' |m| (a metric that is 0 on both is equal)
+    sensitivity = model and ra.sensitivity(state, batch)
+
+    def metric(a, b, path):
+        size = max(abs(float(np.asarray(a))), abs(float(np.asarray(b))))
+        return model.loss(sensitivity[path] / size if size else 0.0)
+
+    leaves = compare_trees('', ma, mb, tolerance, model and metric, seen['loss'], model and ma)
     if leaves:
         return 'forward', None, leaves
     grads = model and model.gradients()
@@ -474,11 +492,11 @@ def _diverged(report, step, phase, layer, leaves, a, b) -> Report:
     report.step, report.phase, report.layer, report.leaves = step, phase, layer, leaves
     report.ratio = leaves[0].ratio
     report.hints = hints(leaves[0], a, b)
-    expected = sum(e for s, _, e in report.hidden_flips if s == step)
-    if leaves[0].blocks and phase == 'forward' and (expected or report.flips):
+    if leaves[0].blocks and report.suspect and report.suspect[0] == step:
+        expected = report.suspect[1]
         report.hints.insert(0, (
-            f'a few rows differ in a step whose mixture of experts may flip tokens within '
-            f'rounding ({expected:.2g} expected out of sight, the notes): more tokens than '
+            f'a few rows differ after mixture-of-experts layers hidden in a pipeline, where '
+            f'{expected:.2g} tokens may take other experts within rounding: more tokens than '
             f'{numerics.plausible(expected)} flipped, or a bug in the routing'
         ) if expected else (
             'a few rows differ after tokens took other experts (the notes): a flip beyond the '
