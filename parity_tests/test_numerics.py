@@ -127,6 +127,18 @@ def test_the_loss_budget_carries_each_outputs_rounding_by_its_measured_sensitivi
     assert 2 < found[4] / found[64] < 8  # about sqrt(16), the mean's averaging
 
 
+def test_a_count_moves_by_one_term_per_flip():
+    """The experts' dropped share is a count (its sensitivity 0): a flipped token takes a slot in
+    its new expert's queue and one token there may be dropped for capacity, so each flip moves
+    it by one of its T terms, F / (T |m|) relative. The fuzzer's case (2026-12-06: 3 flips in
+    128 tokens, the dropped share 0.09 moved by 1.43%, 6.1 budgets over without it) sits
+    within a third of it; with no flip only float32's term is left."""
+    flipped = numerics.Budget('bfloat16', modules=20, terms=128, flipped=3)
+    assert 0.0143 < flipped.loss(0.0, 0.09) / 3
+    assert flipped.loss(0.0, 0.09) > 20 * flipped.loss(0.0)  # the loss's flip term alone
+    assert numerics.Budget('bfloat16', modules=20, terms=128).loss(0.0, 0.09) < 1e-5
+
+
 def test_the_forward_budget_holds_float32s_accumulation_in_another_order():
     """A dot split over 'model' adds partial sums, another order of float32's accumulation:
     about u(f32) sqrt(K) norm-wise, which no op boundary counts. Under a float32 compute with a

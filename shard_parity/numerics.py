@@ -156,7 +156,7 @@ class Budget:
         accumulate = C_ACC * unit_roundoff('float32') * math.sqrt(self.contraction)
         return self._ops(BOUNDARIES * max(k, 1)) + accumulate
 
-    def loss(self, sensitivity: float) -> float:
+    def loss(self, sensitivity: float, count: float | None = None) -> float:
         """A loss metric: each module output's rounding (C_OP u sqrt(BOUNDARIES), independent
         per element), carried to the metric to first order: `sensitivity` = sqrt(sum over the
         outputs of ||dm / d eps||^2) / |m| for relative noise eps at each output, measured on the
@@ -172,9 +172,17 @@ class Budget:
         F flips, F of the mean's terms come from other experts' outputs: C_FLIP_LOSS x F /
         terms more (a fuzzer find, 2026-12-05: typed on model:8, one flip in 16 tokens moved
         the loss by 1.0e-3 and the router's auxiliary loss by 1.6e-3, 1.8 and 2.8 budgets
-        without it; tools/fuzz_corpus/bisect_loss_after_a_flip.json)."""
+        without it; tools/fuzz_corpus/bisect_loss_after_a_flip.json). A count (`count` = its
+        value |m|, a share of terms each 0 or 1, such as the experts' dropped share; its
+        sensitivity is 0) moves by one term per flip, F / (terms |m|) relative: a flipped token
+        takes a slot in its new expert's queue, and one token there may be dropped for capacity
+        (a fuzzer find, 2026-12-06: explicit on data:8 with 2 experts at capacity 1.25, 3 flips
+        in 128 tokens moved the dropped share by 1.4%, 6.1 budgets over without it;
+        tools/fuzz_corpus/bisect_flips_move_the_dropped_share.json)."""
         carried = C_LOSS * self._ops(BOUNDARIES) * sensitivity
         flips = C_FLIP_LOSS * self.flipped / self.terms  # a flipped token's term is another's
+        if count:
+            flips += self.flipped / (self.terms * count)
         return (carried + C_OP * unit_roundoff('float32') * math.sqrt(BOUNDARIES * self.modules)
                 + flips)  # fmt: skip
 

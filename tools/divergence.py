@@ -347,7 +347,11 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
         calm = model and allowed * numerics.FLIP_LOOK
         moe = ra.kinds.get(path) == 'MoE'
         if model and (moe or path in after) and numerics.error(x, y) > calm:
-            found = numerics.flips(x, y, calm, most=None if moe else numerics.plausible(risky))
+            # (flips expected out of sight are searched to the budget itself: a flip there may
+            # also move a token that capacity drops or lets in, and after several layers their
+            # traces through attention spread a little over the sequence)
+            found = (numerics.flips(x, y, calm) if moe else
+                     numerics.flips(x, y, allowed, most=numerics.plausible(risky)))  # fmt: skip
             layer = path if moe else f"{', '.join(p for _, p in hidden)}, seen at {path}"
             if found:
                 flipped |= found
@@ -370,6 +374,8 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
 
     def metric(a, b, path):
         size = max(abs(float(np.asarray(a))), abs(float(np.asarray(b))))
+        if not sensitivity[path]:  # a count (the experts' dropped share): a term per flip
+            return model.loss(0.0, size)
         return model.loss(sensitivity[path] / size if size else 0.0)
 
     leaves = compare_trees('', ma, mb, tolerance, model and metric, seen['loss'], model and ma)
