@@ -161,9 +161,8 @@ class Budget:
         per element), carried to the metric to first order: `sensitivity` = sqrt(sum over the
         outputs of ||dm / d eps||^2) / |m| for relative noise eps at each output, measured on the
         step's batch and weights (tools/divergence.py's `sensitivities`, over the larger |m| of
-        the two sides). A mean of T terms
-        averages it as sqrt(T) and a cross-entropy damps it by the logits' size against the
-        loss; both are in it, measured, where a constant fitted on one model at 256 terms
+        the two sides). A mean of T terms averages it as sqrt(T) and a cross-entropy damps it
+        by the logits' size against the loss; both are in it, measured, where a constant fitted on one model at 256 terms
         overstated the averaging at 4 by 7 times and left the MLP's loss 1.4 budgets over (a
         fuzzer find, 2026-12-05: tools/fuzz_corpus/bisect_loss_budget_few_terms.json). Then
         float32's own rounding, which no mean cancels: the sides' float32 sums run in other
@@ -366,7 +365,7 @@ def plausible(expected: float, tail: float = PLAUSIBLE_TAIL) -> int:
     plausible, 1 makes 6; 0 makes none."""
     if expected <= 0:
         return 0
-    n, below = 0, 0.0  # P(N < n), its terms in logs: exp(-expected) underflows from 745
+    n, below = 0, 0.0  # P(N <= n), its terms in logs: exp(-expected) underflows from 745
     while True:
         below += math.exp(n * math.log(expected) - expected - math.lgamma(n + 1))
         if 1 - below < tail:  # P(N > n)

@@ -357,8 +357,8 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
                 flipped |= found
                 report.flips.append([step, layer, len(found)])
                 x, y = numerics.without(x, flipped), numerics.without(y, flipped)
-            if found and not moe:  # the hidden layers' flips: found once, expected already
-                after, out_of_sight = set(), len(found)
+                if not moe:  # the hidden layers' flips: found once, expected already
+                    after, out_of_sight = set(), len(found)
         leaf = compare(path, x, y, tolerance, n, allowed, seen['forward'])
         if leaf:
             if model and (flipped or path in downstream):  # flips may be what differs here
