@@ -4,7 +4,7 @@ as a fraction of its budget, every planted bug as a multiple of it, in bf16 comp
     SHARD_PARITY_DATA_DIR=... python -m benchmarks.numerics            # the table
     python -m benchmarks.numerics --only=explicit --json=out.json
 
-Each case runs the bisector's comparison (tools/divergence.py, --tolerance=model) for --steps
+Each case runs the bisector's comparison (tools/bisect/divergence.py, --tolerance=model) for --steps
 steps from one initial state: a correct pair (one device against a twin, on a mesh) reports each
 phase's largest and median error / budget over every leaf it compared; a bug (a tools/zoo entry
 against its reference) reports where the model first sees it and by how many budgets.
@@ -111,7 +111,7 @@ def run(a, b, model, strategy, axes, compute, reduce, extra, steps):
     import jax
     import numpy as np
 
-    from tools import divergence as D
+    from tools.bisect import divergence as D
 
     graphdef, loss_fn, tx, state, batches, plan, mesh = case_inputs(
         model, strategy, axes, compute, reduce, extra

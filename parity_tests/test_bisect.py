@@ -28,8 +28,8 @@ from shard_parity import plan as plans
 from shard_parity.mesh import make_mesh, mesh_for
 from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.step import make_optimizer, one_device_loss_and_grads, one_device_train_step
-from shard_parity.tools import divergence as D
-from shard_parity.tools import leaves, runs
+from shard_parity.tools.bisect import divergence as D
+from shard_parity.tools.bisect import leaves, runs
 
 DATA_HINT = "the 'data' axis size: in B a sum where a mean belongs"
 FSDP_HINT = "the 'fsdp' axis size: in B a sum where a mean belongs"

@@ -52,8 +52,8 @@ from shard_parity.model.transformer import Transformer
 from shard_parity.placement import activations, place_batch, place_state
 from shard_parity.runtime import segments, tasks
 from shard_parity.step import make_optimizer, strategy_file
-from shard_parity.tools import divergence as D
-from shard_parity.tools import runs
+from shard_parity.tools.bisect import divergence as D
+from shard_parity.tools.bisect import runs
 from shard_parity.tools.zoo import pp_1f1b_wrong_slot
 
 # test_composed.py's model: 4 layers (S x V = 4 with V = 2), 4 query heads and 2 key/value heads

@@ -33,7 +33,7 @@ def registries() -> dict[str, set[str]]:
     return {
         'train': {h.name for h in F.TRAIN_CLI},
         'generate': {h.name for h in F.GENERATE_CLI},
-        'compare': defined_in('tools/compare.py'),
+        'compare': defined_in('tools/compare/cli.py'),
     }
 
 

@@ -282,7 +282,7 @@ def test_a_dangling_link_or_a_folder_in_a_files_place_is_named(tmp_path):
     """A dangling symbolic link as --workdir said 'is not writable (File exists)'; a folder named
     metrics.jsonl gave a raw [Errno 21] naming a temporary file, and the bisector then said the
     workdir had no config.json."""
-    from shard_parity.tools import runs
+    from shard_parity.tools.bisect import runs
 
     link = tmp_path / 'link'
     link.symlink_to(tmp_path / 'gone' / 'run')

@@ -1,6 +1,6 @@
 """Claim: the fuzzer (python -m tools.fuzz) can fail, and says what fails in one command.
 
-Its refusal table (tools/fuzz_table.py) is written apart from shard_parity/checks.py, so the
+Its refusal table (tools/fuzz/table.py) is written apart from shard_parity/checks.py, so the
 two are held to each other here, by hand and on random draws; its shrinking runs in the
 domain's order (the MLP, one axis, the devices on 'data'); a planted bug (a zoo entry as the
 twin) is found and shrunk to a mesh where its axis is not 1; and a short seeded run, after the
@@ -24,9 +24,9 @@ from shard_parity import plan as plans
 from shard_parity.model.mlp import MLPConfig
 from shard_parity.model.transformer import TransformerConfig
 from shard_parity.step import strategy_file
-from tools import fuzz_judge
-from tools.fuzz_draws import Draw, command, draws
-from tools.fuzz_table import agrees, twin_refusals, violations
+from tools.fuzz import judge as fuzz_judge
+from tools.fuzz.draws import Draw, command, draws
+from tools.fuzz.table import agrees, twin_refusals, violations
 
 T = dict(model='transformer', layers=4, heads=4, kv_heads=4, embed=16, seq_len=16)
 
@@ -102,7 +102,7 @@ def test_the_table_and_the_checks_agree_on_random_draws(draw):
           suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 @given(draws(8, bf16=True))
 def test_what_one_twin_refuses_the_table_says(draw):
-    """A draw the checks accept runs in every twin but where tools/fuzz_table.py's
+    """A draw the checks accept runs in every twin but where tools/fuzz/table.py's
     twin_refusals says one refuses it (auto and typed: --reduce_dtype=bfloat16), and that
     twin's line names the row. No JAX program."""
     if refusal(draw) is not None:
@@ -190,7 +190,7 @@ def test_the_driver_finds_and_shrinks_a_planted_bug():
 
 
 def planted_driver_run():
-    from tools.fuzz_driver import Fuzz
+    from tools.fuzz.driver import Fuzz
 
     driver = Fuzz(['explicit'], 8)  # the flags' defaults (fuzz_driver.Options)
     driver.worker, driver.entries = PlantedWorker(), []
@@ -219,7 +219,7 @@ def test_five_draws_in_the_fast_tier():
 
 
 def five_draws():
-    from tools.fuzz_driver import Fuzz, Options
+    from tools.fuzz.driver import Fuzz, Options
 
     driver = Fuzz(['auto', 'explicit', 'typed'], 8, options=Options(models=('mlp',)))
     driver.entries = []  # the corpus: the slow run's
@@ -252,10 +252,10 @@ def test_a_bf16_draw_is_judged_by_the_error_model():
 
 
 def test_a_checkpoint_round_trip_sees_one_ulp():
-    """The round trip's verdict (tools/fuzz_checkpoint.py) is bitwise: a restored state one
+    """The round trip's verdict (tools/fuzz/checkpoint.py) is bitwise: a restored state one
     float32 ulp off in one element of one leaf differs, its path named; the same state, and
     the same arrays rebuilt by another graphdef of the same model, do not."""
-    from tools.fuzz_checkpoint import difference
+    from tools.fuzz.checkpoint import difference
 
     graphdef, _, state = fresh_state()
     x = np.random.default_rng(0).normal(size=(4, 784)).astype(np.float32)
@@ -282,11 +282,11 @@ def test_a_run_with_checkpoints_restores_on_other_meshes():
 
 
 def test_the_collectives_rules_can_fail():
-    """tools/fuzz_target.py's rules on hand-made programs: a gradient reduced over the plan's
+    """tools/fuzz/target.py's rules on hand-made programs: a gradient reduced over the plan's
     axes passes; over 'model' too, not at all, or an expert's weights gathered over 'expert',
     each is named; a reduction whose result reaches no parameter's update (an activation's,
     tensor parallelism's psum) is not blamed, nor is a forward one."""
-    from tools.fuzz_target import wrong
+    from tools.fuzz.target import wrong
 
     grads = [
         {'path': "['w']", 'must': {'data'}, 'may': {'data', 'fsdp'}, 'expert': False},
@@ -373,7 +373,7 @@ def test_the_dataflow_reads_a_compiled_step():
     from jax.sharding import PartitionSpec as P
 
     from shard_parity.inspector.hlo_module import Module
-    from tools.fuzz_target import gathered, reached, updated
+    from tools.fuzz.target import gathered, reached, updated
 
     mesh = jax.make_mesh((8,), ('fsdp',), axis_types=(jax.sharding.AxisType.Auto,))
     rows, whole = NamedSharding(mesh, P('fsdp')), NamedSharding(mesh, P())
@@ -501,7 +501,7 @@ def test_a_planted_bug_is_found_and_shrunk_to_its_axis():
 
 
 @pytest.mark.slow  # the corpus and 6 draws: 99 s (2026-12-05; over 5 minutes while a typed bug
-# it drew was shrunk, now fixed: tools/fuzz_corpus/typed_tp_one_kv_head_model1_fused.json)
+# it drew was shrunk, now fixed: tools/fuzz/corpus/typed_tp_one_kv_head_model1_fused.json)
 def test_a_short_seeded_run_has_no_unexplained_failure():
     result = fuzz('--draws=6', '--seed=3', timeout=1200)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]

@@ -134,7 +134,7 @@ def test_the_wheel_holds_shard_parity_alone_with_every_subpackage(tmp_path):
         'shard_parity/typed/__init__.py',
         'shard_parity/inspector/__main__.py',
         'shard_parity/datasets/mnist.py',
-        'shard_parity/tools/bisect.py',
+        'shard_parity/tools/bisect/cli.py',
         'shard_parity/tools/zoo/tp_pmean.py',
     ):
         assert path in names, path

@@ -169,7 +169,7 @@ def test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise(tmp_
     stopped or saved, and the launcher killed both. Now a scheduler's SIGTERM (to each process,
     by hand) and the launcher's both stop every process at one step, saved, exit 143; the
     resumed run ends bitwise where an undisturbed one does."""
-    from shard_parity.tools.net import free_port  # not from launch.py: its flags would clash
+    from shard_parity.tools.launch.net import free_port  # not from launch.py: its flags would clash
 
     flags = [*FLAGS['mlp'], '--log_every=5', '--eval_every=1000', '--checkpoint_every=1000']
     flags += ['--decay_steps=1000']
@@ -214,7 +214,7 @@ def test_sigterm_stops_every_process_at_one_step_and_the_rerun_ends_bitwise(tmp_
 def test_ctrl_c_works_while_process_0_waits_for_the_others(tmp_path):
     """Process 0 alone waited 5 minutes in JAX's C++ for the others, silent and deaf to Ctrl-C:
     now it says what it waits for within seconds, and Ctrl-C ends it at once."""
-    from shard_parity.tools.net import free_port
+    from shard_parity.tools.launch.net import free_port
 
     command = [sys.executable, '-m', 'explicit.train', *FLAGS['mlp'], '--cpu_devices=1']
     command += [f'--coordinator_address=127.0.0.1:{free_port()}', '--num_processes=2']

@@ -19,7 +19,7 @@ import pytest
 from benchmarks import numerics as calibration
 from parity_tests.helpers import REPO, record_model
 from shard_parity import numerics
-from shard_parity.tools import runs
+from shard_parity.tools.bisect import runs
 
 COMPOSED = (('data', 2), ('fsdp', 2), ('model', 2))
 
@@ -80,20 +80,20 @@ def test_the_loss_budget_holds_float32s_own_rounding():
 
 def test_the_loss_budget_carries_each_outputs_rounding_by_its_measured_sensitivity():
     """The loss budget carries each module output's rounding to the loss by the sensitivity
-    measured on the batch (tools/divergence.py's `sensitivities`, Budget.loss). Emulated: every
+    measured on the batch (tools/bisect/divergence.py's `sensitivities`, Budget.loss). Emulated: every
     output of the MLP times (1 + 1e-3 n), n Gaussian per element, 300 draws; the loss's RMS
     change / (1e-3 |loss|) sits within 25% of the sensitivity, at 4 rows and at 64. A constant
     cannot stand in for it: 16 times the rows cut it by about 4 (sqrt(16): the mean's
     averaging), and the cross-entropy's damping is the logits' size against the loss, which
     separates this MLP from the transformer by about 10 at 256 terms (C_LOSS, once 1/50 fitted
     on the transformer at 256 terms, left the MLP at 4 terms 1.4 budgets over: a fuzzer find,
-    2026-12-05, tools/fuzz_corpus/bisect_loss_budget_few_terms.json)."""
+    2026-12-05, tools/fuzz/corpus/bisect_loss_budget_few_terms.json)."""
     import jax
     from flax import nnx
 
     from shard_parity.model.mlp import MLP, MLPConfig
     from shard_parity.runtime.tasks import classification_loss
-    from tools.divergence import intercepted, sensitivities
+    from tools.bisect.divergence import intercepted, sensitivities
 
     model = MLP(MLPConfig(), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
@@ -185,10 +185,10 @@ def test_flips_out_of_the_forwards_sight_are_searched_up_to_a_plausible_count(mo
     sees after it (the final norm): there as many tokens may go as a Poisson count of the
     expected flips reaches but once in 10,000 draws (numerics.plausible), and no more; a step
     that fails there names the flips first, before the rows' pattern (a fuzzer find, 2026-12-05:
-    tools/fuzz_corpus/bisect_hidden_flips_reach_the_norm.json, 1.24 budgets over at the norm,
+    tools/fuzz/corpus/bisect_hidden_flips_reach_the_norm.json, 1.24 budgets over at the norm,
     hinted as a per-device random key)."""
-    from tools import divergence
-    from tools.leaves import Leaf
+    from tools.bisect import divergence
+    from tools.bisect.leaves import Leaf
 
     assert [numerics.plausible(e) for e in (0, 0.05, 1, 3)] == [0, 2, 6, 11]
     for e in (0.05, 1, 3):  # the Poisson tail beyond the count, and beyond one less
@@ -311,7 +311,7 @@ def test_the_parameters_budget_holds_one_flip_the_mean_does_not_expect():
 @pytest.mark.parametrize('k', [1, 2])
 def test_the_flips_expected_from_router_margins_match_the_flips_measured(k):
     """Where a pipeline hides a mixture of experts from the forward, the flips are expected from
-    one side's router margins (tools/divergence.py's `margins`, numerics.expected_flips): for
+    one side's router margins (tools/bisect/divergence.py's `margins`, numerics.expected_flips): for
     random tokens whose input is rounded at a relative 1e-2 (bf16's budget scale), the expected
     count sits within a factor 2 of the flips counted over 40 roundings; a token on its top-k
     boundary flips half the time, one far from it never."""
@@ -319,7 +319,7 @@ def test_the_flips_expected_from_router_margins_match_the_flips_measured(k):
 
     import jax.numpy as jnp
 
-    from tools.divergence import margins
+    from tools.bisect.divergence import margins
 
     rng = np.random.default_rng(k)
     t, c, e, rounding = 2048, 32, 8, 1e-2
@@ -361,7 +361,7 @@ def test_a_bf16_all_reduce_rounded_per_hop_sits_within_its_reduce_term(devices, 
 
 
 def test_run_directories_are_held_to_the_band_along_the_steps():
-    """tools/runs.py's first_difference: a logged loss within the bf16 band at its step agrees;
+    """tools/bisect/runs.py's first_difference: a logged loss within the bf16 band at its step agrees;
     the same gap at step 0, or ten bands out later, is the first difference."""
     policy = ('bfloat16', 'float32')
     gap = numerics.band(*policy, 50) * 3.0 * 0.9  # within the band at step 50 for a loss of 3

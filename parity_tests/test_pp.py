@@ -39,7 +39,7 @@ from shard_parity.placement import mesh_axes, place_batch, place_state
 from shard_parity.runtime import checkpoint
 from shard_parity import config as cfg
 from shard_parity.step import one_device_loss_and_grads
-from shard_parity.tools import divergence as D
+from shard_parity.tools.bisect import divergence as D
 from shard_parity.tools.zoo import pp_wrong_way
 
 # 4 layers: 1 or 2 per stage. The blocks run under a scan, so more layers cost no compile time.

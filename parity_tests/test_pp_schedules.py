@@ -47,7 +47,7 @@ from shard_parity.runtime import checkpoint
 from shard_parity import config as cfg
 from shard_parity.runtime import tasks
 from shard_parity.step import make_optimizer, one_device_loss_and_grads
-from shard_parity.tools import divergence as D
+from shard_parity.tools.bisect import divergence as D
 from shard_parity.tools.zoo import pp_1f1b_wrong_slot
 
 MHA = cfg.TransformerConfig(seq_len=16, num_layers=4, num_heads=4, num_kv_heads=4, embed_dim=32)

@@ -80,7 +80,8 @@ def test_a_checkpoint_without_its_window_resumes_and_says_so(mesh8, tmp_path, mo
     """Checkpoint 7 as saved before checkpoints kept the window: the resumed line at 10 averages
     8..10 and says so (3 steps); compare's and bisect's pairing leave it out, and the runs
     agree everywhere else."""
-    from shard_parity.tools import pairing, runs
+    from shard_parity.tools.bisect import runs
+    from shard_parity.tools.compare import pairing
 
     straight, old = stopped_at_7(mesh8, tmp_path, monkeypatch)
     as_saved_before_windows(old, 7)

@@ -1,7 +1,7 @@
 """Claim: a run that moved meshes keeps its history. config.json records each segment (from which
 step, the twin, strategy, mesh and schedule, and a slot for the precision policy); a config.json
 written before segments reads as one; compare and bisect pair two runs segment by segment and
-say where a comparison meets two plans (shard_parity/runtime/segments.py, tools/pairing.py)."""
+say where a comparison meets two plans (shard_parity/runtime/segments.py, tools/compare/pairing.py)."""
 
 import dataclasses
 import json
@@ -13,7 +13,7 @@ import pytest
 from parity_tests.helpers import CLI_MODELS, REPO, run_cli
 from shard_parity import plan as plans
 from shard_parity.runtime import segments
-from shard_parity.tools import pairing
+from shard_parity.tools.compare import pairing
 
 COMPOSED = plans.from_config({'strategy': 'composed', 'mesh': {'data': 2, 'fsdp': 2, 'model': 2}})
 PP = plans.from_config({'strategy': 'pp', 'mesh': {'data': 4, 'stage': 2}, 'microbatches': 4,

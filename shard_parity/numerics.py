@@ -26,7 +26,7 @@ step changed (`Budget.moment`), and a parameter C_MOVE x how far the optimizer's
 moves it when its gradient carries the rounding the two sides measure (`spread`,
 `Budget.parameters`: sign flips at AdamW's first step, damped by m and v after it). A leaf
 whose gradient is not at hand gets sqrt(the gradients' budget) (`Budget.update`). Along a
-trajectory (tools/compare.py's band) the difference of two correctly rounded runs grows with
+trajectory (tools/compare/cli.py's band) the difference of two correctly rounded runs grows with
 the step: `band`.
 
 The constants are calibrated by measurement (benchmarks/numerics.py; its table is
@@ -160,24 +160,24 @@ class Budget:
         """A loss metric: each module output's rounding (C_OP u sqrt(BOUNDARIES), independent
         per element), carried to the metric to first order: `sensitivity` = sqrt(sum over the
         outputs of ||dm / d eps||^2) / |m| for relative noise eps at each output, measured on the
-        step's batch and weights (tools/divergence.py's `sensitivities`, over the larger |m| of
+        step's batch and weights (tools/bisect/divergence.py's `sensitivities`, over the larger |m| of
         the two sides). A mean of T terms averages it as sqrt(T) and a cross-entropy damps it
         by the logits' size against the loss; both are in it, measured, where a constant fitted on one model at 256 terms
         overstated the averaging at 4 by 7 times and left the MLP's loss 1.4 budgets over (a
-        fuzzer find, 2026-12-05: tools/fuzz_corpus/bisect_loss_budget_few_terms.json). Then
+        fuzzer find, 2026-12-05: tools/fuzz/corpus/bisect_loss_budget_few_terms.json). Then
         float32's own rounding, which no mean cancels: the sides' float32 sums run in other
         orders through every module (a float32 compute with a bf16 reduce once got a budget
         of a tenth of one float32 ulp: fuzzer, 2026-12-05, bisect_loss_budget_below_f32). After
         F flips, F of the mean's terms come from other experts' outputs: C_FLIP_LOSS x F /
         terms more (a fuzzer find, 2026-12-05: typed on model:8, one flip in 16 tokens moved
         the loss by 1.0e-3 and the router's auxiliary loss by 1.6e-3, 1.8 and 2.8 budgets
-        without it; tools/fuzz_corpus/bisect_loss_after_a_flip.json). A count (`count` = its
+        without it; tools/fuzz/corpus/bisect_loss_after_a_flip.json). A count (`count` = its
         value |m|, a share of terms each 0 or 1, such as the experts' dropped share; its
         sensitivity is 0) moves by one term per flip, F / (terms |m|) relative: a flipped token
         takes a slot in its new expert's queue, and one token there may be dropped for capacity
         (a fuzzer find, 2026-12-06: explicit on data:8 with 2 experts at capacity 1.25, 3 flips
         in 128 tokens moved the dropped share by 1.4%, 6.1 budgets over without it;
-        tools/fuzz_corpus/bisect_flips_move_the_dropped_share.json)."""
+        tools/fuzz/corpus/bisect_flips_move_the_dropped_share.json)."""
         carried = C_LOSS * self._ops(BOUNDARIES) * sensitivity
         flips = C_FLIP_LOSS * self.flipped / self.terms  # a flipped token's term is another's
         if count:
@@ -283,7 +283,7 @@ def spread(update, grads, other, nodes: int = SPREAD_NODES, flip_z: float = FLIP
 def expected_flips(margins, rounding: float) -> float:
     """The expected number of tokens whose top-k choice rounding flips, where a mixture of
     experts runs out of the forward's sight (inside a pipeline): `margins` [..., 2] each token's
-    router margin at its top-k boundary and the scale s of its noise (tools/divergence.py's
+    router margin at its top-k boundary and the scale s of its noise (tools/bisect/divergence.py's
     `margins`), `rounding` the relative error its input carries. The margin moves by Gaussian
     noise of sigma = rounding x s, and the token flips where the noise crosses it:
     P = erfc(margin / (sigma sqrt 2)) / 2, summed over the tokens."""

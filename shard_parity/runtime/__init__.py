@@ -11,12 +11,15 @@ from absl import app, logging
 from absl.flags import FLAGS  # (not `flags`: that name is our flags.py)
 
 
-def declare_key_flags(holders) -> None:
-    """Makes `holders` key flags of the program being run, so that its --help lists them (the
-    CLIs' flags live in flags.py, not in the __main__ module, where absl looks), and lets
-    --help and --helpfull exit 0: asking for help is not an error."""
-    for holder in holders:
-        FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[holder.name])
+def declare_key_flags(holders, defined_in: str | None = None) -> None:
+    """Makes `holders`, and every flag the module named `defined_in` defines, key flags of the
+    program being run, so that its --help lists them (the CLIs' flags live in flags.py, or in a
+    tool package's cli.py, not in the __main__ module, where absl looks), and lets --help and
+    --helpfull exit 0: asking for help is not an error."""
+    names = [holder.name for holder in holders]
+    names += [flag.name for flag in FLAGS.get_flags_for_module(defined_in)] if defined_in else []
+    for name in names:
+        FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
     app.define_help_flags()
     for name in ('help', 'helpshort', 'helpfull'):
         flag = FLAGS[name]

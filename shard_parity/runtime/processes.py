@@ -1,6 +1,6 @@
 """Joining JAX's multi-process runtime (jax.distributed) before anything else touches JAX, where
 Ctrl-C and SIGTERM still work: the train CLI's first step with --coordinator_address,
---num_processes and --process_id (or --distributed_auto), as tools/launch.py passes them."""
+--num_processes and --process_id (or --distributed_auto), as tools/launch/cli.py passes them."""
 
 import os
 import signal

@@ -17,7 +17,7 @@ stretch of steps under one plan, oldest first, each the plan's own config.json k
 
 Segment i trained steps from_step + 1 to the next segment's from_step (a step numbers the state
 after it). A resume under the same plan continues its segment. A config.json written before
-segments reads as one segment from step 0 (`of`). compare and bisect (tools/pairing.py) pair two
+segments reads as one segment from step 0 (`of`). compare and bisect (tools/compare/pairing.py) pair two
 runs segment by segment.
 """
 

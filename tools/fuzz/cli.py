@@ -1,6 +1,6 @@
 """Random configurations against one device: `python -m tools.fuzz` draws models, meshes and
-schedules (tools/fuzz_draws.py), and every draw is either refused in the train CLI's one line,
-for a reason tools/fuzz_table.py's independent table gives, or each twin's step equals the
+schedules (draws.py), and every draw is either refused in the train CLI's one line,
+for a reason table.py's independent table gives, or each twin's step equals the
 one-device run's (the bisector's activations, loss, gradients and update, at its tolerance:
 f32 round-off, or the error model where a draw computes or reduces in bfloat16).
 
@@ -9,10 +9,10 @@ f32 round-off, or the error model where a draw computes or reduces in bfloat16).
     python -m tools.fuzz --draws=40 --twins=one_device,tools.zoo.tp_pmean   # finds the bug
 
 Draws are generated here, by Hypothesis, and run in a worker subprocess per device count
-(tools/fuzz_worker.py) with --timeout, so a hang or a crash is a failure and not the end of the
+(worker.py) with --timeout, so a hang or a crash is a failure and not the end of the
 run. A failure is shrunk (Hypothesis, in the domain's order: the MLP first, fewer axes, sizes
 towards 1) and printed as the one `python -m tools.bisect` command that replays it. The corpus,
-tools/fuzz_corpus/*.json, is replayed first: fixed entries must pass, known-open ones are
+tools/fuzz/corpus/*.json, is replayed first: fixed entries must pass, known-open ones are
 reported as known, and so is a new draw that hits one. Exit 0: no new failure; 1: one found;
 2: bad input. docs/fuzzing.md says more.
 """
@@ -24,15 +24,8 @@ from absl import app, flags
 
 from shard_parity import UsageError, refuse
 
-try:
-    import hypothesis  # noqa: F401  (the test extra's)
-except ModuleNotFoundError:
-    if __name__ == '__main__':
-        refuse("tools.fuzz draws with Hypothesis, which is not installed: pip install -e '.[test]'")
-    raise
-
-from .fuzz_draws import command
-from .fuzz_driver import Fuzz, Options, slices, zoo_axes
+from .draws import command
+from .driver import Fuzz, Options, slices, zoo_axes
 
 MINUTES = flags.DEFINE_float(
     'minutes', None, 'Wall-clock budget of the random draws.', lower_bound=0
@@ -69,7 +62,7 @@ CHECKPOINT_EVERY = flags.DEFINE_integer(
 TARGET = flags.DEFINE_string(
     'target', None, "A TPU slice (inspector/target.py's, e.g. tpu-v5e-8) of --devices chips, or "
     "'tpu': one such slice drawn per draw. Each draw's step is then compiled for it with libtpu "
-    "and its collectives held to the plan's axes (tools/fuzz_target.py), instead of run.",
+    "and its collectives held to the plan's axes (tools/fuzz/target.py), instead of run.",
 )  # fmt: skip
 MODELS = flags.DEFINE_multi_enum(
     'models', ['mlp', 'transformer'], ['mlp', 'transformer'],
@@ -153,10 +146,3 @@ def summary(fuzz: Fuzz, elapsed: float) -> str:
             f'({rate}), {c["known"]} known, {c["failed"]} failed; {c["checkpoints"]} with a '
             f'checkpoint round trip; median {median} a draw, '
             f'{per_minute} draws/minute')  # fmt: skip
-
-
-if __name__ == '__main__':
-    from shard_parity.runtime import declare_key_flags, parse_flags
-
-    declare_key_flags([])  # --help lists this module's flags and exits 0
-    app.run(main, flags_parser=parse_flags)

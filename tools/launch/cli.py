@@ -269,8 +269,3 @@ def parse_flags(argv):
             f'-- {" ".join(argv[1:]) or "python -m auto.train ..."}'
         )
     return runtime.parse_flags(argv)
-
-
-if __name__ == '__main__':
-    declare_key_flags([])  # --help exits 0: asking for help is not an error
-    app.run(main, flags_parser=parse_flags)

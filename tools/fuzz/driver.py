@@ -1,7 +1,7 @@
 """The fuzzer's search (python -m tools.fuzz; docs/fuzzing.md): Hypothesis draws whole steps
-(tools/fuzz_draws.py), a worker subprocess runs each (tools/fuzz_worker.py), fuzz_judge.py
+(tools/fuzz/draws.py), a worker subprocess runs each (tools/fuzz/worker.py), fuzz_judge.py
 judges it against the refusal table and one device, and a failure is shrunk to the simplest
-draw that fails the same way. tools/fuzz.py is its command line.
+draw that fails the same way. tools/fuzz/cli.py is its command line.
 """
 
 import dataclasses
@@ -10,8 +10,8 @@ import time
 
 from shard_parity import UsageError
 
-from . import fuzz_judge as J
-from .fuzz_draws import draws, mesh_text, other_mesh
+from . import judge as J
+from .draws import draws, mesh_text, other_mesh
 
 
 class BudgetSpent(BaseException):
@@ -20,7 +20,7 @@ class BudgetSpent(BaseException):
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """How a search runs (tools/fuzz.py's flags, whose defaults these are)."""
+    """How a search runs (tools/fuzz/cli.py's flags, whose defaults these are)."""
 
     timeout: int = 300  # seconds a draw may take before it is a hang
     shrink_minutes: float = 5  # the wall-clock budget of shrinking one failure
@@ -195,7 +195,7 @@ def zoo_axes(twins):
 
     from shard_parity.plan import STRATEGY_AXES
 
-    from .sides import module_name
+    from ..bisect.sides import module_name
 
     for name in twins:
         if name in ('one_device', 'auto', 'explicit', 'typed'):

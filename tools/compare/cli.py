@@ -2,7 +2,7 @@
 
     python -m tools.compare runs/auto runs/explicit
 
-First compares the settings each run was trained with (its config.json; tools/settings.py): a
+First compares the settings each run was trained with (its config.json; tools/compare/settings.py): a
 run of another length, seed, batch, learning rate or model is a different experiment, so a
 difference is named and is an error unless --allow_other_settings; where each run ran (twin,
 strategy, mesh as --mesh names it) is printed first and may differ. Then reads each workdir's
@@ -118,7 +118,7 @@ def read(workdir: str) -> list[dict]:
 
 def figures(lines: list[dict]) -> tuple[dict, dict]:
     """{(step, figure): value} of the lines before the final one, and {step: the step a train
-    line's mean starts after} (tools/pairing.py: the previous train line, or the steps it says
+    line's mean starts after} (tools/compare/pairing.py: the previous train line, or the steps it says
     it averages, train_steps_averaged)."""
     values = {}
     for x in lines:
@@ -310,8 +310,3 @@ def main(argv):
                DISAGREE)  # fmt: skip
     if gap > allowed:
         refuse(f'final {key} values differ by {gap:.4f} > {limit_text}', DISAGREE)
-
-
-if __name__ == '__main__':
-    declare_key_flags([])  # --help exits 0: asking for help is not an error
-    app.run(quiet_on_broken_pipe(main), flags_parser=parse_flags)  # `| head -n 1`: quietly

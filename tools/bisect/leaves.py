@@ -1,6 +1,6 @@
 """How two trees of arrays differ, leaf by leaf, and what a difference points to: the
-comparisons of the bisector (tools/divergence.py: activations, gradients, updated state)
-and of its run-directory mode (tools/runs.py: logged figures).
+comparisons of the bisector (tools/bisect/divergence.py: activations, gradients, updated state)
+and of its run-directory mode (tools/bisect/runs.py: logged figures).
 
 A leaf differs when some element is off by more than rtol x itself + atol x the leaf's largest
 magnitude (NaN always differs); a ratio B / A that is the same everywhere, or rows that differ on

@@ -24,7 +24,7 @@ class Broken(NamedTuple):
 
 
 def violations(d) -> list[Broken]:
-    """The constraints draw `d` (tools/fuzz_draws.py's Draw) breaks, in no particular order."""
+    """The constraints draw `d` (tools/fuzz/draws.py's Draw) breaks, in no particular order."""
     axes, out = dict(d.mesh), []
 
     def need(ok: bool, flag: str, why: str):

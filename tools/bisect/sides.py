@@ -1,4 +1,4 @@
-"""A side of the bisector (tools/divergence.py): what is compared, how it is found and placed,
+"""A side of the bisector (tools/bisect/divergence.py): what is compared, how it is found and placed,
 and how its failure is named.
 
 A side is a twin package (auto, explicit, typed: its file for the plan, step.strategy_file), the
@@ -80,7 +80,7 @@ def module_name(name: str) -> str:
         return f'shard_parity.{name}'
     for zoo in ('tools.zoo.', 'parity_tests.zoo.'):
         if name.startswith(zoo):  # tools when run from a checkout, else shard_parity.tools
-            return f'{__package__}.zoo.{name.removeprefix(zoo)}'
+            return f"{__package__.rpartition('.')[0]}.zoo.{name.removeprefix(zoo)}"
     return name
 
 

@@ -2,17 +2,17 @@
 line of stdin, each a JSON object {"flags": [...], "twins": [...]}, and answers each with one
 line `FUZZ {...}` on stdout (all else it prints goes to stderr). A job with "checkpoint": a
 mesh also saves each twin that agrees after 3 steps and restores it there
-(tools/fuzz_checkpoint.py); one with "target": a TPU slice compiles each twin's step for
-it and checks its collectives, running nothing (tools/fuzz_target.py).
+(tools/fuzz/checkpoint.py); one with "target": a TPU slice compiles each twin's step for
+it and checks its collectives, running nothing (tools/fuzz/target.py).
 
-A draw starts as the bisector's run does (tools/bisect.py, `started`: the train CLI's plan and
+A draw starts as the bisector's run does (tools/bisect/cli.py, `started`: the train CLI's plan and
 checks, the task, the initial state), so that its command replays it: a refusal is the CLI's
-line; else each twin takes one step beside one device (tools/divergence.py's compare_step: the
+line; else each twin takes one step beside one device (tools/bisect/divergence.py's compare_step: the
 activations, the loss and every gradient, then the update) at the bisector's tolerance for the
 pair (new_report: f32 round-off, or the error model of docs/numerics.md where either side
 computes or reduces in bfloat16), one-device programs compiled once for all the twins. A hang or a crash here is the driver's to see: it kills and restarts this.
 
-    python -m tools.fuzz_worker 8 < jobs.jsonl
+    python -m tools.fuzz.worker 8 < jobs.jsonl
 """
 
 import json
@@ -26,11 +26,11 @@ from absl import flags, logging
 
 from shard_parity import UsageError
 
-from . import bisect
-from . import divergence as D
-from . import fuzz_target
-from .fuzz_checkpoint import round_trip
-from .sides import SideFailed, load_side, where
+from ..bisect import cli as bisect
+from ..bisect import divergence as D
+from . import target as fuzz_target
+from .checkpoint import round_trip
+from ..bisect.sides import SideFailed, load_side, where
 
 
 def run(job: dict) -> dict:
@@ -87,7 +87,7 @@ def one_twin(twin: str, start, one, apply, batch, checkpoint: str | None = None)
 
 def compiled(twin: str, start, target: str) -> dict:
     """{'verdict': 'agrees'|'collectives'|'fails'|'refused', 'message'}: `twin`'s train step
-    compiled for `target` and held to the plan's axes (tools/fuzz_target.py)."""
+    compiled for `target` and held to the plan's axes (tools/fuzz/target.py)."""
     try:
         side = load_side(twin, start.plan, start.mesh)
     except UsageError as e:

@@ -26,7 +26,7 @@ gradient leaf to gradients(), the state after the update to update() (a moment t
 parameter to parameters()); the report keeps each phase's largest error / budget.
 
 The sides themselves (a twin, a module of yours, one device; placed on their meshes) are
-tools/sides.py's; how two leaves differ and what that points to, tools/leaves.py's.
+tools/bisect/sides.py's; how two leaves differ and what that points to, tools/bisect/leaves.py's.
 """
 
 import contextlib

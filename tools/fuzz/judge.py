@@ -1,7 +1,7 @@
 """The fuzzer's verdicts (python -m tools.fuzz): a worker's answer for a draw, judged against the
-independent refusal table (tools/fuzz_table.py) and the one-device run; the workers themselves
+independent refusal table (tools/fuzz/table.py) and the one-device run; the workers themselves
 (a subprocess per device count, restarted after a crash or a hang); and the corpus of failures
-found, tools/fuzz_corpus/*.json, replayed first on every run.
+found, tools/fuzz/corpus/*.json, replayed first on every run.
 """
 
 import json
@@ -15,10 +15,10 @@ import tempfile
 import time
 from typing import NamedTuple
 
-from .fuzz_draws import Draw
-from .fuzz_table import agrees, twin_refusals, violations
+from .draws import Draw
+from .table import agrees, twin_refusals, violations
 
-CORPUS = pathlib.Path(__file__).parent / 'fuzz_corpus'
+CORPUS = pathlib.Path(__file__).parent / 'corpus'
 
 
 class Failure(NamedTuple):
@@ -67,7 +67,7 @@ def judge(draw: Draw, answer: dict) -> tuple[str, list[Failure]]:
 
 
 class Worker:
-    """A `python -m tools.fuzz_worker N` subprocess, started on first use, reused across draws,
+    """A `python -m tools.fuzz.worker N` subprocess, started on first use, reused across draws,
     restarted after a crash or a hang (its stderr kept in a temporary file, whose end a crash
     reports)."""
 
@@ -78,17 +78,17 @@ class Worker:
     def start(self):
         self.log.seek(0)
         self.log.truncate()
-        root = str(pathlib.Path(__file__).parent.parent)
+        root = str(pathlib.Path(__file__).parents[2])  # the folder that holds tools/
         self.proc = subprocess.Popen(
-            [sys.executable, '-m', 'tools.fuzz_worker', str(self.devices)], cwd=root,
+            [sys.executable, '-m', 'tools.fuzz.worker', str(self.devices)], cwd=root,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=self.env,
         )  # fmt: skip
 
     def run(self, draw: Draw, twins, timeout: float, checkpoint: str | None = None,
             target: str | None = None) -> dict:  # fmt: skip
         """The worker's answer for `draw` on `twins`; `checkpoint`: the mesh each twin that
-        agrees restores its checkpoint on (tools/fuzz_checkpoint.py); `target`: the TPU slice
-        each twin's step compiles for instead of running (tools/fuzz_target.py)."""
+        agrees restores its checkpoint on (tools/fuzz/checkpoint.py); `target`: the TPU slice
+        each twin's step compiles for instead of running (tools/fuzz/target.py)."""
         if self.proc is None or self.proc.poll() is not None:
             self.start()
             timeout += 60  # JAX's start
@@ -143,7 +143,7 @@ def worker_env(fast_compile: bool) -> dict:
 
 
 def corpus() -> list[dict]:
-    """Every entry of tools/fuzz_corpus/: {'draw', 'twins', 'status' ('fixed': must pass now;
+    """Every entry of tools/fuzz/corpus/: {'draw', 'twins', 'status' ('fixed': must pass now;
     'known': an open bug, reported as known), 'reason', 'match' (a known entry's: the regular
     expression on a failure's message that says a new draw hit the same bug)}."""
     entries = []

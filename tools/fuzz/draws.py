@@ -6,14 +6,14 @@ before the transformer, fewer mesh axes before more ('data' first), the devices 
 axis (the others halved towards 1), fewer and smaller layers, heads and experts, GPipe before
 1F1B, float32 before bfloat16. Sizes are powers of two mostly, so that most draws are ones the
 project accepts; an odd size, a stray axis or a batch off by one are drawn now and then, so
-that its refusals are tested too (tools/fuzz_table.py).
+that its refusals are tested too (tools/fuzz/table.py).
 """
 
 import dataclasses
 
 from hypothesis import strategies as st
 
-from .fuzz_table import violations
+from .table import violations
 
 ORDER = ('data', 'fsdp', 'model', 'seq', 'stage', 'expert')  # the simplest first
 DENSE = ('data', 'fsdp', 'model')  # the MLP's axes (and the transformer's, with seq, stage)

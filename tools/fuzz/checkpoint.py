@@ -1,7 +1,7 @@
 """The fuzzer's checkpoint round trip (python -m tools.fuzz --checkpoint_every=K): one draw in K
 also trains STEPS steps on its mesh with a twin's train_step, saves the state with the train
 CLI's Orbax checkpoint (shard_parity/runtime/checkpoint.py), restores it onto another drawn
-mesh (tools/fuzz_draws.py's other_mesh), and holds the restored state to the saved one: every
+mesh (tools/fuzz/draws.py's other_mesh), and holds the restored state to the saved one: every
 array equal, and the logits of both, each evaluated on one device by the same program, bitwise
 equal (as parity_tests/test_composed.py::test_checkpoints_move_between_meshes does by hand).
 """
@@ -17,7 +17,7 @@ from shard_parity import plan as plans
 from shard_parity.mesh import mesh_for
 from shard_parity.runtime import checkpoint
 
-from .sides import place
+from ..bisect.sides import place
 
 STEPS = 3
 SCHEDULE_OPTIONS = ('microbatches', 'pp_schedule', 'pp_virtual', 'cp_layout')

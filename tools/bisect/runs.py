@@ -3,7 +3,7 @@
 Finds the first logged step where the two metrics.jsonl differ (train_loss, train_grad_norm
 with --log_grad_norm, the eval figures), restores the newest checkpoint both runs have before
 it, each with its own twin, strategy and mesh from its config.json, and replays step by step
-from there (tools/divergence.py). A step-0 checkpoint (train with --save_initial) lets
+from there (tools/bisect/divergence.py). A step-0 checkpoint (train with --save_initial) lets
 it start from the beginning.
 """
 
@@ -18,7 +18,8 @@ from shard_parity import config as cfg
 from shard_parity.step import make_optimizer
 
 from . import divergence as D
-from . import leaves, pairing
+from . import leaves
+from ..compare import pairing
 from .sides import Side, load_side
 
 SAME = ('model', 'model_config', 'train')  # what two runs must share to be replayed together
@@ -93,7 +94,7 @@ def different_settings(a: dict, b: dict) -> list[str]:
 def first_difference(lines_a: dict, lines_b: dict, tolerance: str, policy=None):
     """(first logged step whose shared figures differ, or None; the last step that agreed; the
     steps whose train figures were not compared). A train figure is compared only with one
-    averaged over the same steps (tools/pairing.py)."""
+    averaged over the same steps (tools/compare/pairing.py)."""
     agreed, skipped = 0, []
     since = [pairing.window_starts(lines[s] for s in sorted(lines)) for lines in (lines_a, lines_b)]
     for step in sorted(set(lines_a) & set(lines_b)):

@@ -11,7 +11,7 @@ Each of --twins is a twin (auto, explicit, typed: its STRATEGIES[--strategy]; a 
 runs the file that covers its axes, else composed.py, as the train CLI), one_device, or the
 import path of a strategy module with loss_and_grads, train_step and eval_step (a copy of
 explicit/dp.py with one line changed, on PYTHONPATH). Both start from one initial state and take
-the same batches; tools/sides.py loads them, tools/divergence.py compares them. Exit 0: they
+the same batches; tools/bisect/sides.py loads them, tools/bisect/divergence.py compares them. Exit 0: they
 agree for --steps steps; 1: they diverge (the report says where; two runs that differ with no
 checkpoint to replay them from: one line), or the data is missing or unreadable (the train CLI's
 line); 2: bad input (the train CLI's own checks, one line); 3: a side cannot run (`B
@@ -108,7 +108,7 @@ def from_flags():
 
 def started():
     """What both sides start from, by the flags: the plan (checked) and its mesh, the task's
-    loss and batches, the optimizer, and the initial state. tools/fuzz_worker.py starts every
+    loss and batches, the optimizer, and the initial state. tools/fuzz/worker.py starts every
     draw here too, so that a fuzzer's draw and its bisect command are the same run."""
     import types
 
@@ -244,13 +244,3 @@ def render(r) -> str:
         lines.append(f'  ... and {len(r.leaves) - 12} more leaves')
     lines += [f'hint: {h}' for h in r.hints]
     return '\n'.join(lines) + notes
-
-
-if __name__ == '__main__':
-    declare_key_flags(  # the train CLI's flags it reads: listed by --help, which exits 0
-        [F.MODEL, F.STRATEGY, F.MESH, F.NUM_DEVICES, F.CP_LAYOUT, F.MICROBATCHES]
-        + [F.PP_SCHEDULE, F.PP_VIRTUAL, *F.TRAIN.values(), *F.TRANSFORMER_SHAPE, *F.PRECISION]
-        + [F.CPU_DEVICES, F.CPU_FMA, F.DATA_DIR, F.DOWNLOAD, F.VERBOSE]
-    )
-    flags.FLAGS['steps'].help = f'How many steps to compare. Default: {DEFAULT_STEPS}.'
-    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,1 @@
+"""python -m tools.compare: see cli.py."""

@@ -1,0 +1,1 @@
+"""python -m tools.fuzz: see cli.py."""

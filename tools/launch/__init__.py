@@ -1,0 +1,1 @@
+"""python -m tools.launch: see cli.py."""
