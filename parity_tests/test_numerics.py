@@ -80,7 +80,7 @@ def test_the_loss_budget_holds_float32s_own_rounding():
 
 def test_the_loss_budget_carries_each_outputs_rounding_by_its_measured_sensitivity():
     """The loss budget carries each module output's rounding to the loss by the sensitivity
-    measured on the batch (tools/bisect/divergence.py's `sensitivities`, Budget.loss). Emulated: every
+    measured on the batch (tools/bisect/intercept.py's `sensitivities`, Budget.loss). Emulated: every
     output of the MLP times (1 + 1e-3 n), n Gaussian per element, 300 draws; the loss's RMS
     change / (1e-3 |loss|) sits within 25% of the sensitivity, at 4 rows and at 64. A constant
     cannot stand in for it: 16 times the rows cut it by about 4 (sqrt(16): the mean's
@@ -93,7 +93,7 @@ def test_the_loss_budget_carries_each_outputs_rounding_by_its_measured_sensitivi
 
     from shard_parity.model.mlp import MLP, MLPConfig
     from shard_parity.runtime.tasks import classification_loss
-    from tools.bisect.divergence import intercepted, sensitivities
+    from tools.bisect.intercept import intercepted, sensitivities
 
     model = MLP(MLPConfig(), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
@@ -311,7 +311,7 @@ def test_the_parameters_budget_holds_one_flip_the_mean_does_not_expect():
 @pytest.mark.parametrize('k', [1, 2])
 def test_the_flips_expected_from_router_margins_match_the_flips_measured(k):
     """Where a pipeline hides a mixture of experts from the forward, the flips are expected from
-    one side's router margins (tools/bisect/divergence.py's `margins`, numerics.expected_flips): for
+    one side's router margins (tools/bisect/intercept.py's `margins`, numerics.expected_flips): for
     random tokens whose input is rounded at a relative 1e-2 (bf16's budget scale), the expected
     count sits within a factor 2 of the flips counted over 40 roundings; a token on its top-k
     boundary flips half the time, one far from it never."""
@@ -319,7 +319,7 @@ def test_the_flips_expected_from_router_margins_match_the_flips_measured(k):
 
     import jax.numpy as jnp
 
-    from tools.bisect.divergence import margins
+    from tools.bisect.intercept import margins
 
     rng = np.random.default_rng(k)
     t, c, e, rounding = 2048, 32, 8, 1e-2
