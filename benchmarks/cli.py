@@ -29,14 +29,14 @@ EVAL_BATCHES = 10  # of the task's 100: evaluation is outside the timer, and thi
 
 def run_once(twin, config, model_config, n: int, data_dir=None) -> float:
     """tokens/s of one `python -m <twin>.train --strategy=dp` run, in this process."""
-    from shard_parity.mesh import make_mesh
+    from shard_parity.plan import DATA, Plan
     from shard_parity.runtime import tasks, train
 
     task = tasks.shakespeare_task(config, model_config, data_dir)
     task = dataclasses.replace(task, eval_batches=task.eval_batches[:EVAL_BATCHES])
-    mesh = make_mesh(n, axis_type=twin.AXIS_TYPE)
+    plan = Plan(((DATA, n),), 'dp')
     with tempfile.TemporaryDirectory() as workdir:  # fresh: never resumes
-        final = train.run(twin, 'dp', task, config, mesh, workdir=pathlib.Path(workdir))
+        final = train.run(twin, plan, task, config, workdir=pathlib.Path(workdir))
     return final['tokens_per_sec']
 
 

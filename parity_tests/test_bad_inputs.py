@@ -273,7 +273,7 @@ def test_disk_full_while_saving_keeps_the_earlier_checkpoints(mesh8, tmp_path, m
 
     monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'save', save)
     with pytest.raises(UsageError, match=re.escape(message('disk full while saving'))):
-        run(auto, plan_of(mesh8, 'dp'), task, config, mesh8, tmp_path, Outputs(checkpoint_every=5))
+        run(auto, plan_of(mesh8, 'dp'), task, config, tmp_path, Outputs(checkpoint_every=5))
     monkeypatch.undo()
     _, _, state = checkpoint.restore(tmp_path, make_mesh(1))
     assert int(state.step) == 5

@@ -140,7 +140,7 @@ def test_a_failed_background_save_is_one_error_and_the_rerun_resumes(mesh8, tmp_
 
     monkeypatch.setattr(module, '_background_wait_for_commit_futures', disk_full)
     with pytest.raises(UsageError) as e:
-        run(auto, plan_of(mesh8, 'dp'), task, config, mesh8, tmp_path, Outputs(checkpoint_every=5))
+        run(auto, plan_of(mesh8, 'dp'), task, config, tmp_path, Outputs(checkpoint_every=5))
     assert str(e.value) == (
         'could not save the checkpoint of step 10: No space left on device; '
         'the checkpoints of steps 5 are intact'
@@ -148,7 +148,7 @@ def test_a_failed_background_save_is_one_error_and_the_rerun_resumes(mesh8, tmp_
     monkeypatch.undo()  # space freed: the same run resumes from step 5
     for line in (tmp_path / 'metrics.jsonl').read_text().splitlines():
         json.loads(line)  # never torn
-    final = run(auto, plan_of(mesh8, 'dp'), task, config, mesh8, tmp_path, Outputs(checkpoint_every=5))
+    final = run(auto, plan_of(mesh8, 'dp'), task, config, tmp_path, Outputs(checkpoint_every=5))
     assert final['step'] == 10 and checkpoint.reader(tmp_path).all_steps() == [5, 10]
 
 
@@ -271,11 +271,11 @@ def test_a_finished_run_in_a_read_only_workdir_has_nothing_to_do(mesh8, tmp_path
         monkeypatch.setattr(report, name, read_only)
     monkeypatch.setattr(checkpoint, 'manager', read_only)
     task = tasks.shakespeare_task(config, TINY_TRANSFORMER)
-    assert run(auto, plan_of(mesh8, 'dp'), task, config, mesh8, tmp_path) is None  # nothing to do
+    assert run(auto, plan_of(mesh8, 'dp'), task, config, tmp_path) is None  # nothing to do
     assert files(tmp_path) == before
     with pytest.raises(UsageError, match='not writable'):  # the check can fail: one step more
         more = dataclasses.replace(config, steps=21)
-        run(auto, plan_of(mesh8, 'dp'), task, more, mesh8, tmp_path)
+        run(auto, plan_of(mesh8, 'dp'), task, more, tmp_path)
 
 
 def test_a_dangling_link_or_a_folder_in_a_files_place_is_named(tmp_path):

@@ -37,7 +37,7 @@ def train(workdir, mesh, steps, monkeypatch=None, stop=None, grad_norm=True):
     config = dataclasses.replace(config, log_grad_norm=grad_norm)
     task = tasks.shakespeare_task(config, TINY_TRANSFORMER)
     task = dataclasses.replace(task, eval_batches=task.eval_batches[:2])  # a quicker evaluation
-    args = (auto, plan_of(mesh, 'dp'), task, config, mesh, workdir, Outputs(checkpoint_every=6))
+    args = (auto, plan_of(mesh, 'dp'), task, config, workdir, Outputs(checkpoint_every=6))
     if stop is None:
         return run(*args)
     with monkeypatch.context() as m:

@@ -21,7 +21,6 @@ from absl import flags, logging
 from shard_parity import UsageError, exit_status, refuse
 from shard_parity.datasets.root import DataError
 from shard_parity.devices import configure_jax, use_matmul_precision
-from shard_parity.mesh import mesh_for
 from shard_parity.runtime import checkpoint, declare_key_flags, from_flags, plain_warnings, tasks
 from shard_parity.runtime import flags as F
 from shard_parity.runtime.loop import SIGNALS, Interrupted, stop_on_signals
@@ -101,7 +100,6 @@ def main(twin):
             # the plan and what its axes need first: a short --steps's warm-up check after
             plan = from_flags.plan(fit_default_batch=jax.process_count() == 1)
             strategy_file(twin, plan)  # a schedule this twin lacks on the mesh: refused now
-            mesh = mesh_for(plan, twin.AXIS_TYPE)
             use_matmul_precision(plan.precision.matmul)
             warn_unused_attention(twin, plan, from_flags.model_config())
             from_flags.warn_ignored_flags()
@@ -109,7 +107,7 @@ def main(twin):
             outputs = Outputs(
                 F.CHECKPOINT_EVERY.value, F.KEEP.value, F.SAVE_INITIAL.value, F.SHOW_SHARDING.value
             )
-            final = run(twin, plan, make_task(config), config, mesh, workdir, outputs)
+            final = run(twin, plan, make_task(config), config, workdir, outputs)
         except FloatingPointError as e:  # raised by JAX's checks under --debug_nans
             if F.VERBOSE.value:
                 traceback.print_exc()

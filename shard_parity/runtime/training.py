@@ -15,6 +15,7 @@ from flax import nnx
 
 from shard_parity import UsageError
 from shard_parity import config as cfg
+from shard_parity.mesh import mesh_for
 from shard_parity.placement import place_state, state_shardings
 from shard_parity.plan import SEQ, Plan
 from shard_parity.runtime import checkpoint, report, segments, tasks
@@ -65,13 +66,14 @@ def restore_latest(mngr, state, saved: dict, mesh, plan: Plan, steps: int):
     return checkpoint.restore_state(mngr, step, target), step
 
 
-def run(twin, plan: Plan, task: tasks.Task, config: cfg.TrainConfig, mesh,
-        workdir: pathlib.Path, outputs: Outputs = Outputs()) -> dict | None:  # fmt: skip
-    """Trains `task` on `plan` (checked) with `twin`'s file for it (e.g. auto's dp.py) on `mesh`
-    (the plan's, in the twin's axis types); returns the last line, or None when `workdir`
+def run(twin, plan: Plan, task: tasks.Task, config: cfg.TrainConfig, workdir: pathlib.Path,
+        outputs: Outputs = Outputs()) -> dict | None:  # fmt: skip
+    """Trains `task` on `plan` (checked) with `twin`'s file for it (e.g. auto's dp.py) on the
+    plan's mesh, in the twin's axis types (mesh_for); returns the last line, or None when `workdir`
     already holds step --steps (then nothing is written). Saves a checkpoint every
     `outputs.checkpoint_every` steps (default: at each evaluation) and at the end, and resumes
     from the latest one in `workdir`, which it locks for its lifetime."""
+    mesh = mesh_for(plan, twin.AXIS_TYPE)
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = place_state(state, mesh, plan)
