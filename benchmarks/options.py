@@ -1,9 +1,11 @@
 """The flags of `python -m benchmarks.run` (benchmarks/run.py declares them its key flags, so that
-its --help lists them), and the sections they choose from."""
+its --help lists them), the sections they choose from, and the checks of their values that run
+before any section does (bad input: one line, exit 2)."""
 
 from absl import flags
 
 from benchmarks import SECTIONS
+from shard_parity import exit_status, refuse
 from shard_parity.inspector.target import TARGETS
 
 NANOGPT_DEVICES = 2  # one device per core of the 2-core machines nanoGPT's ~45 ms was timed on
@@ -97,3 +99,49 @@ CPU_FMA = flags.DEFINE_bool(
     'Let XLA:CPU use fused multiply-adds: faster, but the twins then round differently '
     '(shard_parity/mesh.py). Off by default, as in the train CLIs.',
 )
+
+
+def check_meshes(meshes, n: int) -> None:
+    """Each --mesh named and over the n devices section strategies uses, before anything runs:
+    one line naming the bad one (shard_parity/plan.py's messages), as the train CLIs say it."""
+    from shard_parity import UsageError
+    from shard_parity import plan as plans
+
+    for text in meshes:
+        try:
+            if ':' not in text:
+                raise UsageError(
+                    f'--mesh={text}: name the axes, e.g. data:2,fsdp:2,model:2 (section strategies '
+                    'already times each strategy on its own AxB mesh)'
+                )
+            plans.named(text, n)
+        except UsageError as e:
+            refuse(str(e))
+
+
+def check_flags() -> None:
+    """The section list and --target's sections, before anything starts."""
+    if not SECTION.value:
+        refuse(f'--sections is empty: name one or more of {", ".join(SECTIONS)}')
+    unknown = set(SECTION.value) - set(SECTIONS)
+    if unknown:
+        refuse(f'--sections has {sorted(unknown)}; choose from {SECTIONS}')
+    compiled_only = {'memory', 'memory_101m', 'context'}
+    if TARGET.value and set(SECTION.value) - compiled_only:
+        refuse(
+            f'--target={TARGET.value} compiles sections {sorted(compiled_only)} only; '
+            f'--sections has {sorted(set(SECTION.value) - compiled_only)}'
+        )
+
+
+def check_data() -> None:
+    """Section cli trains on tiny Shakespeare (in a child process): its file is found, or
+    downloaded, before the first section runs, and a missing one is the train CLI's line and
+    exit status (1, docs/errors.md), not a child's traceback after the sections before it."""
+    from shard_parity.datasets import shakespeare
+    from shard_parity.datasets.root import DataError, data_root
+
+    try:
+        shakespeare.load(data_root())  # where benchmarks/cli.py's runs read it
+    except DataError as e:
+        refuse(str(e), exit_status(e))

@@ -43,8 +43,9 @@ from benchmarks.options import (
     SECTION,
     TARGET,
 )
+from benchmarks.options import check_data, check_flags, check_meshes
 from benchmarks.processes import nanogpt_process, twins_processes
-from shard_parity import UsageError, exit_status, refuse
+from shard_parity import UsageError, refuse
 from shard_parity.inspector.target import TARGETS, TargetError
 from shard_parity.devices import configure_jax
 from shard_parity.runtime.report import atomic_write
@@ -136,52 +137,6 @@ def run_sections(names, rounds, gpu: bool, model_config, results: dict, running:
         elif name == 'nanogpt':
             results[name] = O.nanogpt(rounds, model_config)
         print(f'[{name}] {time.perf_counter() - start:.0f} s', file=sys.stderr, flush=True)
-
-
-def check_meshes(meshes, n: int) -> None:
-    """Each --mesh named and over the n devices section strategies uses, before anything runs:
-    one line naming the bad one (shard_parity/plan.py's messages), as the train CLIs say it."""
-    from shard_parity import UsageError
-    from shard_parity import plan as plans
-
-    for text in meshes:
-        try:
-            if ':' not in text:
-                raise UsageError(
-                    f'--mesh={text}: name the axes, e.g. data:2,fsdp:2,model:2 (section strategies '
-                    'already times each strategy on its own AxB mesh)'
-                )
-            plans.named(text, n)
-        except UsageError as e:
-            refuse(str(e))
-
-
-def check_flags() -> None:
-    """The section list and --target's sections, before anything starts."""
-    if not SECTION.value:
-        refuse(f'--sections is empty: name one or more of {", ".join(SECTIONS)}')
-    unknown = set(SECTION.value) - set(SECTIONS)
-    if unknown:
-        refuse(f'--sections has {sorted(unknown)}; choose from {SECTIONS}')
-    compiled_only = {'memory', 'memory_101m', 'context'}
-    if TARGET.value and set(SECTION.value) - compiled_only:
-        refuse(
-            f'--target={TARGET.value} compiles sections {sorted(compiled_only)} only; '
-            f'--sections has {sorted(set(SECTION.value) - compiled_only)}'
-        )
-
-
-def check_data() -> None:
-    """Section cli trains on tiny Shakespeare (in a child process): its file is found, or
-    downloaded, before the first section runs, and a missing one is the train CLI's line and
-    exit status (1, docs/errors.md), not a child's traceback after the sections before it."""
-    from shard_parity.datasets import shakespeare
-    from shard_parity.datasets.root import DataError, data_root
-
-    try:
-        shakespeare.load(data_root())  # where benchmarks/cli.py's runs read it
-    except DataError as e:
-        refuse(str(e), exit_status(e))
 
 
 def start() -> tuple[output.Output, dict]:

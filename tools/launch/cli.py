@@ -38,10 +38,9 @@ import tempfile
 import threading
 import time
 
-from absl import app, flags
+from absl import flags
 
 from shard_parity import refuse, runtime
-from shard_parity.runtime import declare_key_flags
 
 from .net import free_port
 
