@@ -42,6 +42,7 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
+from benchmarks.plots import pipeline_plot
 from shard_parity.devices import configure_jax
 
 STAGES, MICROBATCHES, BATCH, LAYERS = 4, (1, 2, 4, 8, 16), 16, (4, 8)
@@ -231,43 +232,6 @@ def trace(stages, microbatches, virtual) -> dict:
     return {'traceEvents': events, 'displayTimeUnit': 'ms'}
 
 
-def plot(rows, path, schedules=()) -> None:
-    import matplotlib
-
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-
-    m = [r['M'] for r in rows]
-    fig, (ax, right) = plt.subplots(1, 2, figsize=(10, 3.2))
-    ax.plot(m, [r['formula'] for r in rows], 'k--', label='(S-1)/(M+S-1)')
-    ax.plot(m, [r['bubble'] for r in rows], 'o-', label='measured: compiled FLOPs')
-    low, high = np.array([r['time_range'] for r in rows]).T
-    mid = np.array([r['time_bubble'] for r in rows])
-    ax.errorbar(m, mid, yerr=[mid - low, high - mid], fmt='s-', capsize=3,
-                label='measured: step time (median, range)')  # fmt: skip
-    ax.set(xscale='log', xlabel='microbatches M', ylabel='bubble fraction')
-    ax.set_title(f'GPipe bubble, S = {rows[0]["S"]} stages (explicit/pp.py)', fontsize=10)
-    ax.set_xticks(m, [str(x) for x in m])
-    ax.legend(fontsize=8)
-    marks = {'gpipe': dict(marker='o', ms=9, mfc='none'), '1f1b': dict(marker='x'),
-             'interleaved': dict(marker='s')}  # GPipe's and 1F1B's coincide: both visible
-    for i, (name, mark) in enumerate(marks.items()):
-        mine = [r for r in schedules if r['schedule'] == name]
-        if mine:
-            x = [r['M'] for r in mine]
-            right.plot(x, [r['formula'] for r in mine], f'C{i}--', lw=1)
-            right.plot(x, [r['bubble'] for r in mine], f'C{i}', ls='none', **mark,
-                       label=f"{name} (V = {mine[0]['V']})")  # fmt: skip
-    right.set(xscale='log', xlabel='microbatches M', ylabel='bubble fraction')
-    right.set_title("each schedule's bubble: FLOPs (marks), formula (dashes)", fontsize=10)
-    ms = sorted({r['M'] for r in schedules})
-    right.set_xticks(ms, [str(x) for x in ms])
-    right.minorticks_off()
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
@@ -295,7 +259,7 @@ def main(argv) -> None:
         print(f"{r['schedule']:>11} V={r['V']} M={r['M']:2d}: formula {r['formula']:.3f}, "
               f"FLOPs {r['bubble']:.3f}")  # fmt: skip
     if PLOT.value:
-        plot(rows, PLOT.value, schedules)
+        pipeline_plot(rows, PLOT.value, schedules)
     if TRACE.value:
         with open(TRACE.value, 'w') as f:
             json.dump(trace(STAGES, STAGES, VIRTUAL), f)

@@ -1,5 +1,6 @@
 """The PNG plots of `python -m benchmarks.run`, one per section that has one, beside the tables
-of benchmarks/report.py (where matplotlib is installed: the `plots` extra)."""
+of benchmarks/report.py (where matplotlib is installed: the `plots` extra), and the pipeline's
+bubble plot of `python -m benchmarks.pipeline --plot=PATH` (pipeline_plot)."""
 
 import pathlib
 
@@ -86,3 +87,44 @@ def plots(r: dict, out: pathlib.Path, suffix: str = '') -> None:
             ax.legend(fontsize=7)
         atomic_write(out / f'sweep{suffix}.png', lambda f: fig.savefig(f, format='png', dpi=90))
         plt.close(fig)
+
+
+def pipeline_plot(rows, path, schedules=()) -> None:
+    """GPipe's bubble against M, measured two ways beside its formula, and each schedule's
+    (benchmarks/pipeline.py's rows)."""
+    import numpy as np
+
+    import matplotlib
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    m = [r['M'] for r in rows]
+    fig, (ax, right) = plt.subplots(1, 2, figsize=(10, 3.2))
+    ax.plot(m, [r['formula'] for r in rows], 'k--', label='(S-1)/(M+S-1)')
+    ax.plot(m, [r['bubble'] for r in rows], 'o-', label='measured: compiled FLOPs')
+    low, high = np.array([r['time_range'] for r in rows]).T
+    mid = np.array([r['time_bubble'] for r in rows])
+    ax.errorbar(m, mid, yerr=[mid - low, high - mid], fmt='s-', capsize=3,
+                label='measured: step time (median, range)')  # fmt: skip
+    ax.set(xscale='log', xlabel='microbatches M', ylabel='bubble fraction')
+    ax.set_title(f'GPipe bubble, S = {rows[0]["S"]} stages (explicit/pp.py)', fontsize=10)
+    ax.set_xticks(m, [str(x) for x in m])
+    ax.legend(fontsize=8)
+    marks = {'gpipe': dict(marker='o', ms=9, mfc='none'), '1f1b': dict(marker='x'),
+             'interleaved': dict(marker='s')}  # GPipe's and 1F1B's coincide: both visible
+    for i, (name, mark) in enumerate(marks.items()):
+        mine = [r for r in schedules if r['schedule'] == name]
+        if mine:
+            x = [r['M'] for r in mine]
+            right.plot(x, [r['formula'] for r in mine], f'C{i}--', lw=1)
+            right.plot(x, [r['bubble'] for r in mine], f'C{i}', ls='none', **mark,
+                       label=f"{name} (V = {mine[0]['V']})")  # fmt: skip
+    right.set(xscale='log', xlabel='microbatches M', ylabel='bubble fraction')
+    right.set_title("each schedule's bubble: FLOPs (marks), formula (dashes)", fontsize=10)
+    ms = sorted({r['M'] for r in schedules})
+    right.set_xticks(ms, [str(x) for x in ms])
+    right.minorticks_off()
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
