@@ -23,22 +23,15 @@ import pathlib
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
-from flax import nnx
 
 from shard_parity import UsageError
-from shard_parity.model.mlp import MLP
-from shard_parity.model.transformer import Transformer
 from shard_parity.placement import state_shardings
-from shard_parity import config as cfg
 from shard_parity.runtime import legacy
 from shard_parity.runtime.integrity import Damaged, verify, write_checksums
-from shard_parity.step import TrainState, make_optimizer
+from shard_parity.runtime.saved import abstract_state, check_compatible
+from shard_parity.step import TrainState
 
-RESUMABLE = ('steps', 'log_every', 'eval_every')  # train settings a resumed run may change
 ITEMS = ('state', 'config', 'window')  # a checkpoint saved before the window has no 'window'
-# the precision policy: the state is float32 whatever the compute and reduce dtypes, so a run
-# resumes under another policy as it does on another mesh (config.json records each)
-POLICY = ('dtype', 'reduce_dtype')
 
 
 class SaveError(UsageError):
@@ -229,44 +222,6 @@ def _guarded(mngr, step, read):
         ) from e
 
 
-DEFAULTS = {
-    'model_config': cfg.to_dict(cfg.TransformerConfig()),  # fields added since (num_experts)
-    'train': cfg.to_dict(cfg.TrainConfig()),
-}
-
-
-def check_compatible(saved: dict, requested: dict) -> None:
-    """Refuses a checkpoint of another model, naming every field that differs."""
-    diffs = (
-        [f"--model: checkpoint {saved['model']}, requested {requested['model']}"]
-        if saved['model'] != requested['model']
-        else []
-    )
-    for group, skip in (('model_config', POLICY), ('train', RESUMABLE)):
-        for key, value in requested[group].items():
-            old = saved[group].get(
-                key, DEFAULTS[group].get(key)
-            )  # a field added since: its default
-            if key not in skip and _tuples({key: old})[key] != _tuples({key: value})[key]:
-                diffs.append(f'--{key}: checkpoint {old}, requested {value}')
-    if diffs:
-        raise UsageError(
-            'the checkpoint in this --workdir was trained with other settings: '
-            + '; '.join(diffs)
-            + '. Use another --workdir, or the same settings.'
-        )
-
-
-def build_model(saved_config: dict, rngs: nnx.Rngs) -> nnx.Module:
-    if saved_config['model'] == 'mlp':
-        return MLP(cfg.MLPConfig(**_tuples(saved_config['model_config'])), rngs=rngs)
-    return Transformer(cfg.TransformerConfig(**saved_config['model_config']), rngs=rngs)
-
-
-def _tuples(d: dict) -> dict:  # JSON turns tuples into lists; frozen configs want them back
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-
-
 def target_for(state_like, shardings) -> TrainState:
     """ShapeDtypeStructs of `state_like` (arrays or abstract), placed with `shardings` (a tree
     like it, e.g. placement.state_shardings'): where Orbax reads each array to."""
@@ -297,19 +252,9 @@ def restore(workdir, mesh, plan=None, step: int | None = None):
     raise AssertionError('unreachable')
 
 
-def _abstract_state(saved: dict):
-    """(graphdef, TrainState of ShapeDtypeStructs) of the model and optimizer a config builds."""
-    tx = make_optimizer(cfg.TrainConfig(**saved['train']))
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: build_model(saved, nnx.Rngs(0))))
-    abstract = TrainState(
-        jax.ShapeDtypeStruct((), 'int32'), params, jax.eval_shape(tx.init, params)
-    )
-    return graphdef, abstract
-
-
 def _restore_step(mngr, step: int, mesh, plan):
     saved = read_config(mngr, step)
-    graphdef, abstract = _abstract_state(saved)
+    graphdef, abstract = abstract_state(saved)
     whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     shardings = jax.tree.map(lambda _: whole, abstract) if plan is None else None
     target = target_for(abstract, shardings or state_shardings(abstract, mesh, plan))
@@ -322,7 +267,7 @@ def read_numpy(workdir, step: int):
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     with reader(workdir) as mngr:
         saved = read_config(mngr, step)
-        graphdef, abstract = _abstract_state(saved)
+        graphdef, abstract = abstract_state(saved)
         target = target_for(abstract, jax.tree.map(lambda _: device, abstract))
         state = restore_state(mngr, step, target)
     return saved, graphdef, jax.device_get(state)

@@ -20,6 +20,7 @@ from shard_parity.placement import place_state, state_shardings
 from shard_parity.plan import SEQ, Plan
 from shard_parity.runtime import checkpoint, report, segments, tasks
 from shard_parity.runtime.loop import Loop
+from shard_parity.runtime.saved import check_compatible
 from shard_parity.step import create_state, make_optimizer
 
 
@@ -52,7 +53,7 @@ def restore_latest(mngr, state, saved: dict, mesh, plan: Plan, steps: int):
     step = mngr.latest_step()
     if step is None:
         return state, 0
-    checkpoint.check_compatible(checkpoint.read_config(mngr, step), saved)
+    check_compatible(checkpoint.read_config(mngr, step), saved)
     if step > steps:
         raise UsageError(
             f'--steps={steps} is below the newest checkpoint in {mngr.directory} (step {step}): '

@@ -14,6 +14,7 @@ import sys
 from shard_parity import UsageError, numerics
 from shard_parity.mesh import mesh_for
 from shard_parity.runtime import checkpoint, segments, tasks
+from shard_parity.runtime.saved import DEFAULTS, RESUMABLE
 from shard_parity import config as cfg
 from shard_parity.step import make_optimizer
 
@@ -85,8 +86,8 @@ def different_settings(a: dict, b: dict) -> list[str]:
     diffs = [f"--model: A {a['model']}, B {b['model']}"] if a['model'] != b['model'] else []
     for group in SAME[1:]:
         for key in sorted(set(a[group]) | set(b[group])):
-            x, y = (r[group].get(key, checkpoint.DEFAULTS[group].get(key)) for r in (a, b))
-            if key not in checkpoint.RESUMABLE and x != y:  # a field one lacks: its default
+            x, y = (r[group].get(key, DEFAULTS[group].get(key)) for r in (a, b))
+            if key not in RESUMABLE and x != y:  # a field one lacks: its default
                 diffs.append(f'--{key}: A {x}, B {y}')
     return diffs
 
@@ -177,8 +178,9 @@ def segment_notes(parts: pairing.Stretches, start: int = 0, step: int | None = N
     first differing step, and whether the replay from `start` crosses into it from another."""
     if not parts.moved:
         return []
-    runs = (('A', parts.lines(0)), ('B', parts.lines(1)))
-    notes = [f'{label} moved meshes: ' + '; '.join(lines) for label, lines in runs if lines]
+    runs = zip('AB', (parts.lines(0), parts.lines(1)), parts.saved)
+    notes = [f'{label} {pairing.changed(saved)}: ' + '; '.join(lines)
+             for label, lines, saved in runs if lines]  # fmt: skip
     if step is None:
         return notes + [f'{parts.span(i)}: {parts.plans(i)}' for i in range(len(parts.starts))]
     i = parts.index(step)
