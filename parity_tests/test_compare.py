@@ -235,15 +235,20 @@ def test_other_settings_are_named_and_refused_unless_allowed(tmp_path):
 
 
 def test_steps_one_run_only_reached_are_reported(tmp_path):
+    """Runs of other lengths are judged at the last step both logged the final figure: they
+    were judged at their own final steps (200 against 120), exit 1 where every step both logged
+    agrees."""
     short = [x for x in mlp_log(20) if x['step'] <= 120 and not x.get('final')]
-    short.append({'step': 120, 'final': True, 'eval_loss': 0.5, 'eval_accuracy': 0.9})
+    # B's final accuracy, at its own last step, is 0.05 from A's at 200: no step both logged
+    short.append({'step': 120, 'final': True, 'eval_loss': 0.5, 'eval_accuracy': 0.85})
     a = with_config(workdir(tmp_path, 'a', mlp_log(20)))
     b = with_config(workdir(tmp_path, 'b', short), steps=120)
     assert '--steps: A 200, B 120' in one_error_line(compare(a, b))
-    done = compare(a, b, '--allow_other_settings')
+    done = compare(a, b, '--allow_other_settings')  # judged at step 100, where both agree
     assert done.returncode == 0, done.stderr
     assert f'note: 4 logged steps in {a} only (140..200): {b} ends at step 120' in done.stdout
-    assert 'final eval_accuracy (step 200 vs 120)' in done.stdout
+    assert (f'eval_accuracy at step 100 (the last step both logged it: A ends at step 200, B at '
+            '120) 0.9000 vs 0.9000') in done.stdout
     assert 'bitwise identical where both logged it' in done.stdout
 
 

@@ -69,6 +69,29 @@ def test_the_stretches_pair_a_segment_of_each_run_and_name_their_plans():
     assert not pairing.Stretches(b, b).moved
 
 
+BF16 = dataclasses.replace(COMPOSED, precision=plans.Precision(compute='bfloat16'))
+
+
+def bf16_then_f32():
+    """A run of 60 steps, 20 in bf16, then resumed in float32 on the same mesh."""
+    history = segments.extend(None, segments.new('explicit', BF16, 0))
+    return config(segments.extend(config(history), segments.new('explicit', COMPOSED, 20)))
+
+
+def test_a_precision_change_is_named_and_its_bf16_stretch_keeps_the_band():
+    """compare labelled a run that changed its precision on resume 'moved meshes', and judged
+    it without the band (its config.json's model_config says float32): the band holds from
+    its first bf16 segment on, a float32 run's steps without one."""
+    moved = bf16_then_f32()
+    assert pairing.changed(moved) == 'changed its precision (compute bfloat16 -> float32)'
+    assert pairing.changed(moved_at_42()) == 'moved meshes' and pairing.changed(config()) is None
+    parts = pairing.Stretches(moved, config())
+    assert parts.policy(10) == parts.policy(50) == parts.policy() == ('bfloat16', 'float32')
+    late = config(segments.extend(config(), segments.new('explicit', BF16, 40)))
+    assert pairing.Stretches(late, config()).policy(40) == ('float32', 'float32')  # f32 until 40
+    assert pairing.Stretches(late, config()).policy(41) == ('bfloat16', 'float32')
+
+
 def with_segments(path, saved, lines):
     path.mkdir()
     (path / 'config.json').write_text(json.dumps(saved))
@@ -105,6 +128,19 @@ def test_compare_shows_each_runs_segments_and_a_verdict_for_each_stretch(tmp_pat
     assert 'steps 1..42 (A and B explicit composed on data:2,fsdp:2,model:2: the same plan): ' \
         'bitwise identical; steps 43..60' in out
     assert 'different plans): largest difference 1e-06' in out
+
+
+@pytest.mark.slow  # a CLI in a subprocess
+def test_compare_judges_a_run_back_in_float32_by_the_band(tmp_path):
+    far = [{'step': 10, 'train_loss': 3.5}] + log()[1:]  # 0.6 apart at step 10, in bf16
+    a = with_segments(tmp_path / 'a', bf16_then_f32(), far)
+    b = with_segments(tmp_path / 'b', config(), log())
+    done = subprocess.run([sys.executable, '-m', 'tools.compare', str(a), str(b)], cwd=REPO,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.stdout.splitlines()[0] == (
+        f'A {a}: changed its precision (compute bfloat16 -> float32)')
+    assert done.returncode == 1 and 'train_loss at step 10 differs by 0.6, outside the band' \
+        in done.stderr, done.stdout + done.stderr
 
 
 @pytest.mark.slow

@@ -15,8 +15,13 @@ Where either run computes or reduces in less than float32 (config.json's dtype, 
 each logged loss is judged against a band instead (docs/numerics.md): two runs that differ only
 in rounding stay within numerics.band(compute, reduce, step) x |the figure| of each other, a
 band that widens along the trajectory; the band is printed beside each gap, and the first loss
-outside it is a disagreement. --max_loss_gap, given, judges the final eval_loss by the fixed
-limit instead.
+outside it is a disagreement. A run that changed its precision on resume is judged by the band
+from its first segment below float32 on. The verdict gives the largest loss gap as a fraction of
+the band, and the band's detection limit: a change that moves the loss by less than the band
+passes unseen. --max_loss_gap, given, judges the final eval_loss by the fixed limit instead.
+
+Where the runs end at other steps (--allow_other_settings), the final evaluation is judged at the
+last step both logged it, and the verdict says which.
 
 Lines are paired by step and by the figures they carry (a step can have a train line and an eval
 line), so runs logged at different --log_every or --eval_every still line up: only the steps and
@@ -29,18 +34,15 @@ bad input (a workdir that is not a run or not a finished one, runs of other sett
 1 where the runs disagree (a final gap beyond the limit, a NaN or infinity).
 """
 
-import json
 import math
 import os
 import pathlib
-import sys
 
-from absl import app, flags
+from absl import flags
 
-from shard_parity import quiet_on_broken_pipe, refuse
-from shard_parity.runtime import declare_key_flags, parse_flags
+from shard_parity import refuse
 
-from . import pairing, settings
+from . import logs, pairing, settings
 
 MAX_GAP = flags.DEFINE_float(
     'max_accuracy_gap',
@@ -62,77 +64,10 @@ ALLOW = flags.DEFINE_bool(
     'Compare runs trained with other settings (another --steps, --seed, --batch_size, ...) '
     'instead of refusing them; the differences are still listed.',
 )
-KEYS = ('train_loss', 'eval_loss', 'eval_accuracy')
+KEYS = logs.KEYS
+F32 = ('float32', 'float32')
 DISAGREE = 1  # the exit status of runs that disagree; a refused input (refuse's default) is 2
 USAGE = 'usage: python -m tools.compare WORKDIR_A WORKDIR_B'
-
-
-def is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def usable(record) -> bool:
-    """A metrics line as the train loop writes it: an object with an integer step, and numbers
-    for the figures compare reads."""
-    return (
-        isinstance(record, dict)
-        and is_number(record.get('step'))
-        and math.isfinite(record['step'])
-        and record['step'] == int(record['step'])
-        and all(is_number(record[k]) for k in KEYS if k in record)
-    )
-
-
-def read(workdir: str) -> list[dict]:
-    path = pathlib.Path(workdir) / 'metrics.jsonl'
-    if not path.exists():
-        refuse(f'{path} does not exist: train first with --workdir={workdir}')
-    try:
-        text = path.read_bytes().decode('utf-8', errors='replace')
-    except OSError as e:
-        refuse(f'cannot read {path}: {e.strerror}')
-    lines, skipped = [], 0
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if usable(record):
-            lines.append(record)
-        else:
-            skipped += 1
-    if skipped:
-        print(
-            f'warning: skipped {skipped} unparsable line{"s" * (skipped > 1)} of {path} '
-            '(torn or garbled)',
-            file=sys.stderr,
-        )
-    if not lines:  # not a run compare can read: refused input
-        if skipped:
-            refuse(f'{path} has no readable line: all {skipped} are unparsable')
-        refuse(f'{path} is empty: the run logged nothing (did it fail at the start?)')
-    return lines
-
-
-def figures(lines: list[dict]) -> tuple[dict, dict]:
-    """{(step, figure): value} of the lines before the final one, and {step: the step a train
-    line's mean starts after} (tools/compare/pairing.py: the previous train line, or the steps it says
-    it averages, train_steps_averaged)."""
-    values = {}
-    for x in lines:
-        if x.get('final'):
-            continue
-        step = int(x['step'])
-        for key in KEYS:
-            if key in x:
-                values[(step, key)] = x[key]
-    return values, pairing.window_starts(lines)
-
-
-def kind(key: str) -> str:
-    return key.split('_')[0]  # 'train' or 'eval': the line that carries the figure
 
 
 def same_directory(a: str, b: str) -> bool:
@@ -142,62 +77,123 @@ def same_directory(a: str, b: str) -> bool:
         return pathlib.Path(a).resolve() == pathlib.Path(b).resolve()
 
 
-def non_finite(names, runs) -> str | None:
-    """A one-line description of the first NaN or infinity among the compared figures."""
-    found = []
-    for name, lines in zip(names, runs):
-        for x in lines:
-            for key in KEYS:
-                if key in x and not math.isfinite(x[key]):
-                    found.append((bool(x.get('final')), int(x['step']), KEYS.index(key), name, x))
-    if not found:
-        return None
-    final, step, k, name, x = min(found, key=lambda f: f[:3])
-    key = KEYS[k]
-    where = 'the final line' if final else f'step {step}'
-    more = len(found) - 1
-    return f'{key} at {where} of {name} is {x[key]}: a NaN or infinity is a mismatch' + (
-        f' ({more} more non-finite figure{"s" * (more > 1)} in the two runs)' if more else ''
-    )
+class Table:
+    """compare's table of the figures both runs logged, and what it found: the largest gap, the
+    rows left out (`*`) or across segments (`~`), and the losses against the band."""
+
+    def __init__(self, parts: pairing.Stretches):
+        self.parts, self.worst, self.compared, self.windows, self.crossing = parts, 0.0, 0, 0, 0
+        self.outside = None  # (step, figure, gap, band) of the first loss outside the band
+        self.closest = None  # (gap / band, step, figure): the largest loss gap against its band
+
+    def row(self, step, key, x, y, windows_differ: bool, since) -> str:
+        from shard_parity import numerics
+
+        gap, mark, cell = abs(x - y), '', ''
+        if logs.kind(key) == 'train' and windows_differ:
+            mark, self.windows = ' *', self.windows + 1  # means over other steps: left out
+        elif math.isfinite(gap):  # (a NaN or infinity is named after the table)
+            self.worst, self.compared = max(self.worst, gap), self.compared + 1
+            self.parts.record(step, gap)
+            if logs.kind(key) == 'train' and self.parts.crosses(since, step):
+                mark, self.crossing = ' ~', self.crossing + 1
+        policy = self.parts.policy(step)
+        if key.endswith('_loss') and policy != F32:  # the band: relative, widening
+            allowed = numerics.band(*policy, step) * max(abs(x), abs(y))
+            cell = f' {allowed:>10.3g}'
+            if not mark.strip() and allowed > 0 and math.isfinite(gap):
+                fraction = gap / allowed
+                if self.closest is None or fraction > self.closest[0]:
+                    self.closest = (fraction, step, key)
+                if not gap <= allowed:
+                    cell += ' !'
+                    self.outside = self.outside or (step, key, gap, allowed)
+        return f'{step:>6} {key:<14} {x:>22.9g} {y:>22.9g} {gap:>13.3g}{cell}{mark}'
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.windows:
+            out.append(
+                f'* {self.windows} train figure{"s" * (self.windows > 1)} averaged over different '
+                'steps (the runs were logged at different --log_every, or one resumed a '
+                'checkpoint that kept no averaging window: train_steps_averaged): left out of '
+                'the verdict'
+            )
+        if self.crossing:
+            out.append(
+                f'~ {self.crossing} train figure{"s" * (self.crossing > 1)} averaged over steps of '
+                'two segments (a run moved inside its window): its steps ran under two plans'
+            )
+        return out
+
+    def verdict(self) -> str:
+        if not self.compared:
+            return 'none in common'
+        said = 'bitwise identical' if self.worst == 0 else f'largest difference {self.worst:.3g}'
+        if self.closest and self.worst:
+            fraction, step, key = self.closest
+            said += f'; the losses at most {fraction:.2g} of the band ({key} at step {step})'
+        if self.parts.moved:  # a run moved: the verdict of each stretch of segments
+            said += f'; by segment: {self.parts.verdicts()}'
+        return said
 
 
-def one_run_only(names, va: dict, vb: dict) -> str | None:
-    """A note naming the logged steps beyond the last step the other run logged."""
-    last = [max((s for s, _ in v), default=0) for v in (va, vb)]
-    longer = int(last[1] > last[0])
-    beyond = sorted({s for s, _ in (va, vb)[longer] if s > last[1 - longer]})
-    if not beyond:
-        return None
-    return (
-        f'note: {len(beyond)} logged step{"s" * (len(beyond) > 1)} in {names[longer]} only '
-        f'({beyond[0]}..{beyond[-1]}): {names[1 - longer]} ends at step {last[1 - longer]}; '
-        'they are not compared'
-    )
+def print_table(names, va, vb, since_a, since_b, parts) -> Table:
+    table = Table(parts)
+    band = f' {"band":>10}' if parts.policy() != F32 else ''
+    print(f'{"step":>6} {"figure":<14} {names[0]:>22} {names[1]:>22} {"|difference|":>13}{band}')
+    for step, key in sorted(va.keys() & vb.keys(), key=lambda sk: (sk[0], KEYS.index(sk[1]))):
+        if heading := parts.heading(step):
+            print(heading)
+        differ = since_a.get(step) != since_b.get(step)
+        x, y = va[(step, key)], vb[(step, key)]
+        print(table.row(step, key, x, y, differ, since_a.get(step)))
+    for line in table.notes():
+        print(line)
+    entries = [{(s, logs.kind(k)) for s, k in v} for v in (va, vb)]
+    partnered = {(s, logs.kind(k)) for s, k in va.keys() & vb.keys()}
+    lonely = [len(e - partnered) for e in entries]
+    if any(lonely):
+        print(
+            f'note: metrics lines with no partner in the other run (not compared): '
+            f'{lonely[0]} of {len(entries[0])} in {names[0]}, '
+            f'{lonely[1]} of {len(entries[1])} in {names[1]}'
+        )
+    if only := logs.one_run_only(names, va, vb):
+        print(only)
+    return table
 
 
-def throughput_table(names, finals) -> list[str]:
-    units = sorted({k for f in finals for k in f if k.endswith('_per_sec')})
-    if not units:
-        return []
-    width = max(len('run'), *map(len, names))
-    rows = [f'{"run":<{width}} ' + ' '.join(f'{u:>16}' for u in units)]
-    for name, f in zip(names, finals):
-        cells = []
-        for u in units:
-            v = f.get(u, '-')
-            cells.append(f'{v:>16,.0f}' if is_number(v) and math.isfinite(v) else f'{v!s:>16}')
-        rows.append(f'{name:<{width}} ' + ' '.join(cells))
-    return rows
+def final_figure(names, fa: dict, fb: dict) -> tuple[str, flags.FlagHolder]:
+    """The figure the final evaluation is judged on, and its limit: the MLP's runs end on an
+    accuracy; the transformer's, which has none, on a loss."""
+    if ('eval_accuracy' in fa) != ('eval_accuracy' in fb):
+        refuse(
+            f'only one of {names[0]} and {names[1]} ends with an eval_accuracy: an MLP '
+            'run beside a transformer run? Compare runs of the same model.'
+        )
+    key, limit = ('eval_accuracy', MAX_GAP) if 'eval_accuracy' in fa else ('eval_loss', MAX_LOSS_GAP)
+    for name, f in zip(names, (fa, fb)):
+        if key not in f:
+            refuse(f'the final line of {name}/metrics.jsonl has no {key}')
+    return key, limit
 
 
-def policy(names) -> tuple[str, str] | None:
-    """(compute, reduce) of the coarser of the two runs' policies (their config.json), or None
-    where both are float32 (or unknown): then the fixed limits judge."""
-    from shard_parity import numerics
-
-    found = [settings.settings(n) or {} for n in names]
-    coarse = numerics.coarsest([numerics.saved(f.get('model_config', {})) for f in found])
-    return None if coarse == ('float32', 'float32') else coarse
+def judged(key: str, fa: dict, fb: dict, va: dict, vb: dict):
+    """(step, A's value, B's value, label, note): `key` at the last step both runs logged it
+    (their final lines included), or the two final lines where they share no such step."""
+    ends = [{s: v for (s, k), v in v_.items() if k == key} for v_ in (va, vb)]
+    for e, f in zip(ends, (fa, fb)):
+        e[int(f['step'])] = f[key]
+    common = ends[0].keys() & ends[1].keys()
+    if fa['step'] == fb['step']:
+        return int(fa['step']), fa[key], fb[key], f'final {key}', ''
+    if not common:
+        note = f' (step {fa["step"]} vs {fb["step"]}: no step where both logged it)'
+        return max(int(fa['step']), int(fb['step'])), fa[key], fb[key], f'final {key}', note
+    step = max(common)
+    note = f' (the last step both logged it: A ends at step {fa["step"]}, B at {fb["step"]})'
+    return step, ends[0][step], ends[1][step], f'{key} at step {step}', note
 
 
 def main(argv):
@@ -207,59 +203,11 @@ def main(argv):
     if same_directory(*names):
         refuse(f'{names[0]} and {names[1]} are the same directory: compare two different runs')
     settings.check_settings(names, ALLOW.value)
-    a, b = read(names[0]), read(names[1])
-    (va, since_a), (vb, since_b) = figures(a), figures(b)
+    a, b = logs.read(names[0]), logs.read(names[1])
+    (va, since_a), (vb, since_b) = logs.figures(a), logs.figures(b)
     parts = pairing.Stretches(*map(settings.settings, names))  # each run's segments
-    model = policy(names)
-    if model:
-        from shard_parity import numerics
-    band = f' {"band":>10}' if model else ''
-    print(f'{"step":>6} {"figure":<14} {names[0]:>22} {names[1]:>22} {"|difference|":>13}{band}')
-    worst, compared, windows, crossing, outside = 0.0, 0, 0, 0, None
-    for step, key in sorted(va.keys() & vb.keys(), key=lambda sk: (sk[0], KEYS.index(sk[1]))):
-        if heading := parts.heading(step):
-            print(heading)
-        x, y = va[(step, key)], vb[(step, key)]
-        gap = abs(x - y)
-        mark = ''
-        if kind(key) == 'train' and since_a.get(step) != since_b.get(step):
-            mark, windows = ' *', windows + 1  # means over different steps: not a disagreement
-        elif math.isfinite(gap):
-            worst, compared = max(worst, gap), compared + 1
-            parts.record(step, gap)
-            if kind(key) == 'train' and parts.crosses(since_a.get(step), step):
-                mark, crossing = ' ~', crossing + 1
-        cell = ''
-        if model and key.endswith('_loss'):  # the band: relative to the figure, widening
-            allowed = numerics.band(*model, step) * max(abs(x), abs(y))
-            cell = f' {allowed:>10.3g}'
-            if not mark.strip() and not gap <= allowed:
-                cell += ' !'
-                outside = outside or (step, key, gap, allowed)
-        print(f'{step:>6} {key:<14} {x:>22.9g} {y:>22.9g} {gap:>13.3g}{cell}{mark}')
-    if windows:
-        print(
-            f'* {windows} train figure{"s" * (windows > 1)} averaged over different steps (the '
-            'runs were logged at different --log_every, or one resumed a checkpoint that kept no '
-            'averaging window: train_steps_averaged): left out of the verdict'
-        )
-    if crossing:
-        print(
-            f'~ {crossing} train figure{"s" * (crossing > 1)} averaged over steps of two segments '
-            '(a run moved inside its window): its steps ran under two plans'
-        )
-    entries = [{(s, kind(k)) for s, k in v} for v in (va, vb)]
-    partnered = {(s, kind(k)) for s, k in va.keys() & vb.keys()}
-    lonely = [len(e - partnered) for e in entries]
-    if any(lonely):
-        print(
-            f'note: metrics lines with no partner in the other run (not compared): '
-            f'{lonely[0]} of {len(entries[0])} in {names[0]}, '
-            f'{lonely[1]} of {len(entries[1])} in {names[1]}'
-        )
-    if only := one_run_only(names, va, vb):
-        print(only)
-    if problem := non_finite(names, (a, b)):
+    table = print_table(names, va, vb, since_a, since_b, parts)
+    if problem := logs.non_finite(names, (a, b)):
         refuse(problem, DISAGREE)
     fa, fb = a[-1], b[-1]
     if unfinished := [n for n, f in zip(names, (fa, fb)) if not f.get('final')]:
@@ -267,46 +215,41 @@ def main(argv):
             f'{" and ".join(unfinished)} {"have" if len(unfinished) > 1 else "has"} no final '
             'line: did it finish? (rerun its train command to resume it)'
         )
-    # The MLP's runs end on an accuracy; the transformer's, which has none, on a loss.
-    key, limit = (
-        ('eval_accuracy', MAX_GAP) if 'eval_accuracy' in fa else ('eval_loss', MAX_LOSS_GAP)
-    )
-    if ('eval_accuracy' in fa) != ('eval_accuracy' in fb):
-        refuse(
-            f'only one of {names[0]} and {names[1]} ends with an eval_accuracy: an MLP '
-            'run beside a transformer run? Compare runs of the same model.'
-        )
-    for name, f in zip(names, (fa, fb)):
-        if key not in f:
-            refuse(f'the final line of {name}/metrics.jsonl has no {key}')
-    gap = abs(fa[key] - fb[key])
-    limit_text = f'--{limit.name}={limit.value}'
-    if model and key == 'eval_loss' and not MAX_LOSS_GAP.present:  # the band's, at the end
-        step = max(int(fa['step']), int(fb['step']))
-        allowed = numerics.band(*model, step) * max(abs(fa[key]), abs(fb[key]))
-        limit_text = f'the {"/".join(model)} band {allowed:.3g} (docs/numerics.md)'
-    else:
-        allowed = limit.value
-    if not compared:
-        verdict = 'none in common'
-    else:
-        verdict = 'bitwise identical' if worst == 0 else f'largest difference {worst:.3g}'
-        if parts.moved:  # a run moved meshes: the verdict of each stretch of segments
-            verdict += f'; by segment: {parts.verdicts()}'
-    at = f' (step {fa["step"]} vs {fb["step"]})' if fa['step'] != fb['step'] else ''
-    print(
-        f'\nfinal {key}{at} {fa[key]:.4f} vs {fb[key]:.4f} '
-        f'(gap {gap:.4f}); every logged figure: {verdict}' + (' where both logged it' if at else '')
-    )
-    if table := throughput_table(names, (fa, fb)):
-        print('\n' + '\n'.join(table))
-    if model and not MAX_LOSS_GAP.present:
-        print(f'band: two runs that differ only in rounding ({"/".join(model)}, the coarser '
-              'policy) stay within it (docs/numerics.md)')  # fmt: skip
-    if outside and not MAX_LOSS_GAP.present:
-        step, figure, far, allowed_there = outside
-        refuse(f'{figure} at step {step} differs by {far:.3g}, outside the band {allowed_there:.3g} '
-               f'({far / allowed_there:.3g} bands): more than {"/".join(model)} round-off',
+    key, limit = final_figure(names, fa, fb)
+    step, x, y, label, note = judged(key, fa, fb, va, vb)
+    gap, allowed, limit_text = abs(x - y), limit.value, f'--{limit.name}={limit.value}'
+    policy = parts.policy(step)
+    banded = policy != F32 and not MAX_LOSS_GAP.present
+    if banded and key == 'eval_loss':  # the band's, at the step judged
+        from shard_parity import numerics
+
+        allowed = numerics.band(*policy, step) * max(abs(x), abs(y))
+        limit_text = f'the {"/".join(policy)} band {allowed:.3g} (docs/numerics.md)'
+    shared = ' where both logged it' if fa['step'] != fb['step'] else ''
+    print(f'\n{label}{note} {x:.4f} vs {y:.4f} (gap {gap:.4f}); every logged figure: '
+          f'{table.verdict()}{shared}')  # fmt: skip
+    if rows := logs.throughput_table(names, (fa, fb)):
+        print('\n' + '\n'.join(rows))
+    if banded:
+        print(band_limit(parts, step))
+    if table.outside and banded:
+        at, figure, far, band = table.outside
+        refuse(f'{figure} at step {at} differs by {far:.3g}, outside the band {band:.3g} '
+               f'({far / band:.3g} bands): more than {"/".join(policy)} round-off',
                DISAGREE)  # fmt: skip
     if gap > allowed:
-        refuse(f'final {key} values differ by {gap:.4f} > {limit_text}', DISAGREE)
+        refuse(f'{label} values differ by {gap:.4f} > {limit_text}', DISAGREE)
+
+
+def band_limit(parts: pairing.Stretches, step: int) -> str:
+    """What the band is, and what it cannot see (docs/numerics.md, 'What the band detects')."""
+    from shard_parity import numerics
+
+    policy = parts.policy()
+    relative = numerics.band(*parts.policy(step), step)
+    return (
+        f'band: two runs that differ only in rounding ({"/".join(policy)}, the coarser policy) '
+        f'stay within it; it cannot tell round-off from a change that moves a loss by less than '
+        f'the band ({relative:.2%} of the loss at step {step}): a learning rate changed by 5% '
+        'or less passes 300 steps of the tests\' transformer unseen (docs/numerics.md)'
+    )

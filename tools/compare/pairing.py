@@ -10,6 +10,9 @@ stretch, each stretch one segment of A against one of B, and a stretch whose two
 is said to (round-off differences are then expected; the same plan gives the same bits).
 """
 
+import dataclasses
+
+from shard_parity import UsageError
 from shard_parity.runtime import segments as S
 
 AVERAGED = 'train_steps_averaged'
@@ -91,6 +94,19 @@ class Stretches:
             parts.append(f'{self.span(i)} ({self.plans(i)}): {said}')
         return '; '.join(parts)
 
+    def policy(self, step: int | None = None) -> tuple[str, str]:
+        """(compute, reduce): the coarsest precision either run trained with up to `step` (None:
+        the whole runs), segment by segment (a run without segments: its model_config's). A
+        stretch in bf16 leaves its rounding in every step after it: a run back in float32 is
+        still judged by the band."""
+        from shard_parity import numerics
+
+        found = []
+        for run, saved in zip(self.runs, self.saved):
+            if not run:  # no plan recorded: the model's own dtypes, if any
+                found.append(numerics.saved(saved.get('model_config') or {}))
+            found += [precision(s) for s in run if step is None or s['from_step'] < max(step, 1)]
+        return numerics.coarsest(found)
 
     def lines(self, k: int) -> list[str]:
         """Run k's segments as `history` prints them (none for a run that did not move)."""
@@ -101,6 +117,42 @@ def last_step(saved: dict | None) -> int | str:
     """The run's --steps (config.json), or '' when unknown."""
     steps = (saved or {}).get('train', {}).get('steps')
     return steps if isinstance(steps, int) else ''
+
+
+def precision(segment: dict) -> tuple[str, str]:
+    p = segment.get('precision') or {}
+    return p.get('compute', 'float32'), p.get('reduce', 'float32')
+
+
+def changed(saved: dict | None) -> str | None:
+    """What a run changed on resume, from its segments: 'moved meshes', 'changed twin',
+    'changed its precision (compute bfloat16 -> float32)', ...; None for a run that did not."""
+    found = S.of(saved) if saved else []
+    said = []
+    for a, b in zip(found, found[1:]):
+        try:
+            pa, pb = S.plan_of(a), S.plan_of(b)
+        except UsageError:
+            return 'changed plans'
+        moved = (pa.strategy, pa.axes) != (pb.strategy, pb.axes)
+        schedule = (pa.schedule, pa.microbatches, pa.chunks, pa.layout)
+        for what, differs in (
+            ('changed twin', a.get('twin') != b.get('twin')),
+            ('moved meshes', moved),  # (a schedule moves with its mesh)
+            (f'changed its precision ({policy_change(pa.precision, pb.precision)})',
+             pa.precision != pb.precision),
+            ('changed its schedule', not moved and schedule != (
+                pb.schedule, pb.microbatches, pb.chunks, pb.layout)),
+        ):  # fmt: skip
+            if differs and what not in said:
+                said.append(what)
+    return ' and '.join(said) or ('changed plans' if len(found) > 1 else None)
+
+
+def policy_change(a, b) -> str:
+    """'compute bfloat16 -> float32': the fields of two precision policies that differ."""
+    x, y = dataclasses.asdict(a), dataclasses.asdict(b)
+    return ', '.join(f'{k} {x[k]} -> {y[k]}' for k in x if x[k] != y[k])
 
 
 def history(name: str, saved: dict | None) -> list[str]:

@@ -73,8 +73,8 @@ def check_settings(names, allow: bool) -> None:
     exits with one line if the runs' settings differ, unless `allow` (--allow_other_settings)."""
     a, b = settings(names[0]), settings(names[1])
     for label, name, saved in (('A', names[0], a), ('B', names[1], b)):
-        if saved is not None and (moved := pairing.history(label, saved)):
-            print(f'{label} {name}: moved meshes\n' + '\n'.join(moved))  # each segment's plan
+        if saved is not None and (moved := pairing.history(label, saved)):  # each segment's plan
+            print(f'{label} {name}: {pairing.changed(saved)}\n' + '\n'.join(moved))
         elif saved is not None and (ran := where(saved)):
             print(f'{label} {name}: {ran}')
     if a is None or b is None:
