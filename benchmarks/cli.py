@@ -29,12 +29,12 @@ EVAL_BATCHES = 10  # of the task's 100: evaluation is outside the timer, and thi
 
 def run_once(twin, config, model_config, n: int, data_dir=None) -> float:
     """tokens/s of one `python -m <twin>.train --strategy=dp` run, in this process."""
-    from shard_parity.plan import DATA, Plan
+    from shard_parity import plan as plans
     from shard_parity.runtime import tasks, train
 
     task = tasks.shakespeare_task(config, model_config, data_dir)
     task = dataclasses.replace(task, eval_batches=task.eval_batches[:EVAL_BATCHES])
-    plan = Plan(((DATA, n),), 'dp')
+    plan = plans.parse(None, 'dp', n)  # as the train CLI's --strategy=dp on n devices
     with tempfile.TemporaryDirectory() as workdir:  # fresh: never resumes
         final = train.run(twin, plan, task, config, workdir=pathlib.Path(workdir))
     return final['tokens_per_sec']
