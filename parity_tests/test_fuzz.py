@@ -7,8 +7,11 @@ twin) is found and shrunk to a mesh where its axis is not 1; and a short seeded 
 corpus, ends with no failure it cannot explain.
 """
 
+import json
 import os
+import pathlib
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +27,7 @@ from shard_parity import plan as plans
 from shard_parity.model.mlp import MLPConfig
 from shard_parity.model.transformer import TransformerConfig
 from shard_parity.step import strategy_file
+from tools.fuzz import entries as fuzz_entries
 from tools.fuzz import judge as fuzz_judge
 from tools.fuzz.draws import Draw, command, draws
 from tools.fuzz.table import agrees, twin_refusals, violations
@@ -154,21 +158,107 @@ def test_a_failure_is_one_bisect_command():
     sixteen = Draw(mesh=(('fsdp', 16),), batch=16)
     assert command(sixteen, 'auto').endswith('--steps=1 --cpu_devices=16')
     assert Draw.from_json(d.to_json()) == d
+    # run as python -m shard_parity.tools.fuzz (from outside a checkout), the command says so
+    from shard_parity.tools.fuzz import draws as installed
+
+    assert installed.command(d, 'typed') == command(d, 'typed').replace(
+        'python -m tools.bisect', 'python -m shard_parity.tools.bisect'
+    )
+    assert installed.inspect(d, 'tpu-v5e-8').startswith('python -m shard_parity.inspector --model')
 
 
 def test_every_corpus_entry_reads_and_says_why():
-    entries = fuzz_judge.corpus()
+    entries = fuzz_entries.load()
+    assert len(entries) == len(list(fuzz_entries.CORPUS.glob('*.json'))) > 0
     for e in entries:
         assert e['status'] in ('known', 'fixed') and e['reason'] and e['twins'], e['name']
         assert e['status'] == 'fixed' or e['match'], e['name']
+
+
+WRONG = {  # per field, values of the wrong kind or misspelt (null is tried for every field)
+    'draw': [[], 'data:8'], 'twins': ['typed', [], ['typd']], 'status': ['fixd', 'knwn', 1],
+    'reason': ['', 7], 'match': ['(', 3], 'target': [8], 'found': [5], 'fixed': [True],
+    'model': ['MLP'], 'mesh': [7, 'data:8,data:1', 'data=8', 'rows:8', ''],
+    'batch': ['four', 0, 2.5, True], 'capacity': [0, '1.25'], 'experts': [-1],
+    'schedule': ['1F1B'], 'dtype': ['bf16'],
+}  # fmt: skip
+
+
+def broken_line(tmp_path, name, saved) -> str:
+    """What loading a corpus holding `saved` as `name`.json says (the one line), else ''."""
+    for old in tmp_path.glob('*.json'):
+        old.unlink()
+    (tmp_path / f'{name}.json').write_text(saved if isinstance(saved, str) else json.dumps(saved))
+    try:
+        fuzz_entries.load(tmp_path)
+    except fuzz_entries.CorpusError as e:
+        return str(e)
+    return ''
+
+
+def test_a_corpus_entry_that_breaks_the_schema_is_named_with_its_field(tmp_path):
+    """Every committed entry, each field of it (and of its draw) made wrong, misspelt or left
+    out, is one line naming the file and the field; an optional field left out loads. In
+    process: loading is the CLI's (tools/fuzz/entries.py), which refuses with this line."""
+    assert broken_line(tmp_path, 'x', json.loads(fuzz_entries.CORPUS.joinpath(
+        'typed_pp_one_row_microbatch.json').read_text())) == ''  # fmt: skip  (it can pass)
+    checked = 0
+    for path in sorted(fuzz_entries.CORPUS.glob('*.json')):
+        saved, name = json.loads(path.read_text()), path.stem
+        where = f'{tmp_path / name}.json'
+        for field, (_, required) in fuzz_entries.ENTRY.items():
+            for bad in [None, *WRONG.get(field, [])]:
+                said = broken_line(tmp_path, name, {**saved, field: bad})
+                assert said.startswith(f'{where}: "{field}": ') and 'expected' in said, said
+            left_out = {k: v for k, v in saved.items() if k != field}
+            said = broken_line(tmp_path, name, left_out)
+            assert said == (f'{where} has no "{field}": add it' if required else ''), said
+        for field in fuzz_entries.DRAW:
+            for bad in [None, *WRONG.get(field, [])]:
+                said = broken_line(tmp_path, name, {**saved, 'draw': {**saved['draw'], field: bad}})
+                assert said.startswith(f'{where}: "draw": "{field}": ') and 'expected' in said, said
+            left_out = {k: v for k, v in saved['draw'].items() if k != field}
+            said = broken_line(tmp_path, name, {**saved, 'draw': left_out})
+            assert said == f'{where}: "draw" has no "{field}": add it', said
+            checked += 1
+        said = broken_line(tmp_path, name, {**saved, 'stauts': 'fixed'})
+        assert said.startswith(f'{where} has "stauts", which is no field: expected "draw"'), said
+        said = broken_line(tmp_path, name, {**{k: v for k, v in saved.items() if k != 'match'},
+                                            'status': 'known'})  # fmt: skip
+        assert said.startswith(f'{where}: "status": "known" needs a "match"'), said
+    assert checked == 19 * len(list(fuzz_entries.CORPUS.glob('*.json')))
+    text = fuzz_entries.CORPUS.joinpath('typed_pp_one_row_microbatch.json').read_text()
+    for saved, said in [
+        (text[: len(text) // 2], f'{tmp_path}/x.json is not JSON (line '),
+        ('<<<<<<< HEAD\n' + text, f'{tmp_path}/x.json is not JSON (line 1, column 1: '),
+        ('[]', f'{tmp_path}/x.json: []: expected an object of "draw", "twins"'),
+    ]:
+        assert broken_line(tmp_path, 'x', saved).startswith(said), broken_line(tmp_path, 'x', saved)
+
+
+def test_a_broken_corpus_file_is_one_line_exit_2_and_a_run_without_the_corpus_reads_none(tmp_path):
+    """The CLI on a corpus folder holding a half-saved edit: one line, exit 2, before anything
+    runs; --nocorpus, or a zoo entry's run (the corpus concerns the twins), reads none of it."""
+    (tmp_path / 'half.json').write_text('{"draw": {"model": "mlp", ')
+    result = fuzz_on(tmp_path, '--draws=0')
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f'error: {tmp_path}/half.json is not JSON (line 1, column 27: Expecting property name '
+        'enclosed in double quotes): fix or remove it'
+    ], result.stderr
+    for flags in (['--nocorpus'], ['--twins=one_device,tools.zoo.tp_pmean']):
+        result = fuzz_on(tmp_path, '--draws=0', *flags)
+        assert result.returncode == 0 and 'search: 0 draws' in result.stdout, result.stderr
 
 
 class PlantedWorker:
     """A worker whose 'explicit' diverges wherever 'model' splits something: the driver's
     search and shrinking, without a JAX program."""
 
-    def __init__(self):
+    def __init__(self, devices=8, env=None):  # tools/fuzz/judge.py's Worker's arguments
         self.calls = 0
+
+    def stop(self):
+        pass
 
     def run(self, draw, twins, timeout, checkpoint=None, target=None):
         self.calls += 1
@@ -444,10 +534,46 @@ def test_a_target_of_other_chips_is_one_line_exit_2():
     ], result.stderr
 
 
+def test_an_empty_target_is_one_line_exit_2():
+    """--target= is no full default run: it is refused as an empty --sections= is."""
+    result = fuzz('--target=', timeout=120)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        'error: --target is empty: expected tpu or a TPU slice of --devices=8 chips: '
+        'tpu-v5e-8, tpu-v5p-16, tpu-v4-16'
+    ], result.stderr
+
+
+def test_one_corpus_entry_replays_alone_with_its_command():
+    """--entries=NAME replays that entry alone (a fake worker here: PlantedWorker, under which
+    this entry, on a 'model' of 2, fails again), prints the command that replays it and draws
+    nothing; a name that is no entry, or one that replays under other flags, is one line."""
+    name = 'bisect_forward_budget_f32_accumulation'
+    result = fuzz_on(fuzz_entries.CORPUS, f'--entries={name}', worker='PlantedWorker')
+    lines = result.stdout.strip().splitlines()
+    assert result.returncode == 1 and lines[0].startswith(f'corpus {name}: FAILS again'), lines
+    assert lines[1] == ('  reproduce: python -m tools.bisect --twins=one_device,explicit '
+                        '--model=mlp --mesh=data:2,fsdp:2,model:2 --batch_size=4 '
+                        '--reduce_dtype=bfloat16 --steps=1'), lines  # fmt: skip
+    assert lines[2].startswith('corpus: 1 entries replayed in ') and 'search' not in result.stdout
+    for flags, said in [
+        (['--entries=nope'], 'error: --entries=nope: no such entry in tools/fuzz/corpus/; the '),
+        (['--entries=auto_tpu_gathers_expert_weights'],
+         'error: --entries=auto_tpu_gathers_expert_weights does not replay in this run: add '
+         '--target=tpu-v4-16'),
+        ([f'--entries={name}', '--twins=one_device,typed'],
+         f'error: --entries={name} does not replay in this run: add --twins=one_device,explicit'),
+        ([f'--entries={name}', '--draws=3'],
+         'error: --entries replays the corpus and draws nothing: drop --draws'),
+    ]:  # fmt: skip
+        result = fuzz_on(fuzz_entries.CORPUS, *flags)
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+        assert result.stderr.startswith(said), result.stderr
+
+
 def test_a_target_without_libtpu_says_what_to_install(tmp_path):
     (tmp_path / 'sitecustomize.py').write_text("import sys\n\nsys.modules['libtpu'] = None\n")
     result = subprocess.run([sys.executable, '-m', 'tools.fuzz', '--target=tpu'], cwd=REPO,
-                            env={**os.environ, 'PYTHONPATH': str(tmp_path)}, capture_output=True,
+                            env=with_site(tmp_path), capture_output=True,
                             text=True, timeout=120)  # fmt: skip
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         'error: --target=tpu compiles with the TPU compiler, libtpu, which is not installed '
@@ -455,9 +581,107 @@ def test_a_target_without_libtpu_says_what_to_install(tmp_path):
     ], result.stderr
 
 
+def with_site(folder):
+    """The environment with `folder` (its sitecustomize.py) first on PYTHONPATH, keeping the rest:
+    on a TPU VM, PYTHONPATH is where JAX and the packages are."""
+    return {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, [str(folder), os.environ.get('PYTHONPATH')]))}
+
+
 def fuzz(*flags, timeout=300):
     return subprocess.run([sys.executable, '-m', 'tools.fuzz', *flags], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def fuzz_on(corpus, *flags, worker=None, env=None, started=False):
+    """python -m tools.fuzz with tools/fuzz/corpus/ replaced by the folder `corpus` and its
+    worker by `worker` (a class of this module), in a process of its own; `started`: the
+    Popen, running."""
+    code = (f'import pathlib, runpy, sys\nfrom tools.fuzz import entries, judge\n'
+            f'entries.CORPUS = pathlib.Path({str(corpus)!r})\n')  # fmt: skip
+    if worker:
+        code += f'from parity_tests.test_fuzz import {worker}\njudge.Worker = {worker}\n'
+    code += "sys.argv[0] = 'fuzz'\nrunpy.run_module('tools.fuzz', run_name='__main__')\n"
+    argv, env = [sys.executable, '-c', code, *flags], {**os.environ, **(env or {})}
+    if started:
+        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+class SlowWorker(PlantedWorker):
+    """PlantedWorker, 0.5 s a draw once it has failed (shrinking then takes a while), writing
+    the file $FUZZ_MARK at its first failure: the point where a test sends its Ctrl-C."""
+
+    def __init__(self, devices=8, env=None):
+        super().__init__(devices, env)
+        self.failed = False
+
+    def run(self, draw, twins, timeout, checkpoint=None, target=None):
+        answer = super().run(draw, twins, timeout, checkpoint, target)
+        if self.failed:
+            time.sleep(0.5)
+        elif answer['status'] == 'ran' and answer['twins']['explicit']['verdict'] != 'agrees':
+            self.failed = True
+            pathlib.Path(os.environ['FUZZ_MARK']).touch()
+        return answer
+
+
+class StuckWorker(SlowWorker):
+    """SlowWorker in the corpus's replay: its first entry fails again, the second hangs."""
+
+    def run(self, draw, twins, timeout, checkpoint=None, target=None):
+        if self.calls:
+            pathlib.Path(os.environ['FUZZ_MARK']).touch()
+            time.sleep(120)
+        return PlantedWorker.run(self, draw, twins, timeout, checkpoint, target)
+
+
+def interrupted(tmp_path, worker, *flags):
+    """The fuzzer run with `worker`, sent SIGINT (Ctrl-C) once the worker writes its mark."""
+    mark = tmp_path / 'mark'
+    proc = fuzz_on(tmp_path, '--twins=one_device,explicit', *flags, worker=worker,
+                   env={'FUZZ_MARK': str(mark)}, started=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)  # shrinking under way (or the replay stuck)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert 'Traceback' not in err and proc.returncode == 130, (proc.returncode, out, err[-3000:])
+    assert err.strip().splitlines()[-1] == 'interrupted (Ctrl-C): what was found so far is above'
+    return out
+
+
+def test_ctrl_c_while_shrinking_prints_the_failure_so_far_and_exits_130(tmp_path):
+    """A fake worker (PlantedWorker's planted bug, slow once found): Ctrl-C during shrinking
+    prints the search's summary, the failure with its smallest draw so far, marked not fully
+    shrunk, and its reproduce line; exit 130, no traceback."""
+    out = interrupted(tmp_path, 'SlowWorker', '--draws=30', '--nocorpus')
+    assert 'search: ' in out and ' s (interrupted): ' in out and ' 1 failed' in out, out
+    assert 'FAILURE (diverges of explicit), NOT fully shrunk (interrupted): the smallest draw so ' \
+        'far:\ndiverge at step 0, phase gradients\n' in out, out  # fmt: skip
+    line = out.strip().splitlines()[-1]
+    assert line.startswith('reproduce: python -m tools.bisect --twins=one_device,explicit '), out
+    assert int(dict(p.split(':') for p in line.split('--mesh=')[1].split()[0].split(','))['model'])
+
+
+def test_ctrl_c_in_the_corpus_replay_keeps_the_entry_that_failed_again(tmp_path):
+    """Two entries (from a committed one) replayed by a fake worker: the first fails again,
+    the second hangs; Ctrl-C prints the replay's line so far and the first's regression with
+    its command, exit 130."""
+    saved = fuzz_entries.CORPUS.joinpath('bisect_forward_budget_f32_accumulation.json').read_text()
+    (tmp_path / 'a_first.json').write_text(saved)
+    other = json.loads(saved)  # another draw: one the driver has not answered
+    (tmp_path / 'b_second.json').write_text(json.dumps({**other, 'draw': {**other['draw'],
+                                                                         'batch': 8}}))
+    out = interrupted(tmp_path, 'StuckWorker', '--draws=1')
+    assert 'corpus a_first: FAILS again (fixed: ' in out and 'b_second' not in out, out
+    assert '\ncorpus: 1 entries replayed in ' in out and ' s (interrupted)\n' in out, out
+    assert 'REGRESSION corpus a_first: diverges explicit: diverge at step 0' in out, out
+    assert out.strip().splitlines()[-1].startswith(
+        '  python -m tools.bisect --twins=one_device,explicit --model=mlp --mesh=data:2,fsdp:2,'
+    ), out
+    assert 'search:' not in out, out  # it never started
 
 
 def test_a_bad_twins_flag_is_one_line_exit_2():
@@ -477,7 +701,7 @@ def test_without_hypothesis_the_fuzzer_says_what_it_needs(tmp_path):
         'sys.meta_path.insert(0, NoHypothesis())\n'
     )
     result = subprocess.run([sys.executable, '-m', 'tools.fuzz', '--help'], cwd=REPO,
-                            env={**os.environ, 'PYTHONPATH': str(tmp_path)}, capture_output=True,
+                            env=with_site(tmp_path), capture_output=True,
                             text=True, timeout=120)  # fmt: skip
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         "error: tools.fuzz draws with Hypothesis, which is not installed: pip install -e '.[test]'"

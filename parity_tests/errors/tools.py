@@ -296,4 +296,32 @@ ROWS = [
         'tools.fuzz draws with Hypothesis, which is not installed',
         'test_fuzz.test_without_hypothesis_the_fuzzer_says_what_it_needs',
     ),
+    (
+        'fuzz: a corpus file that breaks the schema (half-saved, a merge marker, a field of the '
+        'wrong type, missing or unknown, a misspelt status); refused before anything runs',
+        'tools/fuzz/corpus/NAME.json: "status": "fixd": expected "fixed" or "known"',
+        'test_fuzz.test_a_corpus_entry_that_breaks_the_schema_is_named_with_its_field',
+    ),
+    (
+        'fuzz: a corpus file that is not JSON (exit 2; --nocorpus or a zoo entry\'s run reads none)',
+        'is not JSON (line 1, column 27: Expecting property name enclosed in double quotes): fix '
+        'or remove it',
+        'test_fuzz.test_a_broken_corpus_file_is_one_line_exit_2_and_a_run_without_the_corpus_reads_none',
+    ),
+    (
+        'fuzz: Ctrl-C while shrinking or in the corpus replay (exit 130; the summary so far, each '
+        'failure found with its command)',
+        'NOT fully shrunk (interrupted): the smallest draw so far',
+        'test_fuzz.test_ctrl_c_while_shrinking_prints_the_failure_so_far_and_exits_130',
+    ),
+    (
+        'fuzz: an empty --target (it started a full default run)',
+        '--target is empty: expected tpu or a TPU slice of --devices=8 chips',
+        'test_fuzz.test_an_empty_target_is_one_line_exit_2',
+    ),
+    (
+        'fuzz: --entries naming no corpus entry, or one that replays under other flags',
+        'does not replay in this run: add --target=tpu-v4-16',
+        'test_fuzz.test_one_corpus_entry_replays_alone_with_its_command',
+    ),
 ]

@@ -90,11 +90,23 @@ def mesh_text(mesh) -> str:
     return ','.join(f'{a}:{n}' for a, n in mesh)
 
 
+# the package the fuzzer was run from: 'tools.' in a checkout, 'shard_parity.tools.' (whose
+# commands work from any folder where the project is installed) where it was run as that
+TOOLS = __package__.removesuffix('fuzz')
+PACKAGE = TOOLS.removesuffix('tools.')  # '' or 'shard_parity.': the inspector's
+
+
 def command(draw: Draw, twin: str) -> str:
-    """The one command that replays a draw against one device for a step."""
+    """The one command that replays a draw against one device for a step, in the package the
+    fuzzer was run from (python -m tools.bisect, or python -m shard_parity.tools.bisect)."""
     devices = f' --cpu_devices={draw.devices}' if draw.devices != 8 else ''
-    return (f'python -m tools.bisect --twins=one_device,{twin} ' + ' '.join(draw.flags())
+    return (f'python -m {TOOLS}bisect --twins=one_device,{twin} ' + ' '.join(draw.flags())
             + f' --steps=1{devices}')  # fmt: skip
+
+
+def inspect(draw: Draw, target: str) -> str:
+    """The command that compiles a draw for a TPU slice and shows its collectives."""
+    return f'python -m {PACKAGE}inspector {" ".join(draw.flags())} --target={target}'
 
 
 def up(x: int, n: int) -> int:

@@ -1,7 +1,8 @@
 """The fuzzer's search (python -m tools.fuzz; docs/fuzzing.md): Hypothesis draws whole steps
-(tools/fuzz/draws.py), a worker subprocess runs each (tools/fuzz/worker.py), fuzz_judge.py
+(tools/fuzz/draws.py), a worker subprocess runs each (tools/fuzz/worker.py), tools/fuzz/judge.py
 judges it against the refusal table and one device, and a failure is shrunk to the simplest
-draw that fails the same way. tools/fuzz/cli.py is its command line.
+draw that fails the same way; the corpus (tools/fuzz/entries.py) is replayed first.
+tools/fuzz/cli.py is its command line.
 """
 
 import dataclasses
@@ -11,7 +12,8 @@ import time
 from shard_parity import UsageError
 
 from . import judge as J
-from .draws import draws, mesh_text, other_mesh
+from .draws import command, draws, inspect, mesh_text, other_mesh
+from .entries import known
 
 
 class BudgetSpent(BaseException):
@@ -36,15 +38,18 @@ class Fuzz:
     """The search: draws (Hypothesis), each run by a worker and judged (fuzz_judge.py), the
     answers remembered, each failure shrunk; the corpus replayed first (`replay`)."""
 
-    def __init__(self, twins, devices: int, target: str | None = None, options=Options()):
+    def __init__(self, twins, devices: int, target: str | None = None, options=Options(),
+                 entries=()):  # fmt: skip
         self.twins, self.devices, self.target, self.options = twins, devices, target, options
         self.worker = J.Worker(devices, J.worker_env(True))
-        self.entries = J.corpus()
+        self.entries = list(entries)  # the corpus (tools/fuzz/entries.py's load), read by the CLI
         self.counts = {'refused': 0, 'passed': 0, 'failed': 0, 'known': 0}
         self.counts['checkpoints'] = 0  # of those, draws that also took the round trip
         self.seconds, self.signature, self.found, self.answers = [], None, [], {}
         self.deadline = self.shrink_until = 0.0
         self.limit = None
+        self.bad, self.replayed = [], []  # the corpus's entries failing again; those replayed
+        self.corpus_seconds = self.search_seconds = 0.0
 
     def key(self, draw, twins=None, checkpoint=None) -> tuple:
         """What a draw runs, by which its answer is remembered: its flags, the twins, the
@@ -78,7 +83,7 @@ class Fuzz:
             return self.answers[key]
         answer = self.worker.run(draw, key[1], self.options.timeout, checkpoint, key[3])
         outcome, failures = J.judge(draw, answer)
-        hits = [J.known(f, self.entries) for f in failures]
+        hits = [known(f, self.entries) for f in failures]
         new = [f for f, k in zip(failures, hits) if k is None]
         if failures and not new:
             outcome = 'known'
@@ -92,35 +97,51 @@ class Fuzz:
         self.answers[key] = outcome, new, [k for k in hits if k]
         return self.answers[key]
 
-    def replay(self) -> list:
-        """The corpus first, each entry on those of its twins --twins names: (entry, its new
-        failures) for each entry that is not as recorded."""
-        bad = []
-        for e in self.entries:
-            twins = [t for t in e['twins'] if t in self.twins]  # those this run compares
-            # an entry found compiling for a slice replays under --target only, and on its slice
-            if (
-                e['draw'].devices != self.devices
-                or not twins
-                or bool(e.get('target')) != bool(self.target)
-            ):
-                continue
-            saved, self.target = self.target, e.get('target') or self.target
-            try:
-                outcome, new, hits = self.run(e['draw'], twins)
-            finally:
-                self.target = saved
-            still = bool(hits) or outcome == 'known'
-            if e['status'] == 'known':
-                print(
-                    f"corpus {e['name']}: known, {'still fails' if still else 'now passes: mark it fixed'}: {e['reason']}"
-                )
-            elif not new:
-                print(f"corpus {e['name']}: {outcome}, as fixed")
-            else:
-                bad.append((e, new))
-                print(f"corpus {e['name']}: FAILS again (fixed: {e['reason']})")
-        return bad
+    def skips(self, e) -> str | None:
+        """Why corpus entry `e` does not replay in this run, as the flag that would replay it
+        (None: it does). An entry found compiling for a slice replays under --target only."""
+        if e['draw'].devices != self.devices:
+            return f'--devices={e["draw"].devices}'
+        if not set(e['twins']) & set(self.twins):
+            return f'--twins=one_device,{",".join(e["twins"])}'
+        if bool(e.get('target')) != bool(self.target):
+            return f'--target={e["target"]}' if e.get('target') else 'no --target'
+        if e['draw'].model not in self.options.models:
+            return f'--models={e["draw"].model}'
+        return None
+
+    def replay(self, show_commands: bool = False):
+        """The corpus first, each entry on those of its twins --twins names (and on its slice):
+        each that is not as recorded joins self.bad as (entry, its new failures); with
+        `show_commands`, each entry's bisect (or inspect) command is printed under it."""
+        t0 = time.monotonic()
+        try:
+            for e in self.entries:
+                if self.skips(e) is None:
+                    self.replay_one(e, show_commands)
+        finally:
+            self.corpus_seconds = time.monotonic() - t0
+
+    def replay_one(self, e, show_commands: bool):
+        twins = [t for t in e['twins'] if t in self.twins]  # those this run compares
+        saved, self.target = self.target, e.get('target') or self.target
+        try:
+            outcome, new, hits = self.run(e['draw'], twins)
+        finally:
+            self.target = saved
+        self.replayed.append(e)
+        still = bool(hits) or outcome == 'known'
+        if e['status'] == 'known':
+            now = 'still fails' if still else 'now passes: mark it fixed'
+            print(f"corpus {e['name']}: known, {now}: {e['reason']}")
+        elif not new:
+            print(f"corpus {e['name']}: {outcome}, as fixed")
+        else:
+            self.bad.append((e, new))
+            print(f"corpus {e['name']}: FAILS again (fixed: {e['reason']})")
+        for twin in twins if show_commands else ():
+            line = inspect(e['draw'], e['target']) if e.get('target') else command(e['draw'], twin)
+            print(f'  {"inspect" if e.get("target") else "reproduce"}: {line}', flush=True)
 
     def example(self, draw):
         """Hypothesis's test: one draw. Raises AssertionError for a failure of the kind being
@@ -153,13 +174,17 @@ class Fuzz:
     def search(self, seed: int, count: int | None, minutes: float | None):
         """Draws until `count` draws or `minutes` are spent; each failure found is shrunk (by
         one Hypothesis search), then the search starts again with the next seed."""
-        forever = time.monotonic() + 10**9
-        self.deadline = time.monotonic() + 60 * minutes if minutes is not None else forever
+        t0 = time.monotonic()
+        self.deadline = t0 + (60 * minutes if minutes is not None else 10**9)
         self.limit = count
-        while len(self.found) < self.options.max_failures:
-            self.signature = None
-            if not self.hypothesis(seed + len(self.found)) or self.signature is None:
-                return
+        try:
+            while len(self.found) < self.options.max_failures:
+                self.signature = None
+                if not self.hypothesis(seed + len(self.found)) or self.signature is None:
+                    return
+                self.signature = None  # the failure is shrunk
+        finally:
+            self.search_seconds = time.monotonic() - t0
 
     def hypothesis(self, seed: int) -> bool:
         """One Hypothesis search; False when the budget ended it."""

@@ -1,7 +1,7 @@
 """The fuzzer's verdicts (python -m tools.fuzz): a worker's answer for a draw, judged against the
 independent refusal table (tools/fuzz/table.py) and the one-device run; the workers themselves
-(a subprocess per device count, restarted after a crash or a hang); and the corpus of failures
-found, tools/fuzz/corpus/*.json, replayed first on every run.
+(a subprocess per device count, restarted after a crash or a hang). The corpus of failures
+found is tools/fuzz/entries.py's.
 """
 
 import json
@@ -17,9 +17,6 @@ from typing import NamedTuple
 
 from .draws import Draw
 from .table import agrees, twin_refusals, violations
-
-CORPUS = pathlib.Path(__file__).parent / 'corpus'
-
 
 class Failure(NamedTuple):
     kind: str  # refused, reason, accepted, diverges, fails, refused_twin, checkpoint, collectives,
@@ -82,6 +79,7 @@ class Worker:
         self.proc = subprocess.Popen(
             [sys.executable, '-m', 'tools.fuzz.worker', str(self.devices)], cwd=root,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=self.env,
+            process_group=0,  # a Ctrl-C at the terminal reaches the driver alone, which stops this
         )  # fmt: skip
 
     def run(self, draw: Draw, twins, timeout: float, checkpoint: str | None = None,
@@ -137,27 +135,3 @@ def worker_env(fast_compile: bool) -> dict:
     if fast_compile and level not in env.get('XLA_FLAGS', ''):
         env['XLA_FLAGS'] = f"{env.get('XLA_FLAGS', '')} {level}=0".strip()
     return env
-
-
-# --- the corpus ---
-
-
-def corpus() -> list[dict]:
-    """Every entry of tools/fuzz/corpus/: {'draw', 'twins', 'status' ('fixed': must pass now;
-    'known': an open bug, reported as known), 'reason', 'match' (a known entry's: the regular
-    expression on a failure's message that says a new draw hit the same bug)}."""
-    entries = []
-    for path in sorted(CORPUS.glob('*.json')):
-        entry = json.loads(path.read_text())
-        entry['name'], entry['draw'] = path.stem, Draw.from_json(entry['draw'])
-        entries.append(entry)
-    return entries
-
-
-def known(failure: Failure, entries) -> dict | None:
-    """The known-open entry a failure is an instance of, if any."""
-    for e in entries:
-        twin_ok = failure.twin is None or failure.twin in e['twins']
-        if e['status'] == 'known' and twin_ok and re.search(e['match'], failure.message):
-            return e
-    return None
