@@ -5,6 +5,7 @@ one device, by flags and as two train runs on different meshes."""
 
 import dataclasses
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -149,6 +150,25 @@ def test_the_zoo_answers_to_its_old_name_too(mesh8):
     assert old.module is new.module and old.name == 'parity_tests.zoo.no_pcast'
 
 
+def test_a_copy_of_a_typed_file_runs_on_an_explicit_mesh(tmp_path, monkeypatch, mesh8):
+    """A copy of typed/dp.py in a package of yours without AXIS_TYPE ran on an Auto mesh and
+    failed to trace (reshard's "axis names that are of type Auto"): a module that calls reshard
+    runs on an Explicit mesh, and a module's own AXIS_TYPE says which."""
+    from jax.sharding import AxisType
+
+    (tmp_path / 'mypkg').mkdir()
+    (tmp_path / 'mypkg' / '__init__.py').write_text('')
+    source = (pathlib.Path(REPO) / 'typed' / 'dp.py').read_text()
+    (tmp_path / 'mypkg' / 'my_typed_dp.py').write_text(source)
+    own = source + '\nfrom jax.sharding import AxisType\nAXIS_TYPE = AxisType.Auto\n'
+    (tmp_path / 'mypkg' / 'my_auto_dp.py').write_text(own)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kinds = {name: set(D.load_side(name, plan_of(mesh8, 'dp'), mesh8).mesh.axis_types)
+             for name in ('mypkg.my_typed_dp', 'mypkg.my_auto_dp', 'explicit')}  # fmt: skip
+    assert kinds == {'mypkg.my_typed_dp': {AxisType.Explicit}, 'mypkg.my_auto_dp': {AxisType.Auto},
+                     'explicit': {AxisType.Auto}}  # fmt: skip
+
+
 def test_bad_twins_get_one_line(mesh8):
     with pytest.raises(UsageError, match="cannot import 'nosuch.module'"):
         D.load_side('nosuch.module', plan_of(mesh8, 'dp'), mesh8)
@@ -180,13 +200,14 @@ def test_cli_reports_the_zoo_and_exits_1():
     assert (report['step'], report['phase'], report['ratio']) == (0, 'gradients', 8.0)
 
 
-def fake_run(root, embed_dim=16, loss=2.0):
+def fake_run(root, embed_dim=16, loss=2.0, **saved):
     """A workdir as the train CLI leaves it, without checkpoints."""
     root.mkdir()
     config = {
         'model': 'transformer',
         'model_config': {'embed_dim': embed_dim},
         'train': {'steps': 4, 'learning_rate': 1e-3},
+        **saved,
     }
     (root / 'config.json').write_text(json.dumps(config))
     lines = [{'step': 1, 'train_loss': 2.5}, {'step': 2, 'train_loss': loss}]
@@ -205,6 +226,35 @@ def test_run_directories_of_other_settings_or_without_checkpoints_are_refused(tm
     with pytest.raises(UsageError, match='share no checkpoint before it') as differ:
         runs.bisect_runs(a, fake_run(tmp_path / 'd', loss=2.1), 'f32', None, None)
     assert exit_status(differ.value) == 1
+
+
+def test_runs_of_other_settings_are_told_what_to_run_instead(tmp_path):
+    """The refusal of runs of other settings named no way forward (compare's names
+    --allow_other_settings): it gives compare's command and the bisect command of their twins."""
+    where = {'twin': 'auto', 'strategy': 'dp', 'mesh': {'data': 8, 'model': 1}}
+    a = fake_run(tmp_path / 'a', **where)
+    bf16 = {'embed_dim': 16, 'dtype': 'bfloat16'}
+    b = fake_run(tmp_path / 'b', **{**where, 'twin': 'explicit', 'model_config': bf16})
+    with pytest.raises(UsageError) as refused:
+        runs.bisect_runs(a, b, 'f32', None, None)
+    line = str(refused.value)
+    assert '\n' not in line and 'other settings: --dtype: A float32, B bfloat16' in line
+    assert f'python -m tools.compare {a} {b} --allow_other_settings' in line
+    assert line.endswith("under B's settings: python -m tools.bisect --twins=auto,explicit "
+                         '--model=transformer --mesh=data:8,model:1 --dtype=bfloat16'), line
+
+
+def test_bitwise_identical_runs_are_said_to_be(tmp_path):
+    """Two runs with the same numbers read 'agrees within bfloat16 round-off'."""
+    from tools.bisect import cli
+
+    bf16 = {'model_config': {'embed_dim': 16, 'dtype': 'bfloat16'}}
+    a, b = fake_run(tmp_path / 'a', **bf16), fake_run(tmp_path / 'b', **bf16)
+    said = cli.render(runs.bisect_runs(a, b, None, None, None))
+    assert said == f'A={a} and B={b}: every figure both logged is bitwise identical.'
+    c = fake_run(tmp_path / 'c', loss=2.0 + 1e-4, **bf16)  # within the band, not the same
+    said = cli.render(runs.bisect_runs(a, c, None, None, None))
+    assert 'bitwise identical' not in said and 'agrees within bf16 round-off' in said, said
 
 
 def test_run_directories_given_twice_or_garbled_are_one_line(tmp_path, capsys):

@@ -11,7 +11,7 @@ Each of --twins is a twin (auto, explicit, typed: its STRATEGIES[--strategy]; a 
 runs the file that covers its axes, else composed.py, as the train CLI), one_device, or the
 import path of a strategy module with loss_and_grads, train_step and eval_step (a copy of
 explicit/dp.py with one line changed, on PYTHONPATH). Both start from one initial state and take
-the same batches; tools/bisect/sides.py loads them, tools/bisect/divergence.py compares them. Exit 0: they
+the same batches; sides.py loads them, divergence.py and stepping.py compare them. Exit 0: they
 agree for --steps steps; 1: they diverge (the report says where; two runs that differ with no
 checkpoint to replay them from: one line), or the data is missing or unreadable (the train CLI's
 line); 2: bad input (the train CLI's own checks, one line); 3: a side cannot run (`B
@@ -24,11 +24,11 @@ import json
 import sys
 import traceback
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from shard_parity import UsageError, exit_status, refuse
 from shard_parity.datasets.root import DataError
-from shard_parity.runtime import declare_key_flags, parse_flags, plain_warnings
+from shard_parity.runtime import plain_warnings
 from shard_parity.runtime import flags as F
 
 TWINS = flags.DEFINE_list(
@@ -203,6 +203,8 @@ def render(r) -> str:
     how = r.tolerance
     if r.model:  # --tolerance=model
         how = f'{r.model.name} error model'
+    if not r.diverged and not r.steps and r.identical:
+        return f'A={a} and B={b}: every figure both logged is bitwise identical.' + notes
     if not r.diverged and not r.steps:
         within = (
             f'within {r.model.name} round-off (the band of docs/numerics.md)'
@@ -210,6 +212,8 @@ def render(r) -> str:
             else f'({how})'
         )
         return f'A={a} and B={b}: every figure both logged agrees {within}.' + notes
+    if not r.diverged and r.model and r.worst and not any(f for _, f in r.worst.values()):
+        return f'A={a} and B={b} are bitwise identical for {r.steps} steps.' + notes
     if not r.diverged and r.model:
         worst = '; '.join(f'{phase} {path} at {f:.2g}' for phase, (path, f) in r.worst.items())
         return (

@@ -57,6 +57,7 @@ class Report:
     hidden_flips: list = dataclasses.field(default_factory=list)
     # [step, flips expected out of sight]: a forward output failed where flips may be the cause
     suspect: list | None = None
+    identical: bool = False  # two run directories whose every shared figure is the same number
 
     @property
     def diverged(self) -> bool:

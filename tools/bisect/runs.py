@@ -118,15 +118,19 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
     diffs = different_settings(saved_a, saved_b)
     if diffs:
         raise UsageError(
-            f'{run_a} and {run_b} were trained with other settings: ' + '; '.join(diffs)
+            f'{run_a} and {run_b} were trained with other settings: {"; ".join(diffs)}. The '
+            'bisector replays runs of one experiment; see how far apart they are with python -m '
+            f'tools.compare {run_a} {run_b} --allow_other_settings, or bisect their twins under '
+            f"B's settings: {instead(saved_a, saved_b)}"
         )
-    policy = numerics.coarsest([numerics.saved(s['model_config']) for s in (saved_a, saved_b)])
+    # the coarsest policy of any segment (a run back in float32 after bf16 keeps its rounding)
+    policy = pairing.Stretches(saved_a, saved_b).policy()
     if tolerance is None:  # the error model where either run is not float32 throughout
         tolerance = 'model' if numerics.coarser(*policy) != 'float32' else 'f32'
     policy = policy if tolerance == 'model' else None
     step, agreed, skipped = first_difference(lines_a, lines_b, tolerance, policy)
     if step is None:
-        report = D.Report((run_a, run_b), tolerance, 0)
+        report = D.Report((run_a, run_b), tolerance, 0, identical=identical(lines_a, lines_b))
         if policy:
             report.model = numerics.Budget(*policy)
         report.notes = window_notes(skipped) + segment_notes(pairing.Stretches(saved_a, saved_b))
@@ -161,6 +165,35 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
     )
     report.notes = window_notes(skipped) + segment_notes(parts, start, step)
     return report
+
+
+def identical(lines_a: dict, lines_b: dict) -> bool:
+    """Whether every figure both runs logged at a step both logged is the same number (a train
+    mean over other steps included: runs bitwise identical log the same lines)."""
+    shared = [(s, k) for s in set(lines_a) & set(lines_b)
+              for k in (set(lines_a[s]) & set(lines_b[s])) - {'step'}]  # fmt: skip
+    return bool(shared) and all(lines_a[s][k] == lines_b[s][k] for s, k in shared)
+
+
+def instead(a: dict, b: dict) -> str:
+    """The bisect command that compares the two runs' twins (their last segments) on B's mesh
+    and with B's settings where they differ from A's."""
+    last = [(segments.of(s) or [s])[-1] for s in (a, b)]
+    twins = [seg.get('twin') or '?' for seg in last]
+    if twins[0] == twins[1]:
+        twins[0] = 'one_device'  # one twin against itself says nothing: against one device
+    words = ['python -m tools.bisect', f'--twins={",".join(twins)}', f"--model={b['model']}"]
+    try:
+        words.append(f'--mesh={segments.plan_of(last[1]).text()}')
+    except UsageError:
+        pass
+    for group in SAME[1:]:
+        for key in sorted(b[group]):
+            value = b[group][key]
+            if key not in RESUMABLE and a[group].get(key, DEFAULTS[group].get(key)) != value:
+                value = ','.join(map(str, value)) if isinstance(value, (list, tuple)) else value
+                words.append(f'--{key}={value}')
+    return ' '.join(words)
 
 
 def window_notes(skipped: list[int]) -> list[str]:

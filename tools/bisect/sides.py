@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+from jax.sharding import AxisType
 
 from shard_parity import UsageError
 from shard_parity.mesh import with_axis_type
@@ -84,6 +85,20 @@ def module_name(name: str) -> str:
     return name
 
 
+def axis_type(module, package):
+    """The mesh type a side runs on: its module's AXIS_TYPE, else its package's (auto, explicit
+    and typed define one), else Explicit for a module that calls reshard (a copy of a typed/
+    file: Explicit mode moves data only there), else None (the plan's mesh: Auto)."""
+    for holder in (module, package):
+        if getattr(holder, 'AXIS_TYPE', None) is not None:
+            return holder.AXIS_TYPE
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):  # no source to read (a module built in memory)
+        return None
+    return AxisType.Explicit if re.search(r'\breshard\(', source) else None
+
+
 def load_side(name: str, plan, mesh) -> Side:
     """A twin package (its file for `plan`: step.strategy_file), a strategy module's import
     path, or 'one_device'."""
@@ -97,10 +112,10 @@ def load_side(name: str, plan, mesh) -> Side:
             f'--twins: cannot import {name!r} ({e}): give a twin (auto, explicit), one_device, '
             'or the import path of a strategy module on PYTHONPATH, e.g. mypkg.my_dp'
         ) from e
-    # The twin's mesh type (typed/ needs an Explicit mesh): the package's AXIS_TYPE, if any.
+    # The twin's mesh type (typed/ needs an Explicit mesh)
     package = module if hasattr(module, 'STRATEGIES') else sys.modules.get(full.rpartition('.')[0])
-    if getattr(package, 'AXIS_TYPE', None) is not None and mesh is not None:
-        mesh = with_axis_type(mesh, package.AXIS_TYPE)
+    if (kind := axis_type(module, package)) is not None and mesh is not None:
+        mesh = with_axis_type(mesh, kind)
     try:
         module = strategy_file(None, plan, module)
     except UsageError as e:

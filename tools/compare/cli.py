@@ -2,8 +2,8 @@
 
     python -m tools.compare runs/auto runs/explicit
 
-First compares the settings each run was trained with (its config.json; tools/compare/settings.py): a
-run of another length, seed, batch, learning rate or model is a different experiment, so a
+First compares the settings each run was trained with (its config.json; settings.py): a run
+of another length, seed, batch, learning rate or model is a different experiment, so a
 difference is named and is an error unless --allow_other_settings; where each run ran (twin,
 strategy, mesh as --mesh names it) is printed first and may differ. Then reads each workdir's
 metrics.jsonl and prints every logged figure of both runs with their difference, the steps only
@@ -172,7 +172,8 @@ def final_figure(names, fa: dict, fb: dict) -> tuple[str, flags.FlagHolder]:
             f'only one of {names[0]} and {names[1]} ends with an eval_accuracy: an MLP '
             'run beside a transformer run? Compare runs of the same model.'
         )
-    key, limit = ('eval_accuracy', MAX_GAP) if 'eval_accuracy' in fa else ('eval_loss', MAX_LOSS_GAP)
+    accuracy = 'eval_accuracy' in fa
+    key, limit = ('eval_accuracy', MAX_GAP) if accuracy else ('eval_loss', MAX_LOSS_GAP)
     for name, f in zip(names, (fa, fb)):
         if key not in f:
             refuse(f'the final line of {name}/metrics.jsonl has no {key}')
