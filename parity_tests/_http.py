@@ -5,13 +5,19 @@ Set no_proxy=127.0.0.1 while using it, so that a proxy from the environment stay
     with serve(folder) as base_url:  # 'http://127.0.0.1:PORT/'
         fetch(base_url + 'a.bin', ...)            # the file folder/a.bin
         fetch(base_url + 'truncated/a.bin', ...)  # announces its full size, sends half, hangs up
+
+Where the host refuses TCP sockets even on the loopback (a sandboxed TPU VM's: errno 97), `serve`
+and `closed_port_url` skip the test with the reason, as does `skip_without_tcp` (test_launch).
 """
 
 import contextlib
+import functools
 import http.server
 import pathlib
 import socket
 import threading
+
+import pytest
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -32,9 +38,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@functools.cache
+def tcp_refused() -> str:
+    """'' where this host lets a test open a loopback TCP socket, else why not (probed once)."""
+    try:
+        with socket.socket() as s:
+            s.bind(('127.0.0.1', 0))
+        return ''
+    except OSError as e:
+        return f'this host refuses TCP sockets, even on the loopback ({e})'
+
+
+def skip_without_tcp(needs: str) -> None:
+    """Skips the calling test, naming what `needs` the socket, where the host refuses them."""
+    if reason := tcp_refused():
+        pytest.skip(f'{reason}: {needs}')
+
+
 @contextlib.contextmanager
 def serve(folder: pathlib.Path):
     """Serve the files in `folder` on 127.0.0.1 from a thread; yields the base URL."""
+    skip_without_tcp('the downloads are served by a loopback HTTP server')
     handler = type('Handler', (_Handler,), {'root': pathlib.Path(folder)})
     httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, args=(0.01,), daemon=True)
@@ -49,6 +73,7 @@ def serve(folder: pathlib.Path):
 
 def closed_port_url() -> str:
     """A loopback URL nobody listens on: connecting is refused at once, as when offline."""
+    skip_without_tcp('a closed loopback port stands for being offline')
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]

@@ -47,6 +47,14 @@ if OPT_LEVEL not in os.environ.get('XLA_FLAGS', ''):
     fast = f'{OPT_LEVEL}=0' + (f' {OLD_EMITTERS}' if xla_knows(OLD_EMITTERS) else '')
     os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {fast}".strip()
 
+# On a TPU v5e (or newer) host whose kernel has transparent hugepages off, `import jax` warns so
+# on stderr (a UserWarning of jax's cloud_tpu_init) in every process, ahead of the one line a
+# CLI's error is: the CLIs the tests start leave that platform notice out, as CI's machines,
+# which have no chip, never print it. Nothing else is filtered.
+THP = 'ignore:Transparent hugepages are not enabled:UserWarning'
+if THP not in os.environ.get('PYTHONWARNINGS', ''):
+    os.environ['PYTHONWARNINGS'] = ','.join(filter(None, [os.environ.get('PYTHONWARNINGS'), THP]))
+
 # Importing JAX does not start its backend; the first computation does. None has run yet.
 # SHARD_PARITY_TEST_DEVICES: another count, for a test that needs more (test_composed.py's 4-D
 # mesh runs itself in a pytest of 16).

@@ -584,7 +584,8 @@ def test_a_target_without_libtpu_says_what_to_install(tmp_path):
 def with_site(folder):
     """The environment with `folder` (its sitecustomize.py) first on PYTHONPATH, keeping the rest:
     on a TPU VM, PYTHONPATH is where JAX and the packages are."""
-    return {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, [str(folder), os.environ.get('PYTHONPATH')]))}
+    paths = [str(folder), os.environ.get('PYTHONPATH')]
+    return {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, paths))}
 
 
 def fuzz(*flags, timeout=300):

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from parity_tests._http import skip_without_tcp
 from parity_tests.helpers import REPO
 
 # What process i does is the i-th item of argv[1]: 'exit:N' exits N at once; 'gloo' prints what
@@ -119,6 +120,7 @@ class Launch:
 
 @pytest.fixture
 def launcher(tmp_path):
+    skip_without_tcp('tools.launch gives its processes a loopback port to meet on')
     made = []
 
     def make(*args, **kwargs):
