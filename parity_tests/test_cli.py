@@ -131,6 +131,11 @@ def test_transformer_cli_trains_and_saves_a_checkpoint(twin, tmp_path):
     final = lines[-1]
     assert final['final'] and final['step'] == 20 and final['tokens_per_sec'] > 0
     assert final['eval_perplexity'] == pytest.approx(2.718281828 ** final['eval_loss'])
+    printed = json.loads(result.stdout.strip().splitlines()[-1])  # + what varies run to run
+    assert printed == {**final, **{k: printed[k] for k in printed.keys() - final.keys()}}
+    # steps 2 to 19 end in the loop, step 10's lap spans its evaluation: 17 steps timed
+    assert printed['mfu'] == 'n/a on cpu' and printed['steps_timed'] == 17
+    assert printed['model_tflops_per_sec'] > 0 and printed['step_s_median'] > 0
     assert lines[0]['train_loss'] > lines[-3]['train_loss']  # first vs last train line
     assert (tmp_path / 'checkpoints' / '20').is_dir()
     saved = json.loads((tmp_path / 'config.json').read_text())

@@ -4,7 +4,8 @@ NaN check and checkpoints.
 The loop waits on the device only every `--log_every` steps, at evaluations and checkpoints, and
 to keep at most two steps in flight: on a 2-core host with 8 emulated devices, queueing many
 steps deadlocks XLA's in-process CPU all-reduce, so after dispatching step i we wait for step
-i-1. Evaluation and checkpoint time is left out of the measured throughput.
+i-1. Evaluation and checkpoint time is left out of the measured throughput; the final line adds
+the median step time, model TFLOP/s and MFU (runtime/flops.py), which metrics.jsonl does not log.
 
 A train line is the mean of each figure over the steps since the previous one (the window).
 Every checkpoint carries the window's per-step values (at most --log_every scalars per figure),
@@ -38,7 +39,7 @@ from tqdm import tqdm
 from shard_parity import UsageError
 from shard_parity.mesh import local_rows
 from shard_parity.placement import place_batch, rows
-from shard_parity.runtime import checkpoint, tasks
+from shard_parity.runtime import checkpoint, flops, tasks
 from shard_parity.runtime.averaging import means, window_from_record, window_record
 from shard_parity.step import strategy_file
 
@@ -137,19 +138,30 @@ def check_finite(pending: list, first_step: int, mngr) -> None:
 
 
 class Stopwatch:
-    """Training time only: stopped around evaluations and checkpoints."""
+    """Training time only: stopped around evaluations and checkpoints. `laps`: the seconds
+    between one step's end and the next's (`lap` after waiting on a step), each a step's time
+    once the loop keeps two in flight; none spans a stop or the compiling first step."""
 
     def __init__(self):
         self.seconds, self.t0 = 0.0, time.perf_counter()
+        self.laps, self.t_lap = [], None
 
     def stop(self):
         self.seconds += time.perf_counter() - self.t0
+        self.t_lap = None
 
     def start(self):
         self.t0 = time.perf_counter()
 
     def reset(self):
         self.seconds, self.t0 = 0.0, time.perf_counter()
+        self.laps, self.t_lap = [], None
+
+    def lap(self):
+        now = time.perf_counter()
+        if self.t_lap is not None:
+            self.laps.append(now - self.t_lap)
+        self.t_lap = now
 
     def elapsed(self) -> float:
         return self.seconds + (time.perf_counter() - self.t0)
@@ -199,6 +211,7 @@ class Loop:
             pending.append(metrics)
             if previous is not None:
                 jax.block_until_ready(previous)  # at most two steps in flight: see the docstring
+                self.clock.lap()
             previous, step = metrics, i + 1
             if step == start + 1:  # the first step compiles: leave it out of the throughput
                 jax.block_until_ready(metrics)
@@ -244,7 +257,10 @@ class Loop:
         if main:
             self.task.write_report(workdir, out)
         self.mngr.wait_until_finished()
-        return final
+        # printed on the final line, not logged: MFU and the median step (runtime/flops.py)
+        hardware = flops.hardware_flops(self.train_step, state, batch) if start < c.steps else None
+        devices = mesh.devices.size
+        return {**final, **flops.utilisation(self.task, self.clock.laps, hardware, devices)}
 
     def stop(self, state, step, saved_step, pending, window):
         """Saves `step` (unless just saved) once any save in flight is done; raises Interrupted."""
