@@ -200,8 +200,8 @@ def test_a_corpus_entry_that_breaks_the_schema_is_named_with_its_field(tmp_path)
     """Every committed entry, each field of it (and of its draw) made wrong, misspelt or left
     out, is one line naming the file and the field; an optional field left out loads. In
     process: loading is the CLI's (tools/fuzz/entries.py), which refuses with this line."""
-    assert broken_line(tmp_path, 'x', json.loads(fuzz_entries.CORPUS.joinpath(
-        'typed_pp_one_row_microbatch.json').read_text())) == ''  # fmt: skip  (it can pass)
+    committed = fuzz_entries.CORPUS.joinpath('typed_pp_one_row_microbatch.json').read_text()
+    assert broken_line(tmp_path, 'x', json.loads(committed)) == ''  # it loads: the test can pass
     checked = 0
     for path in sorted(fuzz_entries.CORPUS.glob('*.json')):
         saved, name = json.loads(path.read_text()), path.stem
@@ -227,10 +227,9 @@ def test_a_corpus_entry_that_breaks_the_schema_is_named_with_its_field(tmp_path)
                                             'status': 'known'})  # fmt: skip
         assert said.startswith(f'{where}: "status": "known" needs a "match"'), said
     assert checked == 19 * len(list(fuzz_entries.CORPUS.glob('*.json')))
-    text = fuzz_entries.CORPUS.joinpath('typed_pp_one_row_microbatch.json').read_text()
     for saved, said in [
-        (text[: len(text) // 2], f'{tmp_path}/x.json is not JSON (line '),
-        ('<<<<<<< HEAD\n' + text, f'{tmp_path}/x.json is not JSON (line 1, column 1: '),
+        (committed[: len(committed) // 2], f'{tmp_path}/x.json is not JSON (line '),
+        ('<<<<<<< HEAD\n' + committed, f'{tmp_path}/x.json is not JSON (line 1, column 1: '),
         ('[]', f'{tmp_path}/x.json: []: expected an object of "draw", "twins"'),
     ]:
         assert broken_line(tmp_path, 'x', saved).startswith(said), broken_line(tmp_path, 'x', saved)
@@ -637,6 +636,27 @@ class StuckWorker(SlowWorker):
         return PlantedWorker.run(self, draw, twins, timeout, checkpoint, target)
 
 
+class BrokenWorker(PlantedWorker):
+    """A fault of the fuzzer's own at its second draw (not a draw's failure: its worker's)."""
+
+    def run(self, draw, twins, timeout, checkpoint=None, target=None):
+        if self.calls:
+            raise RuntimeError('a planted fault\nsecond line')
+        return super().run(draw, twins, timeout, checkpoint, target)
+
+
+def test_a_fault_of_the_fuzzers_own_is_one_line_exit_1_after_the_summary(tmp_path):
+    result = fuzz_on(tmp_path, '--twins=one_device,explicit', '--draws=5', worker='BrokenWorker')
+    assert result.returncode == 1 and result.stderr.strip().splitlines() == [
+        'error: the fuzzer stopped on a fault of its own, RuntimeError: a planted fault '
+        '(--verbose shows where); what it found so far is above'
+    ], result.stderr
+    assert result.stdout.startswith('search: 1 draws in '), result.stdout
+    verbose = fuzz_on(tmp_path, '--twins=one_device,explicit', '--draws=5', '--verbose',
+                      worker='BrokenWorker')  # fmt: skip
+    assert verbose.returncode == 1 and 'Traceback' in verbose.stderr, verbose.stderr
+
+
 def interrupted(tmp_path, worker, *flags):
     """The fuzzer run with `worker`, sent SIGINT (Ctrl-C) once the worker writes its mark."""
     mark = tmp_path / 'mark'
@@ -673,15 +693,14 @@ def test_ctrl_c_in_the_corpus_replay_keeps_the_entry_that_failed_again(tmp_path)
     saved = fuzz_entries.CORPUS.joinpath('bisect_forward_budget_f32_accumulation.json').read_text()
     (tmp_path / 'a_first.json').write_text(saved)
     other = json.loads(saved)  # another draw: one the driver has not answered
-    (tmp_path / 'b_second.json').write_text(json.dumps({**other, 'draw': {**other['draw'],
-                                                                         'batch': 8}}))
+    other['draw']['batch'] = 8
+    (tmp_path / 'b_second.json').write_text(json.dumps(other))
     out = interrupted(tmp_path, 'StuckWorker', '--draws=1')
     assert 'corpus a_first: FAILS again (fixed: ' in out and 'b_second' not in out, out
     assert '\ncorpus: 1 entries replayed in ' in out and ' s (interrupted)\n' in out, out
     assert 'REGRESSION corpus a_first: diverges explicit: diverge at step 0' in out, out
-    assert out.strip().splitlines()[-1].startswith(
-        '  python -m tools.bisect --twins=one_device,explicit --model=mlp --mesh=data:2,fsdp:2,'
-    ), out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith('  python -m tools.bisect --twins=one_device,explicit --model=mlp '), out
     assert 'search:' not in out, out  # it never started
 
 

@@ -324,4 +324,11 @@ ROWS = [
         'does not replay in this run: add --target=tpu-v4-16',
         'test_fuzz.test_one_corpus_entry_replays_alone_with_its_command',
     ),
+    (
+        "fuzz: a fault of the fuzzer's own while running (exit 1, after the summary so far; "
+        '--verbose: the traceback)',
+        "the fuzzer stopped on a fault of its own, RuntimeError: a planted fault (--verbose shows "
+        'where); what it found so far is above',
+        'test_fuzz.test_a_fault_of_the_fuzzers_own_is_one_line_exit_1_after_the_summary',
+    ),
 ]

@@ -13,9 +13,9 @@ Draws are generated here, by Hypothesis, and run in a worker subprocess per devi
 (worker.py) with --timeout, so a hang or a crash is a failure and not the end of the
 run. A failure is shrunk (Hypothesis, in the domain's order: the MLP first, fewer axes, sizes
 towards 1) and printed as the one `python -m tools.bisect` command that replays it. The corpus,
-tools/fuzz/corpus/*.json (its schema: entries.py), is replayed first (--nocorpus: not), in
-a time of its own line, before --minutes start: fixed entries must pass, known-open ones are
-reported as known, and so is a new draw that hits one. Exit 0: no new failure; 1: one found (or
+tools/fuzz/corpus/*.json (its schema: entries.py), is replayed first, its time on a line of
+its own and not counted in --minutes (--nocorpus skips it): fixed entries must pass, known-open
+ones are reported as known, and so is a new draw that hits one. Exit 0: no new failure; 1: one found (or
 a fault of the fuzzer's own); 2: bad input (a corpus file too); 130: Ctrl-C, after the summary
 so far and each failure found. docs/fuzzing.md says more.
 """
