@@ -67,7 +67,7 @@ def lowered_steps(model, config, mesh, plan, model_config, one_device=None, refu
         except UsageError as e:
             if twin is explicit or refused is None:
                 raise
-            refused[twin.NAME] = str(e)
+            refused[twin.NAME] = getattr(e, 'reason', str(e))  # NarrowReduce: explicit is shown
     make_model, loss_fn, batch = model_and_batch(model, config.batch_size, model_config)
     tx = make_optimizer(config)
     graphdef, state = nnx.eval_shape(lambda: create_state(make_model(nnx.Rngs(0)), tx))

@@ -131,6 +131,10 @@ def test_cli_checks_its_input_as_the_train_cli_does_and_exits_2_or_3(tmp_path):
         (*tiny, '--num_heads=3', '--strategy=tp', '--mesh=4x2'): (2, '--num_heads=3 is not'),
         (*tiny, '--seq_len=30', '--strategy=cp', '--mesh=2x4'): (2, '--seq_len=30 is not'),
         ('--twins=explicit,my_broken_dp',): (3, 'B (my_broken_dp) fails to trace at '),
+        ('--model=mlp', '--twins=auto,explicit', '--reduce_dtype=bfloat16'): (2, (
+            '--twins=auto,explicit: --reduce_dtype=bfloat16 in the auto twin: its partitioner '
+            'reduces each gradient where it is formed, before any line of the twin can cast it; '
+            'bisect --twins=one_device,explicit')),
     }
     for flags, (code, message) in cases.items():
         result = subprocess.run(

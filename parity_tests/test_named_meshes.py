@@ -244,6 +244,21 @@ def test_a_mesh_is_refused_naming_what_the_user_gave(given, fragment):
     assert 'None' not in str(e.value)
 
 
+def test_one_number_is_that_many_devices_on_the_first_axis_and_no_flag_is_named_unasked():
+    """--mesh=8 was refused for dp where 8x1 ran; on one device the precision's refusal named
+    --strategy=dp, which the user never typed."""
+    from shard_parity import checks
+
+    for strategy in ('dp', 'fsdp', 'tp'):
+        assert plans.parse('8', strategy, 8) == plans.parse('8x1', strategy, 8)
+    with pytest.raises(UsageError, match=r'--mesh=8x: expected .* \(or one, 8: 8x1\)'):
+        plans.parse('8x', 'dp', 8)
+    one = plans.parse(None, None, 1, precision=plans.Precision(reduce='bfloat16'))
+    with pytest.raises(UsageError) as e:
+        checks.check_precision(one)
+    assert str(e.value).startswith('--reduce_dtype=bfloat16 on one device: nothing is reduced')
+
+
 def test_a_mesh_is_read_in_any_order_any_case_with_spaces():
     """The order of the axes is kept (it lays the devices out); case and spaces are not."""
     assert plans.parse(' Data:2 , FSDP:4', None, 8) == plans.parse('data:2,fsdp:4', None, 8)

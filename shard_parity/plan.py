@@ -229,8 +229,8 @@ def parse(text: str | None, strategy: str | None, devices: int, experts: bool = 
 
     'data:2,fsdp:2,model:2': named axes; the strategy file is the one that covers them (with
     `experts`, one that runs a mixture of experts: dp, ep, else the composed step), or
-    --strategy=composed to run the composed step on them anyway. 'AxB' (or none: every device
-    on the first axis): --strategy's two axes, as before named meshes.
+    --strategy=composed to run the composed step on them anyway. 'AxB' (or 'N': N devices on
+    the first axis; or none: every device there): --strategy's two axes, as before named meshes.
     """
     if text and ':' in text:
         plan = named(text, devices)
@@ -247,6 +247,8 @@ def parse(text: str | None, strategy: str | None, devices: int, experts: bool = 
         # a strategy file names its axes: those the mesh leaves out are there, of size 1
         missing = tuple((a, 1) for a in STRATEGY_AXES[plan.strategy] if a not in plan.names)
         return dataclasses.replace(plan, axes=missing + plan.axes)
+    flags = (strategy and f'--strategy={strategy}', text and f'--mesh={text}')
+    typed = ' '.join(f for f in flags if f)
     strategy = strategy or 'dp'
     if strategy == 'composed':
         raise UsageError(
@@ -255,8 +257,10 @@ def parse(text: str | None, strategy: str | None, devices: int, experts: bool = 
             + (f'not --mesh={text}' if text else 'and no --mesh was given')
         )
     shape = two_numbers(text) if text else (devices, 1)
-    spelled = f'--strategy={strategy}' + (f' --mesh={text}' if text else '')
-    return Plan(tuple(zip(TWO_AXES[strategy], shape)), strategy, spelled=spelled, **options)
+    plan = Plan(tuple(zip(TWO_AXES[strategy], shape)), strategy, **options)
+    # messages name the flags the user typed, else the default mesh (no --strategy=dp unasked)
+    default = 'one device' if devices == 1 else f'{plan.text()}, the default mesh'
+    return dataclasses.replace(plan, spelled=typed or default)
 
 
 SYNTAX = (
@@ -300,10 +304,12 @@ def named(text: str, devices: int) -> Plan:
 
 
 def two_numbers(text: str) -> tuple[int, int]:
+    """'4x2' -> (4, 2); '8' -> (8, 1): that many devices on the strategy's first axis."""
     parts = text.lower().split('x')
-    if len(parts) != 2 or not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
+    numbers = all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts)
+    if len(parts) not in (1, 2) or not numbers:
         raise UsageError(
-            f'--mesh={text}: expected DATAxMODEL, two positive integers such as 4x2, or named '
-            f'axes: {SYNTAX}'
+            f'--mesh={text}: expected DATAxMODEL, two positive integers such as 4x2 (or one, 8: '
+            f'8x1), or named axes: {SYNTAX}'
         )
-    return int(parts[0]), int(parts[1])
+    return int(parts[0]), int(parts[1]) if len(parts) == 2 else 1

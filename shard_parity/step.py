@@ -126,6 +126,21 @@ def as_dtype(tree, dtype):
 INTERFACE = ('loss_and_grads', 'train_step', 'eval_step')  # what a strategy file defines
 
 
+class NarrowReduce(UsageError):
+    """--reduce_dtype below float32 in a twin whose REDUCES_NARROW is false. `reason` is the
+    refusal; `fix`, what to do, is the train CLI's unless its caller (the bisector, the
+    inspector) says its own."""
+
+    def __init__(self, twin: str, reduce: str, fix: str | None = None):
+        self.twin, self.reduce = twin, reduce
+        self.reason = (
+            f'--reduce_dtype={reduce} in the {twin} twin: its partitioner reduces each gradient '
+            'where it is formed, before any line of the twin can cast it'
+        )
+        fix = fix or 'use explicit.train (a cast beside each collective) or drop --reduce_dtype'
+        super().__init__(f'{self.reason}; {fix}')
+
+
 def strategy_file(twin, plan, module=None):
     """The module that runs `plan` in `twin` (a twin package: auto, explicit, typed): the file
     of its --pp_schedule under 1f1b and interleaved (SCHEDULES: on every mesh with a stage axis,
@@ -138,15 +153,7 @@ def strategy_file(twin, plan, module=None):
     if hasattr(chosen, 'STRATEGIES'):
         reduce = plan.precision.reduce
         if jnp.finfo(reduce).bits < 32 and not getattr(chosen, 'REDUCES_NARROW', True):
-            name = getattr(chosen, 'NAME', chosen.__name__)
-            raise UsageError(
-                f'--reduce_dtype={reduce} in the {name} twin: its partitioner reduces the '
-                'gradients formed in float32 (LayerNorm scales, position rows, a weight gradient '
-                'reduced before its cast) where they are formed, before any line of the twin '
-                'can cast them, so the run would carry float32 where you asked for '
-                f'{reduce}; use explicit.train (each cast a line beside its collective), or '
-                '--reduce_dtype=float32'
-            )
+            raise NarrowReduce(getattr(chosen, 'NAME', chosen.__name__), reduce)
         if plan.schedule != 'gpipe' and plan.uses(STAGE):
             return chosen.SCHEDULES[plan.schedule]
         if plan.strategy not in chosen.STRATEGIES:

@@ -207,7 +207,13 @@ ROWS = [
     ),
     (
         '--reduce_dtype=bfloat16 in auto or typed',
-        '--reduce_dtype=bfloat16 in the typed twin: its partitioner reduces the gradients formed in float32',
+        '--reduce_dtype=bfloat16 in the typed twin: its partitioner reduces each gradient where it is '
+        'formed, before any line of the twin can cast it; use explicit.train',
         'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--reduce_dtype=bfloat16 on one device (no --mesh, no --strategy given)',
+        '--reduce_dtype=bfloat16 on one device: nothing is reduced there',
+        'test_named_meshes.test_one_number_is_that_many_devices_on_the_first_axis_and_no_flag_is_named_unasked',
     ),
 ]

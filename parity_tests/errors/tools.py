@@ -325,6 +325,16 @@ ROWS = [
         'test_fuzz.test_one_corpus_entry_replays_alone_with_its_command',
     ),
     (
+        'bisect: --reduce_dtype=bfloat16 with auto or typed among --twins (exit 2)',
+        'before any line of the twin can cast it; bisect --twins=one_device,explicit',
+        'test_bisect.test_cli_checks_its_input_as_the_train_cli_does_and_exits_2_or_3',
+    ),
+    (
+        'bisect: two run directories of other settings: what to run instead',
+        "--allow_other_settings, or bisect their twins under B's settings: python -m tools.bisect",
+        'test_bisect.test_runs_of_other_settings_are_told_what_to_run_instead',
+    ),
+    (
         "fuzz: a fault of the fuzzer's own while running (exit 1, after the summary so far; "
         '--verbose: the traceback)',
         "the fuzzer stopped on a fault of its own, RuntimeError: a planted fault (--verbose shows "

@@ -92,18 +92,42 @@ def tolerance() -> str | None:
 
 
 def from_flags():
+    from shard_parity.step import NarrowReduce
+
     from . import divergence as D
     from .sides import load_side
 
     if len(TWINS.value) != 2:
         raise UsageError(f'--twins={",".join(TWINS.value)}: give two, such as auto,explicit')
     start = started()
-    a, b = (load_side(name, start.plan, start.mesh) for name in TWINS.value)
+    try:
+        a, b = (load_side(name, start.plan, start.mesh) for name in TWINS.value)
+    except NarrowReduce as e:  # the train CLI's fix is no fix here: which twins to bisect
+        twins = [n if reduces_narrow(n) else 'explicit' for n in TWINS.value]
+        twins[0] = 'one_device' if twins[0] == twins[1] else twins[0]
+        raise UsageError(
+            f'--twins={",".join(TWINS.value)}: {e.reason}; bisect --twins={",".join(twins)} '
+            '(explicit casts beside each collective), or drop --reduce_dtype'
+        ) from e
     steps = F.TRAIN['steps'].value or DEFAULT_STEPS
     return D.bisect(
         a, b, start.graphdef, start.loss_fn, start.tx, start.state, start.batches, steps,
         tolerance(),
     )  # fmt: skip
+
+
+def reduces_narrow(name: str) -> bool:
+    """Whether --twins' `name` can reduce in less than float32 (a twin whose REDUCES_NARROW is
+    false cannot; a module of yours, or one_device, is taken at its word)."""
+    import importlib
+
+    from .sides import module_name
+
+    try:
+        package = importlib.import_module(module_name(name.split('.')[0]))
+    except ImportError:
+        return True
+    return getattr(package, 'REDUCES_NARROW', True)
 
 
 def started():

@@ -30,6 +30,7 @@ from shard_parity.mesh import with_axis_type
 from shard_parity.placement import place_batch, place_state
 from shard_parity.step import (
     INTERFACE,
+    NarrowReduce,
     bind,
     one_device_loss_and_grads,
     one_device_train_step,
@@ -118,6 +119,8 @@ def load_side(name: str, plan, mesh) -> Side:
         mesh = with_axis_type(mesh, kind)
     try:
         module = strategy_file(None, plan, module)
+    except NarrowReduce:
+        raise  # the command line says what to bisect instead (cli.py)
     except UsageError as e:
         raise UsageError(f'--twins: {e}') from e
     # a module of yours places its state as its own STRATEGY says, on the same axes
