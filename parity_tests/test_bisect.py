@@ -249,7 +249,7 @@ def test_runs_of_other_settings_are_told_what_to_run_instead(tmp_path):
 
 
 def test_bitwise_identical_runs_are_said_to_be(tmp_path):
-    """Two runs with the same numbers read 'agrees within bfloat16 round-off'."""
+    """Two runs with the same numbers read 'agrees within bf16 round-off'."""
     from tools.bisect import cli
 
     bf16 = {'model_config': {'embed_dim': 16, 'dtype': 'bfloat16'}}

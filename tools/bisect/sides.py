@@ -146,12 +146,12 @@ class SideFailed(Exception):
 
 def where(e: BaseException, side: Side) -> str:
     """file:line of the innermost frame in the side's own module, else the innermost frame
-    outside JAX, Flax and this file."""
+    outside JAX, Flax and the bisector's own files (tools/bisect/)."""
     frames = traceback.extract_tb(e.__traceback__)
     own = getattr(side.module, '__file__', None)
     mine = [f for f in frames if own and f.filename == own]
     outside = [
-        f for f in frames if not re.search(r'site-packages|(divergence|sides)\.py$', f.filename)
+        f for f in frames if not re.search(r'site-packages|bisect/\w+\.py$', f.filename)
     ]
     frame = (mine or outside or frames)[-1]
     return f'{os.path.relpath(frame.filename)}:{frame.lineno}'
