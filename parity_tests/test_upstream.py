@@ -17,11 +17,19 @@ RECORDED = {  # jax version -> {script: reproduced} (tools/upstream/README.md's 
         'explicit_reshape_size1_axis': True,  # A: a size-1 'model' moved off the head
         'explicit_microbatch_rows_size1_axis': True,  # B: a size-1 row axis onto microbatches
         'explicit_vmap_scan_mesh_lost': False,  # C: jax 0.12's zeros_like without a mesh
+        'explicit_gather_grad_mesh_lost': False,  # D: jax 0.12.1's gather gradient, the same
     },
     '0.12.0.1': {
         'explicit_reshape_size1_axis': True,
         'explicit_microbatch_rows_size1_axis': True,
         'explicit_vmap_scan_mesh_lost': True,
+        'explicit_gather_grad_mesh_lost': False,
+    },
+    '0.12.1': {
+        'explicit_reshape_size1_axis': True,
+        'explicit_microbatch_rows_size1_axis': True,
+        'explicit_vmap_scan_mesh_lost': True,
+        'explicit_gather_grad_mesh_lost': True,
     },
 }
 SCRIPTS = sorted(RECORDED['0.10.2'])

@@ -228,8 +228,33 @@ def lookup(embed: nnx.Embed, ids, shape=None):
         rows = jnp.take(table, ids, axis=0)
     else:
         out = NamedSharding(sharding.mesh, P(*sharding.spec.partitions, None))
-        rows = table.at[ids].get(out_sharding=out)
+        rows = gather_in_mesh(table, ids, out)
     return (rows if shape is None else jnp.broadcast_to(rows, shape)).astype(dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def gather_in_mesh(table, ids, out):
+    """table.at[ids].get(out_sharding=out), its gradient JAX's own (a scatter-add into zeros)
+    formed with `out`'s mesh as the context mesh. The twins' steps set none, and jax 0.12.1
+    makes those zeros in the context's mesh: a `reduced` table's gradient then lost its
+    `unreduced` type (`ShardingTypeError: When out_sharding is specified on scatter_add, operand
+    must be unreduced along the same axes as out_sharding`; tools/upstream/, D). Where JAX's own
+    gradient works (jax 0.10.2, 0.12.0.1) XLA compiles the same program with or without this."""
+    return table.at[ids].get(out_sharding=out)
+
+
+def _gather_fwd(table, ids, out):
+    return gather_in_mesh(table, ids, out), (table, ids)
+
+
+def _gather_bwd(out, residuals, grad):
+    table, ids = residuals
+    with jax.sharding.use_abstract_mesh(out.mesh.abstract_mesh):
+        _, pullback = jax.vjp(lambda t: t.at[ids].get(out_sharding=out), table)
+        return pullback(grad)[0], None  # the ids (integers) have no gradient
+
+
+gather_in_mesh.defvjp(_gather_fwd, _gather_bwd)
 
 
 def cross_entropy(logits, labels):
