@@ -132,7 +132,8 @@ class Table:
         said = 'bitwise identical' if self.worst == 0 else f'largest difference {self.worst:.3g}'
         if self.closest and self.worst:
             fraction, step, key = self.closest
-            said += f'; the losses at most {fraction:.2g} of the band ({key} at step {step})'
+            of = f'{fraction:.2g} of the band' if fraction <= 1 else f'{fraction:.3g} bands'
+            said += f'; the losses at most {of} ({key} at step {step})'
         if self.parts.moved:  # a run moved: the verdict of each stretch of segments
             said += f'; by segment: {self.parts.verdicts()}'
         return said
