@@ -250,14 +250,14 @@ def test_runs_of_other_settings_are_told_what_to_run_instead(tmp_path):
 
 def test_bitwise_identical_runs_are_said_to_be(tmp_path):
     """Two runs with the same numbers read 'agrees within bf16 round-off'."""
-    from tools.bisect import cli
+    from shard_parity.tools.bisect import report
 
     bf16 = {'model_config': {'embed_dim': 16, 'dtype': 'bfloat16'}}
     a, b = fake_run(tmp_path / 'a', **bf16), fake_run(tmp_path / 'b', **bf16)
-    said = cli.render(runs.bisect_runs(a, b, None, None, None))
+    said = report.render(runs.bisect_runs(a, b, None, None, None))
     assert said == f'A={a} and B={b}: every figure both logged is bitwise identical.'
     c = fake_run(tmp_path / 'c', loss=2.0 + 1e-4, **bf16)  # within the band, not the same
-    said = cli.render(runs.bisect_runs(a, c, None, None, None))
+    said = report.render(runs.bisect_runs(a, c, None, None, None))
     assert 'bitwise identical' not in said and 'agrees within bf16 round-off' in said, said
 
 

@@ -31,6 +31,8 @@ from shard_parity.datasets.root import DataError
 from shard_parity.runtime import plain_warnings
 from shard_parity.runtime import flags as F
 
+from .report import as_dict, render  # noqa: F401 (render: the fuzzer's worker too)
+
 TWINS = flags.DEFINE_list(
     'twins',
     ['auto', 'explicit'],
@@ -197,78 +199,3 @@ def from_runs(run_a: str, run_b: str):
     from . import runs
 
     return runs.bisect_runs(run_a, run_b, tolerance(), widen, F.TRAIN['steps'].value)
-
-
-def as_dict(report) -> dict:
-    out = dataclasses.asdict(report)
-    out.pop('seen')  # every leaf's fraction of its budget: the calibration's, not the report's
-    out.pop('suspect')  # the hints' input, said in the hints
-    out['diverged'] = report.diverged
-    return json.loads(json.dumps(out, default=str).replace('Infinity', '"inf"'))
-
-
-def render(r) -> str:
-    a, b = r.twins
-    notes = ''.join(f'\nnote: {n}' for n in r.notes)  # run directories: what was paired
-    notes += ''.join(
-        f'\nnote: step {step}, {layer}: {count} token{"s" * (count > 1)} took other experts '
-        '(bf16 moved its router logits across the top-k boundary): counted as flips, not a bug, '
-        'and left out of the outputs after it'
-        for step, layer, count in r.flips
-    )
-    notes += ''.join(
-        f'\nnote: step {step}, {layer}: one side runs it inside its pipeline, where the forward '
-        f'cannot compare it; by the other\'s router margins {expected:.2g} token'
-        f'{"s" * (expected != 1)} may take other experts within bf16 rounding: the gradients\' '
-        'budget allows for as many flips'
-        for step, layer, expected in r.hidden_flips
-        if expected >= 0.01
-    )
-    how = r.tolerance
-    if r.model:  # --tolerance=model
-        how = f'{r.model.name} error model'
-    if not r.diverged and not r.steps and r.identical:
-        return f'A={a} and B={b}: every figure both logged is bitwise identical.' + notes
-    if not r.diverged and not r.steps:
-        within = (
-            f'within {r.model.name} round-off (the band of docs/numerics.md)'
-            if r.model
-            else f'({how})'
-        )
-        return f'A={a} and B={b}: every figure both logged agrees {within}.' + notes
-    if not r.diverged and r.model and r.worst and not any(f for _, f in r.worst.values()):
-        return f'A={a} and B={b} are bitwise identical for {r.steps} steps.' + notes
-    if not r.diverged and r.model:
-        worst = '; '.join(f'{phase} {path} at {f:.2g}' for phase, (path, f) in r.worst.items())
-        return (
-            f'A={a} and B={b} agree within {r.model.name} round-off for {r.steps} steps '
-            f'(the error model, docs/numerics.md; each phase\'s largest error as a fraction of '
-            f'its budget: {worst}).' + notes
-        )
-    if not r.diverged:
-        return f'A={a} and B={b} agree for {r.steps} steps ({how}).' + notes
-    lines = [f'A={a} and B={b} diverge at step {r.step}, phase {r.phase} ({how}).']
-    if r.layer:
-        lines.append(f'first layer whose output differs: {r.layer}')
-    if r.phase == 'update':
-        lines.append('(each side against the shared optimizer applied to its own gradient)')
-    for leaf in r.leaves[:12]:
-        what = (
-            f'shapes A {leaf.shapes[0]}, B {leaf.shapes[1]}'
-            if leaf.shapes
-            else f'stored as {leaf.dtypes[1]} where the shared optimizer keeps '
-            f'{leaf.dtypes[0]} (the precision policy: parameters and AdamW state in float32)'
-            if leaf.dtypes
-            else f'max abs err {leaf.max_abs:.3g}, max rel err {leaf.max_rel:.3g}'
-            + (f', B/A = {leaf.ratio:.6g} everywhere' if leaf.ratio is not None else '')
-        )
-        if leaf.budgets is not None:
-            what = (
-                f'{leaf.budgets:.3g} budgets over (norm-wise error {leaf.error:.3g}, budget '
-                f'{leaf.budget:.3g}); ' + what.replace(' everywhere', ' within the budget')
-            )
-        lines.append(f'  {leaf.path}: {what}')
-    if len(r.leaves) > 12:
-        lines.append(f'  ... and {len(r.leaves) - 12} more leaves')
-    lines += [f'hint: {h}' for h in r.hints]
-    return '\n'.join(lines) + notes
