@@ -3,12 +3,12 @@ shard_parity.tools.<name>`, from any directory); a command with helpers is a pac
 cli.py is the command and __main__.py runs it:
 
     python -m tools.compare A B          two runs' settings, then their logs side by side
-                                         (compare/: cli.py, settings.py, pairing.py)
+                                         (compare/: cli.py, logs.py, settings.py, pairing.py)
     python -m tools.launch -- CMD        CMD as several local processes (jax.distributed)
                                          (launch/: cli.py, net.py)
     python -m tools.bisect --twins=A,B   where two twins, strategy modules or runs first part
-                                         (bisect/: cli.py, divergence.py, stepping.py,
-                                         intercept.py, sides.py, runs.py, leaves.py)
+                                         (bisect/: cli.py, report.py, divergence.py,
+                                         stepping.py, intercept.py, sides.py, runs.py, leaves.py)
     python -m tools.fuzz                 random whole steps against one device
                                          (fuzz/: cli.py, draws, driver, judge, table, target,
                                          worker, checkpoint; corpus/ the failures found)
