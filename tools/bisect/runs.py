@@ -115,14 +115,7 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
     if pathlib.Path(run_a).resolve() == pathlib.Path(run_b).resolve():
         raise UsageError(f'{run_a} and {run_b} are the same directory: give two different runs')
     (saved_a, lines_a), (saved_b, lines_b) = read_run(run_a), read_run(run_b)
-    diffs = different_settings(saved_a, saved_b)
-    if diffs:
-        raise UsageError(
-            f'{run_a} and {run_b} were trained with other settings: {"; ".join(diffs)}. The '
-            'bisector replays runs of one experiment; see how far apart they are with python -m '
-            f'tools.compare {run_a} {run_b} --allow_other_settings, or bisect their twins under '
-            f"B's settings: {instead(saved_a, saved_b)}"
-        )
+    check_same_settings(run_a, run_b, saved_a, saved_b)
     # the coarsest policy of any segment (a run back in float32 after bf16 keeps its rounding)
     policy = pairing.Stretches(saved_a, saved_b).policy()
     if tolerance is None:  # the error model where either run is not float32 throughout
@@ -165,6 +158,18 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
     )
     report.notes = window_notes(skipped) + segment_notes(parts, start, step)
     return report
+
+
+def check_same_settings(run_a: str, run_b: str, saved_a: dict, saved_b: dict) -> None:
+    """Refuses runs of other settings in one line, with what to run instead."""
+    diffs = different_settings(saved_a, saved_b)
+    if diffs:
+        raise UsageError(
+            f'{run_a} and {run_b} were trained with other settings: {"; ".join(diffs)}. The '
+            'bisector replays runs of one experiment; see how far apart they are with python -m '
+            f'tools.compare {run_a} {run_b} --allow_other_settings, or bisect their twins under '
+            f"B's settings: {instead(saved_a, saved_b)}"
+        )
 
 
 def identical(lines_a: dict, lines_b: dict) -> bool:
