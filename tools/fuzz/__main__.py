@@ -1,5 +1,7 @@
 """`python -m tools.fuzz`: the fuzzer's command line (cli.py)."""
 
+import sys
+
 from absl import app
 
 from shard_parity import refuse
@@ -16,4 +18,8 @@ from .cli import main  # noqa: E402 (after the check above: it imports Hypothesi
 __doc__ = cli.__doc__  # what --help prints: absl reads the __main__ module's docstring
 
 declare_key_flags([], cli.__name__)  # --help lists this module's flags and exits 0
-app.run(main, flags_parser=parse_flags)
+try:
+    app.run(main, flags_parser=parse_flags)
+except KeyboardInterrupt:  # Ctrl-C before main's run started (main reports one after)
+    print('interrupted (Ctrl-C) before the run started: nothing found', file=sys.stderr)
+    sys.exit(130)
