@@ -18,7 +18,6 @@ that split the batch to the shard its device keeps. Compare explicit/composed.py
 """
 
 import jax
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import EXPERT, FSDP, STAGE
@@ -45,17 +44,20 @@ def hooks(plan, specs, mesh, batch):
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
-    def fn(params, batch):  # params @ each axis's split; batch: x[B, T] @ P(rows)
-        specs = state_specs(params, plan, mesh)
+    def body(params, batch, specs):  # params @ each axis's split; batch: x[B, T] @ P(rows)
         call = hooks(plan, specs, mesh, batch)
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
-        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, P(*activations(plan))))
         params = gather_outside(params, specs, mesh, plan) if plan.uses(FSDP) else params
         (_, metrics), grads = grad_fn(params, batch)  # XLA inserts every axis's collectives
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # grads in the params' layout: XLA reduces each over the batch's axes to its shard
         grads = jax.lax.with_sharding_constraint(grads, named(mesh, specs))
-        return jax.lax.with_sharding_constraint(metrics, NamedSharding(mesh, REPLICATED)), grads
+        return jax.lax.with_sharding_constraint(metrics, named(mesh, REPLICATED)), grads
+
+    def fn(params, batch):  # the step's body, on the arrays as placed (the specs from them)
+        specs = state_specs(params, plan, mesh)
+        batch = jax.lax.with_sharding_constraint(batch, named(mesh, P(*activations(plan))))
+        return body(params, batch, specs)
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
 
@@ -67,12 +69,15 @@ def train_step(graphdef, loss_fn, tx, mesh, plan):
 
 
 def eval_step(graphdef, eval_fn, mesh, plan):
-    def evaluate(params, batch):  # per-example outputs, split like the rows
-        specs = state_specs(params, plan, mesh)
+    def body(params, batch, specs):  # per-example outputs, split like the rows
         call = hooks(plan, specs, mesh, batch)
         call.pop('layer_weights', None)  # XLA gathers the weights where they are used
-        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, P(*activations(plan))))
         out = bind(graphdef, eval_fn, **call)(params, batch)
-        return jax.lax.with_sharding_constraint(out, NamedSharding(mesh, P(activations(plan)[0])))
+        return jax.lax.with_sharding_constraint(out, named(mesh, P(activations(plan)[0])))
+
+    def evaluate(params, batch):
+        specs = state_specs(params, plan, mesh)
+        batch = jax.lax.with_sharding_constraint(batch, named(mesh, P(*activations(plan))))
+        return body(params, batch, specs)
 
     return jax.jit(evaluate)

@@ -19,7 +19,6 @@ Compare explicit/pp_1f1b.py.
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import FSDP, STAGE
@@ -76,14 +75,12 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
     reduce = plan.precision.reduce  # what the gradients' collectives carry (--reduce_dtype)
     table = one_f_one_b(stages, microbatches, virtual)
 
-    def fn(params, batch):  # blocks [L, ...] @ P('stage'), the rest @ P(); x[B, T] @ P('data')
-        specs = state_specs(params, plan, mesh)
+    def body(params, batch, specs):  # blocks [L, ...] @ P('stage'), the rest @ P(); x[B, T]
         # On a named mesh (composed.py) each axis inside a stage adds its piece to the blocks:
         # fsdp's per-layer constraint (each unit's forward, and its backward's rerun, gathers the
         # layer), the experts' exchange; 'model' and 'seq' are placements alone.
         call = composed.hooks(plan, specs, mesh, batch)
         call.pop('pipeline', None)  # the ticks below are the pipeline
-        batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, P(*activations(plan))))
         params = gather_outside(params, specs, mesh, plan) if plan.uses(FSDP) else params
         rest = rest_of(params)
         chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
@@ -101,18 +98,29 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
         begin = jax.vmap(lambda c: start(model, rest, c, batches, table.slots))(chunks)  # zeros
         state = phases(table, begin, step)
-        # each slot's embedding and head gradients (stage 0's, the last's): XLA sums over 'stage'
-        d_rest, metrics = jax.tree.map(lambda a: a.sum(0), (state.rest, state.metrics))
-        metrics = jax.tree.map(lambda m: m / microbatches, metrics)
-        if state.stats:  # experts: each statistic's mean over the M microbatches and L layers,
-            # and the metrics' terms in them
-            layers = stages * virtual * jax.tree.leaves(chunks)[0].shape[2]
-            means = {k: v.sum(0) / (microbatches * layers) for k, v in state.stats.items()}
+        # the last slot's metrics, and with experts each statistic's mean over the M
+        # microbatches and L layers (a sum over the slots: XLA all-reduces it over 'stage')
+        # and the metrics' terms in them, added to slot 0's
+        metrics = jax.tree.map(lambda m: m / microbatches, state.metrics)
+        if state.stats:
+            means = {k: v.sum(0) / (microbatches * model.layers) for k, v in state.stats.items()}
             first = jax.tree.map(lambda a: a[0], batches)
-            metrics = add(metrics, moe_metrics(model, rest, state.h.sum(0), first, means))
-        grads = as_dtype(joined(params, back(state.grads)[0], d_rest), reduce)
+            terms = moe_metrics(model, rest, state.h.sum(0), first, means)
+            metrics = add(metrics, jax.tree.map(lambda t: jnp.where(s == 0, t, 0), terms))
+        # each slot's embedding and head gradients (stage 0's, the last's) and the metrics:
+        # summed over the slots, 'stage' (XLA: an all-reduce), in --reduce_dtype
+        d_rest, metrics = jax.tree.map(lambda a: a.sum(0), (as_dtype(state.rest, reduce), metrics))
+        grads = joined(params, back(state.grads)[0], d_rest)
+        grads = as_dtype(grads, reduce)  # what the all-reduce carries
         # grads @ the params' layout; the rest (and the metrics) XLA all-reduces over 'data'
         return metrics, jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, plan))
+
+    def fn(params, batch):  # the ticks' body, on the arrays as placed (the specs from them)
+        specs = state_specs(params, plan, mesh)
+        # x[B, T] @ P('data') (on a named mesh the rows over every row axis, under 'seq' the
+        # positions over 'seq' too)
+        batch = jax.lax.with_sharding_constraint(batch, named(mesh, P(*activations(plan))))
+        return body(params, batch, specs)
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
 

@@ -25,10 +25,11 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import EXPERT, FSDP, MODEL, SEQ, STAGE
-from shard_parity.model.ring import model_call, reorder
+from shard_parity.model.ring import model_call
 from shard_parity.placement import (
     activations,
     REPLICATED,
+    in_layout,
     is_expert,
     layer_specs,
     outside_layers,
@@ -38,7 +39,8 @@ from shard_parity.step import as_dtype, bind, make_train_step
 
 from .cp import pass_on
 from .ep import exchange
-from .fsdp import gather, gather_layer, gather_outside, scatter
+from .fsdp import gather_layer, gather_outside
+from .fsdp import gather, scatter
 from .pp import pipeline
 from .tp import sum_partials
 
@@ -79,29 +81,28 @@ def reduce(grads, specs, plan):
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
-    def fn(params, batch):  # params: my shard of each array; batch: x[B/rows, T/seq]
-        specs = state_specs(params, plan, mesh)  # from the global shapes, outside
-
-        def local(shards, batch):
-            call = hooks(plan, specs, mesh, batch)
-            grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
-            # As dp's pcast: varying over the batch axes, so that `grad` returns this device's
-            # own term (over 'fsdp' `gather` casts; an expert is varying over 'expert' already).
-            cast = lambda w, s: jax.lax.pcast(w, averaged_over(plan, s), to='varying')  # noqa: E731
-            shards = jax.tree.map(cast, shards, specs)
-            params = gather_outside(shards, specs, plan) if plan.uses(FSDP) else shards
-            (_, metrics), grads = grad_fn(params, batch)  # every axis's collectives inside
-            grads = outside_layers(scatter, grads, specs, plan=plan) if plan.uses(FSDP) else grads
-            return jax.lax.pmean(metrics, plan.batch_axes), reduce(grads, specs, plan)
-
-        batch_spec = P(*activations(plan))
-        per_device = jax.shard_map(
-            local, mesh=mesh, in_specs=(specs, batch_spec), out_specs=(REPLICATED, specs)
+    def body(params, batch, specs):  # params: my shard of each array; batch: x[B/rows, T/seq]
+        call = hooks(plan, specs, mesh, batch)
+        grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
+        # As dp's pcast: varying over the batch axes, so that `grad` returns this device's own
+        # term (over 'fsdp' `gather` casts; an expert is varying over 'expert' already).
+        params = jax.tree.map(
+            lambda w, s: jax.lax.pcast(w, averaged_over(plan, s), to='varying'), params, specs
         )
-        # under 'seq' the positions in the layout's order first: a local gather of whole rows
-        return per_device(
-            params, reorder(batch, plan.size(SEQ), plan.layout) if plan.uses(SEQ) else batch
-        )
+        params = gather_outside(params, specs, mesh, plan) if plan.uses(FSDP) else params
+        (_, metrics), grads = grad_fn(params, batch)  # every axis's collectives inside
+        if plan.uses(FSDP):  # the reduce-scatters of the weights outside the layers
+            grads = outside_layers(scatter, grads, specs, mesh=mesh, plan=plan)
+        return jax.lax.pmean(metrics, plan.batch_axes), reduce(grads, specs, plan)
+
+    def fn(params, batch):  # shard_map's body on each device (the specs from the global shapes)
+        specs = state_specs(params, plan, mesh)
+        return jax.shard_map(
+            lambda params, batch: body(params, batch, specs),
+            mesh=mesh,
+            in_specs=(specs, P(*activations(plan))),
+            out_specs=(REPLICATED, specs),
+        )(params, in_layout(batch, plan))  # under 'seq' the positions in the layout's order
 
     return jax.jit(fn)
 
@@ -113,25 +114,21 @@ def train_step(graphdef, loss_fn, tx, mesh, plan):
 
 
 def eval_step(graphdef, eval_fn, mesh, plan):
-    def evaluate(params, batch):  # per-example outputs of my rows, the same on every other axis
+    def body(params, batch, specs):  # per-example outputs of my rows, the same on other axes
+        call = hooks(plan, specs, mesh, batch)
+        call.pop('layer_weights', None)  # all the all-gathers up front, below
+        if plan.uses(FSDP):
+            params = jax.tree.map(lambda w, s: gather(w, s, mesh, plan), params, specs)
+        out = bind(graphdef, eval_fn, **call)(params, batch)
+        return jax.lax.pmean(out, SEQ) if plan.uses(SEQ) else out  # the parts' means
+
+    def evaluate(params, batch):
         specs = state_specs(params, plan, mesh)
-
-        def local(shards, batch):
-            call = hooks(plan, specs, mesh, batch)
-            call.pop('layer_weights', None)  # all the all-gathers up front, below
-            params = (
-                jax.tree.map(lambda w, s: gather(w, s, plan), shards, specs)
-                if plan.uses(FSDP) else shards
-            )  # fmt: skip
-            out = bind(graphdef, eval_fn, **call)(params, batch)
-            return jax.lax.pmean(out, SEQ) if plan.uses(SEQ) else out  # the parts' means
-
-        rows = activations(plan)[0]
-        per_device = jax.shard_map(
-            local, mesh=mesh, in_specs=(specs, P(*activations(plan))), out_specs=P(rows)
-        )
-        return per_device(
-            params, reorder(batch, plan.size(SEQ), plan.layout) if plan.uses(SEQ) else batch
-        )
+        return jax.shard_map(
+            lambda params, batch: body(params, batch, specs),
+            mesh=mesh,
+            in_specs=(specs, P(*activations(plan))),
+            out_specs=P(activations(plan)[0]),
+        )(params, in_layout(batch, plan))
 
     return jax.jit(evaluate)

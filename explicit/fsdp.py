@@ -21,7 +21,9 @@ from shard_parity.step import as_dtype, bind, make_train_step
 STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'fsdp'
 
 
-def gather(shard, spec, plan, held=None):  # a weight's shard f32[d/n, ...] -> the whole weight
+def gather(shard, spec, mesh, plan, held=None):  # a shard f32[d/n, ...] -> the whole weight
+    # (`mesh`: each twin's gather and scatter take the same arguments; here the axis's name is
+    # enough, as every collective inside shard_map runs over the mesh it was given)
     if FSDP not in spec:  # a small array kept whole (a bias of odd size): cast as in dp
         return jax.lax.pcast(shard, FSDP, to='varying')
     whole = jax.lax.all_gather(  # the all-gather, of the shard cast to --dtype first
@@ -30,7 +32,7 @@ def gather(shard, spec, plan, held=None):  # a weight's shard f32[d/n, ...] -> t
     return whole if held is None else as_dtype(whole, held)  # held in `held` where used
 
 
-def scatter(grad, spec, plan):  # the local gradient of a whole weight -> the mean for my shard
+def scatter(grad, spec, mesh, plan):  # the local gradient of a whole weight -> my shard's mean
     if FSDP not in spec:
         return jax.lax.pmean(as_dtype(grad, plan.precision.reduce), FSDP)  # all-reduce
     return (  # the reduce-scatter, of the gradient cast to --reduce_dtype first
@@ -47,22 +49,22 @@ def gather_layer(specs, mesh, plan):
 
     @jax.custom_vjp
     def layer_weights(shards):  # the layer's all-gathers
-        return jax.tree.map(lambda w, s: gather(w, s, plan), shards, specs)
+        return jax.tree.map(lambda w, s: gather(w, s, mesh, plan), shards, specs)
 
     def backward(_, grads):  # the layer's reduce-scatters, inside the backward's loop
-        scattered = jax.tree.map(lambda g, s: scatter(g, s, plan), grads, specs)
+        scattered = jax.tree.map(lambda g, s: scatter(g, s, mesh, plan), grads, specs)
         return (as_dtype(scattered, plan.precision.param),)
 
     layer_weights.defvjp(lambda shards: (layer_weights(shards), None), backward)
     return {} if specs is None else {'layer_weights': layer_weights}
 
 
-def gather_outside(shards, specs, plan):
+def gather_outside(params, specs, mesh, plan):
     """The weights outside the layers (the embeddings, the final norm; all of the MLP), each
     gathered as a layer is, once, and held in float32 where it is used: the policy looks the
     rows up in a float32 table, whose gradient, a scatter-add, adds in float32 (a table used in
     bf16 had its gradient formed in bf16: auto/'s partitioner reduced it there, before any cast)."""
-    return outside_layers(gather, shards, specs, plan=plan, held=plan.precision.param)
+    return outside_layers(gather, params, specs, mesh=mesh, plan=plan, held=plan.precision.param)
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
@@ -73,9 +75,9 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
 
         def local(shards, batch):
-            params = gather_outside(shards, specs, plan)  # the all-gathers outside
+            params = gather_outside(shards, specs, mesh, plan)  # the all-gathers outside
             (_, metrics), grads = grad_fn(params, batch)  # the layers' reduce-scattered already
-            grads = outside_layers(scatter, grads, specs, plan=plan)  # the rest's reduce-scatters
+            grads = outside_layers(scatter, grads, specs, mesh=mesh, plan=plan)  # the rest's
             return jax.lax.pmean(metrics, FSDP), grads  # the metrics' all-reduce
 
         return jax.shard_map(
@@ -96,7 +98,7 @@ def eval_step(graphdef, eval_fn, mesh, plan):
     def evaluate(params, batch):  # all the all-gathers up front; per-example outputs stay split
         specs = state_specs(params, plan, mesh)
         local = lambda shards, batch: fn(  # noqa: E731
-            jax.tree.map(lambda w, s: gather(w, s, plan), shards, specs), batch
+            jax.tree.map(lambda w, s: gather(w, s, mesh, plan), shards, specs), batch
         )
         return jax.shard_map(local, mesh=mesh, in_specs=(specs, FSDP_BATCH), out_specs=FSDP_BATCH)(
             params, batch

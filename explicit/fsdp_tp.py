@@ -31,9 +31,9 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         grad_fn = jax.value_and_grad(model_fn, has_aux=True)
 
         def local(shards, batch):
-            params = gather_outside(shards, specs, plan)  # the all-gathers outside
+            params = gather_outside(shards, specs, mesh, plan)  # the all-gathers outside
             (_, metrics), grads = grad_fn(params, batch)  # with the psums over 'model'
-            grads = outside_layers(scatter, grads, specs, plan=plan)  # the rest's reduce-scatters
+            grads = outside_layers(scatter, grads, specs, mesh=mesh, plan=plan)  # the rest's
             return jax.lax.pmean(metrics, FSDP), grads  # the metrics' all-reduce
 
         return jax.shard_map(
@@ -54,7 +54,7 @@ def eval_step(graphdef, eval_fn, mesh, plan):
     def evaluate(params, batch):  # the all-gathers and psums; per-example outputs stay split
         specs = state_specs(params, plan, mesh)
         local = lambda shards, batch: fn(  # noqa: E731
-            jax.tree.map(lambda w, s: gather(w, s, plan), shards, specs), batch
+            jax.tree.map(lambda w, s: gather(w, s, mesh, plan), shards, specs), batch
         )
         return jax.shard_map(local, mesh=mesh, in_specs=(specs, FSDP_BATCH), out_specs=FSDP_BATCH)(
             params, batch

@@ -29,11 +29,9 @@ import jax.numpy as jnp
 
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import FSDP, SEQ, STAGE
-from shard_parity.model.ring import reorder
+from shard_parity.mesh import FSDP, STAGE
 from shard_parity.pipeline import (
     add,
-    everywhere,
     joined,
     moe_metrics,
     phases,
@@ -43,12 +41,22 @@ from shard_parity.pipeline import (
     start,
     tick,
 )
-from shard_parity.schedules import interleave_pairs, one_f_one_b, sends
-from shard_parity.placement import REPLICATED, STACKED, activations, outside_layers, state_specs
+from shard_parity.pipeline import everywhere
+from shard_parity.schedules import one_f_one_b
+from shard_parity.schedules import interleave_pairs, sends
+from shard_parity.placement import (
+    REPLICATED,
+    STACKED,
+    activations,
+    in_layout,
+    outside_layers,
+    state_specs,
+)
 from shard_parity.step import as_dtype, make_train_step
 
 from . import composed, pp
-from .fsdp import gather_outside, scatter
+from .fsdp import gather_outside
+from .fsdp import scatter
 
 STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
 PLANS = ('pp', 'composed')  # and on a named mesh with a stage axis (the bisector's sides)
@@ -66,10 +74,10 @@ def interleave(blocks, mesh, virtual):  # my L/S layers [Vk, ...] -> the chunks 
     chunks = jax.tree.map(lambda w: w.reshape(virtual, -1, *w.shape[1:]), blocks)
     if virtual == 1:  # each stage runs its own layers (a ppermute to itself would copy them)
         return chunks
-    pairs = interleave_pairs(mesh.shape[STAGE], virtual)
     return jax.tree.map(  # my chunk v: a collective-permute per chunk j a stage sends me as v
         lambda w: jnp.stack([
-            sum(jax.lax.ppermute(w[j], STAGE, to) for (j, u), to in pairs.items() if u == v)
+            sum(jax.lax.ppermute(w[j], STAGE, to)
+                for (j, u), to in interleave_pairs(mesh.shape[STAGE], virtual).items() if u == v)
             for v in range(virtual)
         ]),
         chunks,
@@ -82,7 +90,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
     reduce = plan.precision.reduce  # what the gradients' collectives carry (--reduce_dtype)
     table = one_f_one_b(stages, microbatches, virtual)
 
-    def local(params, batch, specs):  # params: my stage's layers, the rest whole; x[B/d, T]
+    def body(params, batch, specs):  # params: my stage's layers, the rest whole; x[B/d, T]
         # On a named mesh (composed.py) each axis inside a stage adds its piece to the blocks:
         # fsdp's per-layer gather (each unit's forward, and its backward's rerun, gathers the
         # layer; the vjp reduce-scatters its gradient), tp's psum, the ring, the experts'.
@@ -90,8 +98,12 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         call.pop('pipeline', None)  # the ticks below are the pipeline
         # Varying over the batch axes (dp's terms), and the rest over 'stage' too: stage 0's
         # embedding and the last stage's head each give their own term, summed after the ticks
-        params = jax.tree.map(cast, params, specs)
-        params = gather_outside(params, specs, plan) if plan.uses(FSDP) else params
+        params = jax.tree.map(  # as composed.py's cast
+            lambda w, s: jax.lax.pcast(w, composed.averaged_over(plan, s), to='varying'),
+            params,
+            specs,
+        )
+        params = gather_outside(params, specs, mesh, plan) if plan.uses(FSDP) else params
         rest = everywhere(rest_of(params))
         chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
         model, s = pieces(graphdef, loss_fn, params, call), jax.lax.axis_index(STAGE)  # mine
@@ -112,9 +124,9 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         # microbatches and L layers (an all-reduce of scalars) and the metrics' terms in them
         metrics = jax.tree.map(lambda m: m / microbatches, state.metrics)
         if state.stats:
-            layers = stages * virtual * jax.tree.leaves(chunks)[0].shape[1]
-            means = {
-                k: jax.lax.psum(v, STAGE) / (microbatches * layers) for k, v in state.stats.items()
+            means = {  # an all-reduce of scalars
+                k: jax.lax.psum(v, STAGE) / (microbatches * model.layers)
+                for k, v in state.stats.items()
             }
             first = jax.tree.map(lambda a: a[0], batches)
             terms = moe_metrics(model, rest, state.h, first, means)  # the same on every stage
@@ -123,25 +135,21 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         # all-reduce over 'stage', in the dtype the gradients' collectives carry (--reduce_dtype)
         d_rest, metrics = jax.lax.psum((as_dtype(state.rest, reduce), metrics), STAGE)
         grads = joined(params, back(state.grads)[0], d_rest)
-        grads = outside_layers(scatter, grads, specs, plan=plan) if plan.uses(FSDP) else grads
+        grads = (  # the reduce-scatters of the weights outside the layers
+            outside_layers(scatter, grads, specs, mesh=mesh, plan=plan)
+            if plan.uses(FSDP) else grads
+        )  # fmt: skip
         # the all-reduce over 'data' (and the other batch axes of a named mesh)
         return jax.lax.pmean(metrics, plan.batch_axes), composed.reduce(grads, specs, plan)
 
-    def cast(w, spec):  # as composed.py's: varying over the batch axes it is not split on
-        return jax.lax.pcast(w, composed.averaged_over(plan, spec), to='varying')
-
-    def fn(params, batch):  # P('stage') for the blocks' layer dimension, P() the rest
-        specs = state_specs(params, plan, mesh)
-        per_device = jax.shard_map(
-            lambda params, batch: local(params, batch, specs),
+    def fn(params, batch):  # shard_map's body on each device (the specs from the global shapes)
+        specs = state_specs(params, plan, mesh)  # P('stage') for the blocks' layer dimension
+        return jax.shard_map(
+            lambda params, batch: body(params, batch, specs),
             mesh=mesh,
             in_specs=(specs, P(*activations(plan))),
             out_specs=(REPLICATED, specs),
-        )
-        # under 'seq' the positions in the layout's order first (composed.py's)
-        return per_device(
-            params, reorder(batch, plan.size(SEQ), plan.layout) if plan.uses(SEQ) else batch
-        )
+        )(params, in_layout(batch, plan))  # under 'seq' the positions in the layout's order
 
     return jax.jit(fn)
 

@@ -102,6 +102,7 @@ class Pieces(NamedTuple):
     run: Callable  # (blocks [k, ...], x) -> y: k layers, the stages' work
     head_loss: Callable  # (rest, y, batch[, stats]) -> (loss, metrics): the last stage's
     run_stats: Callable = None  # (blocks, x) -> (y, stats): `run` with the experts' [k] each
+    layers: int = 0  # L: the model's stacked layers, on every stage together
 
 
 def pieces(graphdef, loss_fn, params, hooks=None) -> Pieces:
@@ -126,7 +127,7 @@ def pieces(graphdef, loss_fn, params, hooks=None) -> Pieces:
     run_stats = lambda weights, x: model(rest_of(params)).run_stack(weights, x, **stack)  # noqa: E731
     run = lambda weights, x: run_stats(weights, x)[0]  # noqa: E731
     embed = lambda rest, tokens: model(rest).embedding(tokens, positions=positions)  # noqa: E731
-    return Pieces(embed, run, head_loss, run_stats)
+    return Pieces(embed, run, head_loss, run_stats, model(rest_of(params)).cfg.num_layers)
 
 
 STACK_HOOKS = ('layer_weights', 'sum_partials', 'attention', 'experts')  # run_stack's keywords

@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 from shard_parity import plan as plans
 from shard_parity.plan import Plan
 from shard_parity.model.mlp import TP_PLAN
+from shard_parity.model.ring import reorder
 from shard_parity.plan import DATA, EXPERT, FSDP, MODEL, SEQ, STAGE, STRATEGIES  # noqa: F401
 
 BATCH = P(DATA)  # split the leading (example) dimension across the 'data' axis
@@ -145,6 +146,13 @@ def rows(plan: Plan) -> P:
     return P(axes[0] if len(axes) == 1 else axes or None)
 
 
+def in_layout(batch, plan: Plan):
+    """The batch with each row's positions in --cp_layout's order under 'seq' (`reorder`: a
+    local gather of whole rows), so that splitting them over 'seq' gives each device its own
+    positions; as it is without 'seq'."""
+    return reorder(batch, plan.size(SEQ), plan.layout) if plan.uses(SEQ) else batch
+
+
 def activations(plan: Plan) -> tuple:
     """Where auto/ and typed/ keep a transformer's activations x [B, T, C] under `plan` (a pp or
     ep mesh, or a named one's every axis): the rows over the row axes, under 'seq' the
@@ -177,6 +185,11 @@ def named(mesh, specs):
 
 
 def reduced_shardings(params, mesh, plan: Plan, gathered: bool = False):
+    """`reduced_specs` as NamedShardings on `mesh`."""
+    return named(mesh, reduced_specs(params, mesh, plan, gathered))
+
+
+def reduced_specs(params, mesh, plan: Plan, gathered: bool = False):
     """typed/'s layout of the params inside a step (JAX's Explicit mode): `plan`'s (with
     `gathered`, without 'fsdp': FSDP's weights once gathered), with each matrix also `reduced`
     over the axes that split the batch. Reduced is a type, not a move: the array is whole on
@@ -198,8 +211,7 @@ def reduced_shardings(params, mesh, plan: Plan, gathered: bool = False):
         partial = reduced_over(path, split) - set(spec)  # not over an axis it is split over
         return P(*spec, reduced=partial) if matrix and partial else spec
 
-    specs = jax.tree_util.tree_map_with_path(cast, params, specs)
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+    return jax.tree_util.tree_map_with_path(cast, params, specs)
 
 
 def reduced_over(path, axes) -> set:

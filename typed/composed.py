@@ -18,13 +18,12 @@ to the state's layout adds them (and under 'fsdp' scatters them). Compare explic
 """
 
 import jax
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import EXPERT, FSDP, MODEL, SEQ, STAGE
-from shard_parity.model.ring import reorder
 from shard_parity.placement import (
     activations,
+    in_layout,
     layer_specs,
     named,
     outside_layers,
@@ -62,18 +61,14 @@ def hooks(plan, specs, mesh, batch):
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
-    def fn(params, batch):  # params: f32[in@fsdp, out@model] etc.; batch: x i32[B@rows, T]
-        specs = state_specs(params, plan, mesh)
+    def body(params, batch, specs):  # params: f32[in@fsdp, out@model] etc.; batch: x i32[B@rows, T]
         call = hooks(plan, specs, mesh, batch)
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
-        # under 'seq' the positions in the layout's order first: a local gather of whole rows
-        batch = reorder(batch, plan.size(SEQ), plan.layout) if plan.uses(SEQ) else batch
-        batch = jax.reshard(batch, NamedSharding(mesh, P(*activations(plan))))
         # Free (and the all-gather over 'fsdp'): reduced over the batch axes, so the gradients
         # come out unreduced. Not the blocks under 'fsdp' (gather_layer's, per layer) nor under
         # 'stage': vmap refuses a reduced operand (a JAX bug, docs/pipeline.md; typed/pp.py).
         if plan.uses(FSDP):  # the all-gathers in --dtype, held in float32 (typed/fsdp.py's)
-            params = gather_outside(params, mesh, plan)
+            params = gather_outside(params, specs, mesh, plan)
         else:
             cast = outside_layers if plan.uses(STAGE) else jax.tree.map
             params = cast(jax.reshard, params, reduced_shardings(params, mesh, plan))
@@ -81,6 +76,12 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         # unreduced -> the state's layout: the all-reduces (over 'fsdp' the reduce-scatters)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))
+
+    def fn(params, batch):  # the step's body, on the arrays as typed (the specs from them)
+        specs = state_specs(params, plan, mesh)
+        # under 'seq' the positions in the layout's order first: a local gather of whole rows
+        batch = jax.reshard(in_layout(batch, plan), named(mesh, P(*activations(plan))))
+        return body(params, batch, specs)
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
 
@@ -92,15 +93,17 @@ def train_step(graphdef, loss_fn, tx, mesh, plan):
 
 
 def eval_step(graphdef, eval_fn, mesh, plan):
-    def evaluate(params, batch):  # per-example outputs f32[B@rows]
-        specs = state_specs(params, plan, mesh)
+    def body(params, batch, specs):  # per-example outputs f32[B@rows]
         call = hooks(plan, specs, mesh, batch)
         call.pop('layer_weights', None)  # all the all-gathers up front, below
-        batch = reorder(batch, plan.size(SEQ), plan.layout) if plan.uses(SEQ) else batch
-        batch = jax.reshard(batch, NamedSharding(mesh, P(*activations(plan))))
         if plan.uses(FSDP):  # every weight gathered over 'fsdp', as typed/fsdp.py's eval
             params = jax.reshard(params, named(mesh, without(specs, FSDP)))
         out = bind(graphdef, eval_fn, **call)(params, batch)
-        return jax.reshard(out, NamedSharding(mesh, P(activations(plan)[0])))
+        return jax.reshard(out, named(mesh, P(activations(plan)[0])))
+
+    def evaluate(params, batch):
+        specs = state_specs(params, plan, mesh)
+        batch = jax.reshard(in_layout(batch, plan), named(mesh, P(*activations(plan))))
+        return body(params, batch, specs)
 
     return jax.jit(evaluate)

@@ -12,32 +12,37 @@ once, at the top. What XLA:CPU compiles that to is in docs/typed.md. Compare exp
 """
 
 import jax
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import FSDP
 from shard_parity.placement import (
     FSDP_BATCH,
     layer_specs,
-    named,
     outside_layers,
     reduced_over,
-    reduced_shardings,
-    state_shardings,
+    reduced_specs,
     state_specs,
-    without,
 )
+from shard_parity.placement import named, without
 from shard_parity.step import as_dtype, bind, make_train_step
 
 STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'fsdp'
 
 
-def reshard(x, mesh, spec):  # x: this layout, here; the data moves only at a reshard
-    return jax.reshard(x, NamedSharding(mesh, spec))
+def gather(shard, spec, mesh, plan, held=None):  # f32[784@fsdp, 512] -> f32[784, 512]{R:fsdp}
+    whole = jax.reshard(  # the all-gather: a reshard to `spec`, of the shard cast to --dtype
+        as_dtype(shard, plan.precision.compute), named(mesh, spec)
+    )
+    return whole if held is None else as_dtype(whole, held)  # held in `held` where used
+
+
+def scatter(grad, spec, mesh, plan):  # f32[784, 512]{U:fsdp} -> spec's split f32[784@fsdp, 512]
+    # the reduce-scatter in the types, in --reduce_dtype: each device keeps its shard's sum
+    return jax.reshard(as_dtype(grad, plan.precision.reduce), named(mesh, spec))
 
 
 def reduced(w, spec, axes=(FSDP,), path=()):  # f32[C@fsdp, 4C] -> f32[C, 4C]{R:fsdp}; a vector:
-    whole = without(spec, FSDP)  # whole (reduced_shardings); not over an axis it is split over
+    whole = without(spec, FSDP)  # whole (reduced_specs); not over an axis it is split over
     over = reduced_over(path, axes) - set(whole)
     return P(*whole, reduced=over) if w.ndim >= 2 and over else whole
 
@@ -50,28 +55,28 @@ def gather_layer(specs, mesh, plan, axes=(FSDP,)):
 
     @jax.custom_vjp
     def layer_weights(shards):  # the layer's all-gathers
-        shards = as_dtype(shards, plan.precision.compute)  # what the all-gather carries: --dtype
-        return jax.tree_util.tree_map_with_path(
-            lambda p, w, s: reshard(w, mesh, reduced(w, s, axes, p)), shards, specs
+        wholes = jax.tree_util.tree_map_with_path(  # their types once gathered: {R:axes}
+            lambda p, w, s: reduced(w, s, axes, p), shards, specs
         )
+        return jax.tree.map(lambda w, s: gather(w, s, mesh, plan), shards, wholes)
 
-    def backward(_, grads):  # {U:fsdp} -> split: the layer's reduce-scatters, in the backward
-        grads = as_dtype(grads, plan.precision.reduce)  # what the reduce-scatter carries
-        scattered = jax.tree.map(lambda g, s: reshard(g, mesh, s), grads, specs)
+    def backward(_, grads):  # the layer's reduce-scatters, inside the backward's loop
+        scattered = jax.tree.map(lambda g, s: scatter(g, s, mesh, plan), grads, specs)
         return (as_dtype(scattered, plan.precision.param),)
 
     layer_weights.defvjp(lambda shards: (layer_weights(shards), None), backward)
     return {} if specs is None else {'layer_weights': layer_weights}
 
 
-def gather_outside(params, mesh, plan):
+def gather_outside(params, specs, mesh, plan):
     """The weights outside the layers (the embeddings, the final norm; all of the MLP), each
     gathered as a layer is, once, and held in float32 where it is used: the policy looks the
     rows up in a float32 table, whose gradient, a scatter-add, adds in float32 (a table used in
-    bf16 had its gradient formed in bf16: auto/'s partitioner reduced it there, before any cast)."""
-    params = outside_layers(as_dtype, params, dtype=plan.precision.compute)  # what they carry
-    params = outside_layers(jax.reshard, params, reduced_shardings(params, mesh, plan, gathered=True))
-    return outside_layers(as_dtype, params, dtype=plan.precision.param)
+    bf16 had its gradient formed in bf16: auto/'s partitioner reduced it there, before any cast).
+    Reduced over the plan's batch axes (HSDP's too). `specs`, the shards' layout, is not needed
+    here (their types carry it): the twins' gather_outside take the same arguments."""
+    wholes = reduced_specs(params, mesh, plan, gathered=True)  # reduced over the batch axes
+    return outside_layers(gather, params, wholes, mesh=mesh, plan=plan, held=plan.precision.param)
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
@@ -80,19 +85,19 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         specs = state_specs(params, plan, mesh)
         call = gather_layer(layer_specs(specs), mesh, plan)  # the per-layer gather, if stacked
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
-        params = gather_outside(params, mesh, plan)  # the all-gathers outside, in --dtype
-        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[784, 512]{U:fsdp}
-        # unreduced -> split over 'fsdp': the reduce-scatter, each device keeps its shard's sum
-        grads = as_dtype(grads, plan.precision.reduce)  # what the reduce-scatter carries
-        return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))
+        params = gather_outside(params, specs, mesh, plan)  # the all-gathers outside
+        (_, metrics), grads = grad_fn(params, batch)  # the layers' reduce-scattered already
+        grads = outside_layers(scatter, grads, specs, mesh=mesh, plan=plan)  # the rest's
+        return metrics, grads  # the metrics' type: replicated (their all-reduce)
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
 
 
 def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates its own shards
-    grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
-    return make_train_step(grads_fn, tx, mesh, plan, place=jax.reshard)  # moves: reshard
+    return make_train_step(  # moves: reshard
+        loss_and_grads(graphdef, loss_fn, mesh, plan), tx, mesh, plan, place=jax.reshard
+    )
 
 
 def eval_step(graphdef, eval_fn, mesh, plan):
@@ -100,6 +105,6 @@ def eval_step(graphdef, eval_fn, mesh, plan):
 
     def evaluate(params, batch):  # gather the weights; per-example outputs stay split
         params = jax.reshard(params, named(mesh, without(state_specs(params, plan, mesh), FSDP)))
-        return jax.reshard(fn(params, batch), NamedSharding(mesh, FSDP_BATCH))
+        return jax.reshard(fn(params, batch), named(mesh, FSDP_BATCH))
 
     return jax.jit(evaluate)

@@ -36,7 +36,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         call = gather_layer(layer_specs(specs), mesh, plan)  # over 'fsdp' per layer, if stacked
         model_fn = bind(graphdef, loss_fn, sum_partials=sum_partials, **call)
         grad_fn = jax.value_and_grad(model_fn, has_aux=True)
-        params = gather_outside(params, mesh, plan)  # the all-gathers outside, in --dtype
+        params = gather_outside(params, specs, mesh, plan)  # the all-gathers outside, in --dtype
         (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:fsdp}
         # unreduced -> split over 'fsdp': the reduce-scatter, each device keeps its shard's sum
         grads = as_dtype(grads, plan.precision.reduce)  # what the reduce-scatter carries

@@ -24,14 +24,11 @@ shard_parity/model/attention.py). Compare auto/pp_1f1b.py.
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import FSDP, SEQ, STAGE
-from shard_parity.model.ring import reorder
+from shard_parity.mesh import FSDP, STAGE
 from shard_parity.pipeline import (
     add,
-    in_mesh,
     joined,
     moe_metrics,
     phases,
@@ -41,46 +38,45 @@ from shard_parity.pipeline import (
     start,
     tick,
 )
-from shard_parity.schedules import one_f_one_b, sends
-from shard_parity.placement import (
-    STACKED,
-    activations,
-    named,
-    outside_layers,
-    state_shardings,
-    state_specs,
-    without,
-)
+from shard_parity.pipeline import in_mesh
+from shard_parity.schedules import one_f_one_b
+from shard_parity.schedules import sends
+from shard_parity.placement import STACKED, activations, named, state_shardings, state_specs
+from shard_parity.placement import in_layout, outside_layers, without
 from shard_parity.step import as_dtype, make_train_step
 
 from . import composed, pp
+from .fsdp import gather
 
 STRATEGY = 'pp'  # --strategy=pp --pp_schedule=1f1b|interleaved
 PLANS = ('pp', 'composed')  # and on a named mesh with a stage axis (the bisector's sides)
 
 
 def pass_on(y, mesh, plan):  # f32[S@stage, B/M@data, T, C]: slot i's output to slot i + 1
-    spec = P(STAGE, *activations(plan))  # Manual mode: my slot; interleaved: the last's to 0
-    shift = lambda y: jax.lax.ppermute(y, STAGE, sends(plan.size(STAGE), plan.chunks))  # noqa: E731
-    return jax.shard_map(shift, mesh=mesh, in_specs=spec, out_specs=spec)(y)
+    return jax.shard_map(  # Manual mode: my slot; interleaved: the last's to slot 0
+        lambda y: jax.lax.ppermute(y, STAGE, sends(mesh.shape[STAGE], plan.chunks)),
+        mesh=mesh, in_specs=P(STAGE, *activations(plan)), out_specs=P(STAGE, *activations(plan)),
+    )(y)  # fmt: skip
 
 
 def pass_back(dx, mesh, plan):  # the gradient of slot i's input, to slot i - 1
-    spec = P(STAGE, *activations(plan))  # Manual mode: my slot; interleaved: slot 0's to the last
-    shift = lambda dx: jax.lax.ppermute(  # noqa: E731
-        dx, STAGE, [(j, i) for i, j in sends(mesh.shape[STAGE], plan.chunks)]
-    )
-    return jax.shard_map(shift, mesh=mesh, in_specs=spec, out_specs=spec)(dx)
+    return jax.shard_map(  # Manual mode: my slot; interleaved: slot 0's to the last
+        lambda dx: jax.lax.ppermute(
+            dx, STAGE, [(j, i) for i, j in sends(mesh.shape[STAGE], plan.chunks)]
+        ),
+        mesh=mesh, in_specs=P(STAGE, *activations(plan)), out_specs=P(STAGE, *activations(plan)),
+    )(dx)  # fmt: skip
 
 
 def interleave(blocks, mesh, virtual):  # f32[L@stage, ...] -> the chunks f32[S@stage, V, k, ...]
     # chunk v of stage s: virtual stage vS + s's k layers, which the reshape moves to stage s
-    n = mesh.shape[STAGE]  # [V, S@stage, k, ...], each keeping its other axes' splits
-    split = lambda w: pp.behind(w, mesh, None, STAGE, None)  # noqa: E731
-    chunks = jax.tree.map(
-        lambda w: w.reshape(virtual, n, -1, *w.shape[1:], out_sharding=split(w)), blocks
-    )
-    return jax.tree.map(lambda w: w.swapaxes(0, 1), chunks)
+    return jax.tree.map(  # [V, S@stage, k, ...] -> [S@stage, V, k, ...], each keeping its
+        lambda w: w.reshape(  # other axes' splits
+            virtual, mesh.shape[STAGE], -1, *w.shape[1:],
+            out_sharding=pp.behind(w, mesh, None, STAGE, None),
+        ).swapaxes(0, 1),
+        blocks,
+    )  # fmt: skip
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
@@ -89,22 +85,23 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
     reduce = plan.precision.reduce  # what the gradients' collectives carry (--reduce_dtype)
     table = one_f_one_b(stages, microbatches, virtual)
 
-    def fn(params, batch):  # params: blocks f32[L@stage, ...], the rest whole; x i32[B@data, T]
-        specs = state_specs(params, plan, mesh)
+    def body(params, batch, specs):  # params: blocks f32[L@stage, ...], the rest whole
         # On a named mesh (composed.py) each axis inside a stage adds its piece to the blocks:
         # fsdp's per-layer reshard, tp's, the ring, the experts' exchange.
         call = composed.hooks(plan, specs, mesh, batch)
         call.pop('pipeline', None)  # the ticks below are the pipeline
-        batch = reorder(batch, plan.size(SEQ), plan.layout) if plan.uses(SEQ) else batch
-        batch = jax.reshard(batch, NamedSharding(mesh, P(*activations(plan))))
-        if plan.uses(FSDP):  # the rest gathered once (the all-gathers carry --dtype)
-            params = outside_layers(as_dtype, params, dtype=plan.precision.compute)
-            params = outside_layers(jax.reshard, params, named(mesh, without(specs, FSDP)))
-            params = outside_layers(as_dtype, params, dtype=plan.precision.param)  # held in f32
+        params = (  # the rest gathered once, whole (vmap refuses a reduced operand), in --dtype
+            outside_layers(  # and held in float32 where used
+                gather, params, without(specs, FSDP), mesh=mesh, plan=plan,
+                held=plan.precision.param,
+            ) if plan.uses(FSDP) else params
+        )  # fmt: skip
         rest = rest_of(params)
         chunks, back = jax.vjp(lambda b: interleave(b, mesh, virtual), params[STACKED])
-        s = jnp.arange(stages, out_sharding=named(mesh, P(STAGE)))  # every slot's stage
-        model = pieces(graphdef, loss_fn, params, call)
+        model, s = (  # every slot's stage
+            pieces(graphdef, loss_fn, params, call),
+            jnp.arange(stages, out_sharding=named(mesh, P(STAGE))),
+        )
         batches = jax.tree.map(lambda a: split(a, microbatches), batch)  # [M, B/M@data, ...]
 
         def step(state, row, fwd, bwd, loss):  # every stage's tick, then the hand-overs
@@ -125,17 +122,28 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
             for k in ('metrics', 'stats', 'slopes')
         })  # fmt: skip
         state = phases(table, begin, step)
-        # each slot's embedding and head gradients (stage 0's, the last's): summed over 'stage'
-        d_rest, metrics = jax.tree.map(lambda a: a.sum(0), (state.rest, state.metrics))
-        metrics = jax.tree.map(lambda m: m / microbatches, metrics)
-        if state.stats:  # experts: each statistic's mean over the M microbatches and L layers,
-            # and the metrics' terms in them
-            layers = stages * virtual * jax.tree.leaves(chunks)[0].shape[2]
-            means = {k: v.sum(0) / (microbatches * layers) for k, v in state.stats.items()}
+        # the last slot's metrics, and with experts each statistic's mean over the M
+        # microbatches and L layers (a sum over the slots: an all-reduce over 'stage')
+        # and the metrics' terms in them, added to slot 0's
+        metrics = jax.tree.map(lambda m: m / microbatches, state.metrics)
+        if state.stats:
+            means = {k: v.sum(0) / (microbatches * model.layers) for k, v in state.stats.items()}
             first = jax.tree.map(lambda a: a[0], batches)
-            metrics = add(metrics, moe_metrics(model, rest, state.h.sum(0), first, means))
-        grads = as_dtype(joined(params, back(state.grads)[0], d_rest), reduce)
+            terms = moe_metrics(model, rest, state.h.sum(0), first, means)
+            metrics = add(metrics, jax.tree.map(lambda t: jnp.where(s == 0, t, 0), terms))
+        # each slot's embedding and head gradients (stage 0's, the last's) and the metrics:
+        # summed over the slots, 'stage' (an all-reduce), in --reduce_dtype
+        d_rest, metrics = jax.tree.map(lambda a: a.sum(0), (as_dtype(state.rest, reduce), metrics))
+        grads = joined(params, back(state.grads)[0], d_rest)
+        grads = as_dtype(grads, reduce)  # what the all-reduce carries
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
+
+    def fn(params, batch):  # the ticks' body, on the arrays as typed (the specs from them)
+        specs = state_specs(params, plan, mesh)
+        # x i32[B@data, T] (on a named mesh the rows over every row axis; under 'seq' the
+        # positions over 'seq' too, in the layout's order first)
+        batch = jax.reshard(in_layout(batch, plan), named(mesh, P(*activations(plan))))
+        return body(params, batch, specs)
 
     # the mesh as context (pipeline.in_mesh): without it jax 0.12's zeros_like (the stages'
     # zeros before the first tick) drops its operand's sharding, 0.10's keeps it

@@ -12,7 +12,7 @@ from . import planted
 planted(globals(), fsdp)
 
 
-def scatter(grad, spec, plan):  # the local gradient of a whole weight -> the mean for my shard
+def scatter(grad, spec, mesh, plan):  # the local gradient of a whole weight -> my shard's mean
     if FSDP not in spec:
         return jax.lax.pmean(as_dtype(grad, plan.precision.reduce), FSDP)  # all-reduce
     return (  # the reduce-scatter, of the gradient cast to --reduce_dtype first
