@@ -160,7 +160,7 @@ class Budget:
         """A loss metric: each module output's rounding (C_OP u sqrt(BOUNDARIES), independent
         per element), carried to the metric to first order: `sensitivity` = sqrt(sum over the
         outputs of ||dm / d eps||^2) / |m| for relative noise eps at each output, measured on the
-        step's batch and weights (tools/bisect/divergence.py's `sensitivities`, over the larger |m| of
+        step's batch and weights (tools/bisect/intercept.py's `sensitivities`, over the larger |m| of
         the two sides). A mean of T terms averages it as sqrt(T) and a cross-entropy damps it
         by the logits' size against the loss; both are in it, measured, where a constant fitted on one model at 256 terms
         overstated the averaging at 4 by 7 times and left the MLP's loss 1.4 budgets over (a
