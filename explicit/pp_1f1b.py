@@ -30,17 +30,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import FSDP, STAGE
-from shard_parity.pipeline import (
-    add,
-    joined,
-    moe_metrics,
-    phases,
-    pieces,
-    rest_of,
-    split,
-    start,
-    tick,
-)
+from shard_parity.pipeline import joined, pieces, rest_of, split
+from shard_parity.pipeline_1f1b import add, moe_metrics, phases, start, tick
 from shard_parity.pipeline import everywhere
 from shard_parity.schedules import one_f_one_b
 from shard_parity.schedules import interleave_pairs, sends

@@ -8,7 +8,8 @@ its subpackages (shard_parity.auto, .explicit, .typed, .inspector, .tools, .data
     devices.py    libtpu kept quiet on a machine without a TPU chip (before JAX starts)
     placement.py  where each array lives, one rule per axis, and the placing itself
     step.py       TrainState, AdamW, apply_gradients, the one-device step
-    pipeline.py   pp's checks, its schedules' tick tables and the model cut into stages
+    pipeline.py   pp's microbatches and the model cut into stages; pipeline_1f1b.py the
+                  tick engine of 1F1B and interleaved (schedules.py: their tick tables)
     memory.py     the state bytes each device should hold, from the axes that split them
     model/        the MLP, the transformer, attention and the custom-backward ops
     runtime/      configs, flags, tasks, the loop, checkpoints, reports, processes, the CLIs

@@ -11,18 +11,8 @@ from shard_parity.explicit import composed, pp_1f1b
 from shard_parity.explicit.fsdp import gather_outside, scatter
 from shard_parity.explicit.pp_1f1b import interleave, pass_back, pass_on
 from shard_parity.mesh import FSDP, STAGE
-from shard_parity.pipeline import (
-    add,
-    everywhere,
-    joined,
-    moe_metrics,
-    phases,
-    pieces,
-    rest_of,
-    split,
-    start,
-    tick,
-)
+from shard_parity.pipeline import everywhere, joined, pieces, rest_of, split
+from shard_parity.pipeline_1f1b import add, moe_metrics, phases, start, tick
 from shard_parity.schedules import one_f_one_b
 from shard_parity.placement import (
     REPLICATED,
