@@ -27,6 +27,13 @@ from shard_parity.step import (
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# jax 0.12.1 lowers an `unreduced` array with one leading dimension per unreduced axis, and its
+# reduction as one reduce-sum over them (jax/_src/pjit.py _lower_shaped_reshard), which XLA:CPU
+# partitions one axis at a time: a typed/ gradient unreduced over two axes is reduced by a
+# collective over each, where jax 0.10.2 and 0.12.0.1 make one over both (test_inspector_axes,
+# test_ep pin what each moves).
+REDUCES_PER_AXIS = jax.__version_info__ >= (0, 12, 1)
+
 # Small versions of both models for tests that run the train CLIs as subprocesses.
 CLI_MODELS = {
     'mlp': ['--model=mlp', '--batch_size=64'],

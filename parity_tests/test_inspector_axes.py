@@ -24,7 +24,7 @@ from flax import nnx
 from jax.experimental import mesh_utils
 from jax.sharding import AbstractMesh, AxisType, NamedSharding
 
-from parity_tests.helpers import REPO
+from parity_tests.helpers import REDUCES_PER_AXIS, REPO
 from shard_parity import UsageError, auto, explicit, memory, typed
 from shard_parity import plan as plans
 from shard_parity.inspector import hosts, twins
@@ -203,12 +203,8 @@ TYPED_OTHERWISE = {
         },
     ),
 }
-if jax.__version_info__ >= (0, 12, 1):
-    # jax 0.12.1 lowers an `unreduced` array with one leading dimension per unreduced axis, and
-    # its reduction as a reduce-sum over them (jax/_src/pjit.py _lower_shaped_reshard), which
-    # XLA:CPU partitions one axis at a time: a gradient unreduced over two axes moves in a
-    # collective over each (0.12.0.1: one over both). Measured on jax 0.12.1, XLA:CPU:
-    TYPED_OTHERWISE.update({
+if REDUCES_PER_AXIS:  # jax 0.12.1: a collective over each axis, moving the gradient once more
+    TYPED_OTHERWISE.update({  # measured on jax 0.12.1, XLA:CPU
         # over 'fsdp' an all-reduce of the whole (124,928 B) and over 'data' a reduce-scatter
         # (62,464 B), where the records reduce-scatter over 'fsdp' and all-reduce over 'data'
         'data:2,fsdp:2,model:2': (62464, {}),
