@@ -5,17 +5,19 @@ layer, the leaves, and what a constant ratio between them points to.
     python -m tools.bisect --twins=explicit,mypkg.my_dp --strategy=dp --x64
     python -m tools.bisect --twins=one_device,explicit --strategy=tp --mesh=4x2
     python -m tools.bisect --twins=one_device,typed --mesh=data:2,fsdp:2,model:2
+    python -m tools.bisect --twins=auto,explicit --from=runs/a@1000   # from a checkpoint
     python -m tools.bisect RUN_A RUN_B      # two train runs' workdirs, on any two meshes
 
 Each of --twins is a twin (auto, explicit, typed: its STRATEGIES[--strategy]; a named --mesh
 runs the file that covers its axes, else composed.py, as the train CLI), one_device, or the
 import path of a strategy module with loss_and_grads, train_step and eval_step (a copy of
-explicit/dp.py with one line changed, on PYTHONPATH). Both start from one initial state and take
-the same batches; sides.py loads them, divergence.py and stepping.py compare them. Exit 0: they
-agree for --steps steps; 1: they diverge (the report says where; two runs that differ with no
-checkpoint to replay them from: one line), or the data is missing or unreadable (the train CLI's
-line); 2: bad input (the train CLI's own checks, one line); 3: a side cannot run (`B
-(mypkg.my_dp) fails to trace at mypkg/my_dp.py:42: ...`).
+explicit/dp.py with one line changed, on PYTHONPATH). Both start from one initial state (the
+seed's, or --from's checkpoint: trained.py) and take the same batches; sides.py loads them,
+divergence.py and stepping.py compare them. Exit 0: they agree for --steps steps; 1: they
+diverge (the report says where; two runs that differ with no checkpoint to replay them from: one
+line), or the data is missing or unreadable (the train CLI's line); 2: bad input (the train
+CLI's own checks, --from's, one line); 3: a side cannot run (`B (mypkg.my_dp) fails to trace at
+mypkg/my_dp.py:42: ...`).
 docs/bisect.md walks through it.
 """
 
@@ -31,6 +33,7 @@ from shard_parity.datasets.root import DataError
 from shard_parity.runtime import plain_warnings
 from shard_parity.runtime import flags as F
 
+from . import trained
 from .report import as_dict, render  # noqa: F401 (render: the fuzzer's worker too)
 
 TWINS = flags.DEFINE_list(
@@ -54,6 +57,13 @@ X64 = flags.DEFINE_bool(
     'twins agree to ~1e-12, so a bug stands out by ten orders of magnitude.',
 )
 JSON = flags.DEFINE_bool('json', False, 'Print the report as one JSON object.')
+FROM = flags.DEFINE_string(
+    'from',
+    None,
+    'WORKDIR[@STEP]: start from a train run\'s checkpoint (its newest, or step STEP), with its '
+    'model and training settings, on the batches the run takes next; each side on its own '
+    'mesh and policy. With two run directories: the checkpoint both hold to replay from.',
+)
 DEFAULT_STEPS = 20
 
 
@@ -101,7 +111,9 @@ def from_flags():
 
     if len(TWINS.value) != 2:
         raise UsageError(f'--twins={",".join(TWINS.value)}: give two, such as auto,explicit')
-    start = started()
+    begin = trained.read(FROM.value) if FROM.value else None  # its model becomes the flags'
+    start = started(begin and begin.saved)
+    state = widen(trained.state(begin, start.state)) if begin else start.state
     try:
         a, b = (load_side(name, start.plan, start.mesh) for name in TWINS.value)
     except NarrowReduce as e:  # the train CLI's fix is no fix here: which twins to bisect
@@ -112,10 +124,12 @@ def from_flags():
             '(explicit casts beside each collective), or drop --reduce_dtype'
         ) from e
     steps = F.TRAIN['steps'].value or DEFAULT_STEPS
-    return D.bisect(
-        a, b, start.graphdef, start.loss_fn, start.tx, start.state, start.batches, steps,
-        tolerance(),
+    report = D.bisect(
+        a, b, start.graphdef, start.loss_fn, start.tx, state, start.batches, steps,
+        tolerance(), start=begin.step if begin else 0,
     )  # fmt: skip
+    report.notes[:0] = [trained.note(begin)] if begin else []
+    return report
 
 
 def reduces_narrow(name: str) -> bool:
@@ -132,10 +146,11 @@ def reduces_narrow(name: str) -> bool:
     return getattr(package, 'REDUCES_NARROW', True)
 
 
-def started():
+def started(saved: dict | None = None):
     """What both sides start from, by the flags: the plan (checked) and its mesh, the task's
     loss and batches, the optimizer, and the initial state. tools/fuzz/worker.py starts every
-    draw here too, so that a fuzzer's draw and its bisect command are the same run."""
+    draw here too, so that a fuzzer's draw and its bisect command are the same run. `saved`: a
+    checkpoint's config (--from), whose model and training settings are used (trained.py)."""
     import types
 
     from flax import nnx
@@ -152,6 +167,7 @@ def started():
     # --steps is how many steps to compare; the schedule stays the model's (not decayed over N)
     changes = {n: f.value for n, f in F.TRAIN.items() if f.value is not None and n != 'steps'}
     config = dataclasses.replace(cfg.TRAIN_DEFAULTS[model], **changes)
+    config = trained.train_config(saved) if saved else config
     # the train CLI's plan and checks (a default batch that does not split: fewer devices)
     plan = from_flags.plan(fit_default_batch=True)
     mesh = mesh_for(plan, AxisType.Auto)  # each side takes its twin's axis types (sides.py)
@@ -159,6 +175,7 @@ def started():
     if X64.value:  # float64 throughout: the step's casts and collectives too
         plan = plan.in_float64()
     shape = from_flags.model_config()
+    shape = trained.shape(saved, shape) if saved else shape
     if X64.value:  # float64 throughout: the compute and the gradients
         shape = dataclasses.replace(shape, dtype='float64', reduce_dtype='float64')
     if model == 'mlp':
@@ -198,4 +215,5 @@ def widen(tree):
 def from_runs(run_a: str, run_b: str):
     from . import runs
 
-    return runs.bisect_runs(run_a, run_b, tolerance(), widen, F.TRAIN['steps'].value)
+    steps = F.TRAIN['steps'].value
+    return runs.bisect_runs(run_a, run_b, tolerance(), widen, steps, FROM.value)

@@ -111,7 +111,10 @@ def first_difference(lines_a: dict, lines_b: dict, tolerance: str, policy=None):
     return None, agreed, skipped
 
 
-def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None):
+def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None,
+                begin: str | None = None):  # fmt: skip
+    """`begin`: --from=RUN@STEP, the checkpoint both runs hold that the replay starts from
+    (default: the newest one before their logs part)."""
     if pathlib.Path(run_a).resolve() == pathlib.Path(run_b).resolve():
         raise UsageError(f'{run_a} and {run_b} are the same directory: give two different runs')
     (saved_a, lines_a), (saved_b, lines_b) = read_run(run_a), read_run(run_b)
@@ -122,27 +125,34 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
         tolerance = 'model' if numerics.coarser(*policy) != 'float32' else 'f32'
     policy = policy if tolerance == 'model' else None
     step, agreed, skipped = first_difference(lines_a, lines_b, tolerance, policy)
-    if step is None:
+    if step is None and not begin:
         report = D.Report((run_a, run_b), tolerance, 0, identical=identical(lines_a, lines_b))
         if policy:
             report.model = numerics.Budget(*policy)
         report.notes = window_notes(skipped) + segment_notes(pairing.Stretches(saved_a, saved_b))
         return report
     common = sorted(set(checkpoint.steps(run_a)) & set(checkpoint.steps(run_b)))
-    before = [s for s in common if s <= agreed] or [s for s in common if s < step]
-    if not before:
-        raise Unreplayable(
-            f'the runs first differ at logged step {step}, but they share no checkpoint before it '
-            f'(A: {checkpoint.steps(run_a) or "none"}, B: {checkpoint.steps(run_b) or "none"}): '
-            'train with --save_initial (a step-0 checkpoint) and a smaller --checkpoint_every'
-        )
-    start = before[-1]
+    if begin:
+        start = chosen_start(begin, run_a, run_b, common)
+    else:
+        before = [s for s in common if s <= agreed] or [s for s in common if s < step]
+        if not before:
+            raise Unreplayable(
+                f'the runs first differ at logged step {step}, but they share no checkpoint '
+                f'before it (A: {checkpoint.steps(run_a) or "none"}, B: '
+                f'{checkpoint.steps(run_b) or "none"}): train with --save_initial (a step-0 '
+                'checkpoint) and a smaller --checkpoint_every'
+            )
+        start = before[-1]
+    # with --from, logs that never part are replayed still: to their last shared line
+    last = max(set(lines_a) & set(lines_b), default=start)
+    part = step if step is not None and step > start else max(last, start + 1)
     _, graphdef, state_a = checkpoint.read_numpy(run_a, start)
     _, _, state_b = checkpoint.read_numpy(run_b, start)
     config = cfg.TrainConfig(**saved_a['train'])
     x64 = tolerance == 'x64'
     parts = pairing.Stretches(saved_a, saved_b)  # each side: the segment of the first difference
-    sides = [side(seg, run, x64) for seg, run in zip(parts.at(step), (run_a, run_b))]
+    sides = [side(seg, run, x64) for seg, run in zip(parts.at(part), (run_a, run_b))]
     task = make_task(saved_a, config, x64)
     report = D.bisect(
         *sides,
@@ -151,13 +161,44 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
         make_optimizer(config),
         widen(state_a),
         _Widened(task, widen),
-        steps or step - start,
+        steps or part - start,
         tolerance,
         start=start,
         state_b=widen(state_b),
     )
-    report.notes = window_notes(skipped) + segment_notes(parts, start, step)
+    said = segment_notes(parts, start, step) if step is not None else segment_notes(parts)
+    report.notes = window_notes(skipped) + said
+    if begin:
+        agree = '' if step is not None else 'their logs agree at every step both logged; '
+        report.notes.insert(0, f'{agree}replayed from checkpoint {start}, as --from={begin} asks')
     return report
+
+
+def chosen_start(begin: str, run_a: str, run_b: str, common: list[int]) -> int:
+    """The step of --from=RUN@STEP (RUN: either run, or nothing before the @), which both runs
+    must have saved; refused in one line otherwise."""
+    from . import trained
+
+    workdir, step = trained.parse(begin)
+    if workdir and pathlib.Path(workdir).resolve() not in {
+        pathlib.Path(r).resolve() for r in (run_a, run_b)
+    }:
+        raise UsageError(
+            f'--from={begin}: with two run directories --from picks the checkpoint both hold to '
+            f'replay from: give --from={run_a}@STEP, STEP one of {common or "none"}'
+        )
+    if step is None:
+        raise UsageError(
+            f'--from={begin}: with two run directories the replay starts from the newest '
+            f'checkpoint both hold before their logs part; --from={run_a}@STEP picks another '
+            f'of those both hold: {common or "none"}'
+        )
+    if step not in common:
+        raise UsageError(
+            f'--from={begin}: step {step} was not saved by both runs; saved steps both hold: '
+            f'{common or "none"}'
+        )
+    return step
 
 
 def check_same_settings(run_a: str, run_b: str, saved_a: dict, saved_b: dict) -> None:
