@@ -112,13 +112,17 @@ def refused(*argv) -> str:
 
 
 def test_bad_from_is_one_line(trained, tmp_path):
-    assert f'--from={tmp_path}: no checkpoint in {tmp_path / "checkpoints"}' in refused(
+    assert f'--from={tmp_path}: no checkpoint in {tmp_path / "checkpoints"}; train with ' \
+        f'--workdir={tmp_path} first (--checkpoint_every=N saves every N steps)' in refused(
         f'--from={tmp_path}'
-    )
+    )  # fmt: skip
     assert 'step 3 was not saved; saved steps: [2, 4, 6]' in refused(f'--from={trained}@3')
     assert "'last' after @ is not a step number" in refused(f'--from={trained}@last')
     message = refused(f'--from={trained}', '--model=transformer')
-    assert 'is of another model or training than the flags say: --model: checkpoint mlp' in message
+    assert (
+        'is of another model or training than the flags say: --model: checkpoint mlp, given '
+        'transformer. --from takes them from the checkpoint: drop those flags'
+    ) in message
     message = refused(f'--from={trained}@2', '--batch_size=32', '--seed=3')
     assert '--batch_size: checkpoint 64, given 32; --seed: checkpoint 0, given 3' in message
 

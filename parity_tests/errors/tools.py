@@ -287,4 +287,29 @@ ROWS = [
         "--allow_other_settings, or bisect their twins under B's settings: python -m tools.bisect",
         'test_bisect.test_runs_of_other_settings_are_told_what_to_run_instead',
     ),
+    (
+        'bisect --from: a folder with no checkpoint',
+        'first (--checkpoint_every=N saves every N steps)',
+        'test_bisect_from.test_bad_from_is_one_line',
+    ),
+    (
+        'bisect --from: a step that was not saved (the saved ones named)',
+        'step 3 was not saved; saved steps: [2, 4, 6]',
+        'test_bisect_from.test_bad_from_is_one_line',
+    ),
+    (
+        "bisect --from: flags of another model or training than the checkpoint's (each field named)",
+        'is of another model or training than the flags say: --model: checkpoint mlp, given transformer',
+        'test_bisect_from.test_bad_from_is_one_line',
+    ),
+    (
+        'bisect --from: a STEP after @ that is not a number',
+        "'last' after @ is not a step number",
+        'test_bisect_from.test_bad_from_is_one_line',
+    ),
+    (
+        'bisect --from with two run directories: no step, or a step not both saved',
+        'step 4 was not saved by both runs; saved steps both hold: [2, 6]',
+        'test_bisect_from.test_with_two_run_directories_from_picks_the_checkpoint_to_replay_from',
+    ),
 ]
