@@ -113,18 +113,15 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
             for k in ('metrics', 'stats', 'slopes')
         })  # fmt: skip
         state = phases(table, begin, step)
-        # the last slot's metrics, and with experts each statistic's mean over the M
-        # microbatches and L layers (a sum over the slots: an all-reduce over 'stage')
-        # and the metrics' terms in them, added to slot 0's
+        # the last slot's metrics; each slot's embedding and head gradients (stage 0's, the
+        # last's) and the metrics: summed over the slots, 'stage' (an all-reduce)
         metrics = jax.tree.map(lambda m: m / microbatches, state.metrics)
-        if state.stats:
+        d_rest, metrics = jax.tree.map(lambda a: a.sum(0), (as_dtype(state.rest, reduce), metrics))
+        if state.stats:  # experts: each statistic's mean over the M microbatches and L layers
+            # (an all-reduce over 'stage', beside the one above) and the metrics' terms in them
             means = {k: v.sum(0) / (microbatches * model.layers) for k, v in state.stats.items()}
             first = jax.tree.map(lambda a: a[0], batches)
-            terms = moe_metrics(model, rest, state.h.sum(0), first, means)
-            metrics = add(metrics, jax.tree.map(lambda t: jnp.where(s == 0, t, 0), terms))
-        # each slot's embedding and head gradients (stage 0's, the last's) and the metrics:
-        # summed over the slots, 'stage' (an all-reduce), in --reduce_dtype
-        d_rest, metrics = jax.tree.map(lambda a: a.sum(0), (as_dtype(state.rest, reduce), metrics))
+            metrics = add(metrics, moe_metrics(model, rest, state.h.sum(0), first, means))
         grads = joined(params, back(state.grads)[0], d_rest)
         grads = as_dtype(grads, reduce)  # what the all-reduce carries
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce

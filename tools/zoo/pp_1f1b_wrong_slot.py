@@ -76,8 +76,9 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
                 for k, v in state.stats.items()
             }
             first = jax.tree.map(lambda a: a[0], batches)
-            terms = moe_metrics(model, rest, state.h, first, means)  # the same on every stage
-            metrics = add(metrics, jax.tree.map(lambda t: jnp.where(s == 0, t, 0), terms))
+            metrics = add(metrics, jax.tree.map(  # the terms, the same on every stage: stage 0's
+                lambda t: jnp.where(s == 0, t, 0), moe_metrics(model, rest, state.h, first, means)
+            ))  # fmt: skip
         # the embedding's gradient from stage 0, the head's from the last, and the metrics: an
         # all-reduce over 'stage', in the dtype the gradients' collectives carry (--reduce_dtype)
         d_rest, metrics = jax.lax.psum((as_dtype(state.rest, reduce), metrics), STAGE)
