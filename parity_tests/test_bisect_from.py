@@ -18,7 +18,14 @@ import numpy as np
 import pytest
 from absl import flags
 
-from parity_tests.helpers import REPO, plan_of
+from parity_tests.helpers import (
+    REPO,
+    TINY_TRANSFORMER,
+    fresh_state,
+    make_case,
+    plan_of,
+    save_checkpoint,
+)
 from shard_parity import UsageError, auto, exit_status
 from shard_parity import config as cfg
 from shard_parity.runtime import checkpoint, tasks
@@ -103,6 +110,28 @@ def test_the_zoo_is_still_caught_from_a_checkpoint(trained):
     assert f'checkpoint {STEPS} of {trained}' in report.notes[0]
 
 
+def test_the_model_and_its_policy_come_from_the_checkpoint(tmp_path):
+    """A bf16 tiny transformer's checkpoint, with no model flag given: the bisector builds that
+    transformer in bf16 (--dtype=float32 chooses float32); a shape flag that differs is
+    refused, naming it. Nothing compiles."""
+    case = make_case('transformer')
+    shape = dataclasses.replace(TINY_TRANSFORMER, dtype='bfloat16')
+    save_checkpoint(tmp_path, fresh_state(0, case)[2], case, shape)
+
+    def started():
+        return cli.started(cli.trained.read(cli.FROM.value).saved)
+
+    start = bisect(f'--from={tmp_path}', call=started)
+    assert (start.task.name, start.task.model_config) == ('transformer', shape)
+    assert start.plan.precision.compute == 'bfloat16'
+    start = bisect(f'--from={tmp_path}', '--dtype=float32', call=started)
+    assert start.task.model_config == TINY_TRANSFORMER
+    assert start.plan.precision.compute == 'float32'
+    message = refused(f'--from={tmp_path}', '--num_layers=3', '--embed_dim=32')
+    assert 'checkpoint 0 is of another model or training than the flags say: --num_layers: ' \
+        'checkpoint 2, given 3.' in message  # fmt: skip
+
+
 def refused(*argv) -> str:
     with pytest.raises(UsageError) as e:
         bisect('--twins=auto,explicit', '--steps=1', *argv)
@@ -136,8 +165,9 @@ def test_with_two_run_directories_from_picks_the_checkpoint_to_replay_from(train
     shutil.copytree(trained, copy)
     shutil.rmtree(copy / 'checkpoints' / '4')
     a, b = str(trained), str(copy)
-    assert runs.bisect_runs(a, b, None, cli.widen, None).steps == 0  # the logs agree: no replay
-    report = runs.bisect_runs(a, b, None, cli.widen, None, f'{a}@2')
+    same = lambda tree: tree  # noqa: E731 (no --x64: the state as read)
+    assert runs.bisect_runs(a, b, None, same, None).steps == 0  # the logs agree: no replay
+    report = runs.bisect_runs(a, b, None, same, None, f'{a}@2')
     assert not report.diverged and report.steps == STEPS - 2
     assert 'replayed from checkpoint 2, as --from=' in report.notes[0]
     for begin, message in (
@@ -146,7 +176,7 @@ def test_with_two_run_directories_from_picks_the_checkpoint_to_replay_from(train
         (f'{tmp_path}@2', 'with two run directories --from picks the checkpoint both hold'),
     ):
         with pytest.raises(UsageError, match=re.escape(message)) as e:
-            runs.bisect_runs(a, b, None, cli.widen, None, begin)
+            runs.bisect_runs(a, b, None, same, None, begin)
         assert exit_status(e.value) == 2
 
 

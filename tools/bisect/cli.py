@@ -61,8 +61,9 @@ FROM = flags.DEFINE_string(
     'from',
     None,
     'WORKDIR[@STEP]: start from a train run\'s checkpoint (its newest, or step STEP), with its '
-    'model and training settings, on the batches the run takes next; each side on its own '
-    'mesh and policy. With two run directories: the checkpoint both hold to replay from.',
+    'model, training settings and (unless --dtype, --reduce_dtype say) precision, on the '
+    'batches the run takes next, on the flags\' mesh. With two run directories: RUN@STEP, the '
+    'checkpoint both hold to replay from.',
 )
 DEFAULT_STEPS = 20
 

@@ -2,9 +2,9 @@
 
 Finds the first logged step where the two metrics.jsonl differ (train_loss, train_grad_norm
 with --log_grad_norm, the eval figures), restores the newest checkpoint both runs have before
-it, each with its own twin, strategy and mesh from its config.json, and replays step by step
-from there (tools/bisect/divergence.py). A step-0 checkpoint (train with --save_initial) lets
-it start from the beginning.
+it (or the one --from=RUN@STEP names), each with its own twin, strategy and mesh from its
+config.json, and replays step by step from there (tools/bisect/divergence.py). A step-0
+checkpoint (train with --save_initial) lets it start from the beginning.
 """
 
 import json
@@ -19,7 +19,7 @@ from shard_parity import config as cfg
 from shard_parity.step import make_optimizer
 
 from . import divergence as D
-from . import leaves
+from . import leaves, trained
 from ..compare import pairing
 from .sides import Side, load_side
 
@@ -177,12 +177,9 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
 def chosen_start(begin: str, run_a: str, run_b: str, common: list[int]) -> int:
     """The step of --from=RUN@STEP (RUN: either run, or nothing before the @), which both runs
     must have saved; refused in one line otherwise."""
-    from . import trained
-
     workdir, step = trained.parse(begin)
-    if workdir and pathlib.Path(workdir).resolve() not in {
-        pathlib.Path(r).resolve() for r in (run_a, run_b)
-    }:
+    runs = {pathlib.Path(r).resolve() for r in (run_a, run_b)}
+    if workdir and pathlib.Path(workdir).resolve() not in runs:
         raise UsageError(
             f'--from={begin}: with two run directories --from picks the checkpoint both hold to '
             f'replay from: give --from={run_a}@STEP, STEP one of {common or "none"}'

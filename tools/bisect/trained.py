@@ -1,12 +1,13 @@
 """`--from=WORKDIR[@STEP]`: the bisector starts from a train run's checkpoint, not the seed.
 
 Twins (cli.py): both sides start from the checkpoint's state (parameters, AdamW's state, the
-step), each placed on its own mesh and run under its own precision policy (--mesh, --dtype,
---reduce_dtype). The checkpoint's saved config is the model and the training settings (the
-schedule, the batch, the seed): a flag that says otherwise is refused, naming the fields. The
-batches are those the run takes next: the train loop (shard_parity/runtime/loop.py) trains
-step i on the task's train_batches.batch(i), i counted from the restored state's step, and the
-bisector's step i takes the same batch (divergence.bisect from start = that step).
+step), each placed on its side of the flags' mesh (--mesh, --strategy), under the run's
+precision policy unless --dtype or --reduce_dtype choose another. The checkpoint's saved config
+is the model and the training settings (the schedule, the batch, the seed): a flag that says
+otherwise is refused, naming the fields. The batches are those the run takes next: the train
+loop (shard_parity/runtime/loop.py) trains step i on the task's train_batches.batch(i), i
+counted from the restored state's step, and the bisector's step i takes the same batch
+(divergence.bisect from start = that step).
 Runs (runs.py): STEP picks which checkpoint, of those both runs hold, the replay starts from.
 """
 
@@ -90,7 +91,8 @@ def fields(saved: dict) -> dict:
 
 def adopt(value: str, step: int, saved: dict) -> None:
     """Refuses a flag given that differs from the checkpoint (naming each); then sets the
-    flags to the checkpoint's model, so that the plan is built and checked for it. The batch
+    flags to the checkpoint's model, so that the plan is built and checked for it, and to its
+    precision policy where --dtype and --reduce_dtype are not given. The batch
     size is set only where it is not the model's default, so that a default batch that does
     not split over every device still trains on fewer, as the train CLI did."""
     values = fields(saved)
@@ -103,6 +105,9 @@ def adopt(value: str, step: int, saved: dict) -> None:
             f'say: {"; ".join(diffs)}. --from takes them from the checkpoint: drop those flags'
         )
     flags.FLAGS['model'].value = saved['model']
+    for name in POLICY:  # the run's precision policy, unless the flags choose one
+        if not flags.FLAGS[name].present and saved['model_config'].get(name):
+            flags.FLAGS[name].value = saved['model_config'][name]
     for name, v in values.items():
         if name in F.TRAIN:
             default = getattr(cfg.TRAIN_DEFAULTS[saved['model']], name)
