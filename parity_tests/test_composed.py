@@ -30,14 +30,13 @@ from parity_tests.helpers import (
     logits,
     make_case,
     one_device_grads,
-    one_device_runs,
     plan_of,
     read_metrics,
     run_cli,
     save_checkpoint,
     train_twin,
-    train_twin_x64,
 )
+from parity_tests.wide import one_device_runs, train_twin_x64
 from shard_parity import auto, explicit, typed
 from shard_parity.placement import place_batch, place_state
 from shard_parity.runtime import checkpoint

@@ -38,13 +38,12 @@ from parity_tests.helpers import (
     fresh_state,
     make_case,
     one_device_grads,
-    one_device_runs,
     plan_of,
     read_metrics,
     run_cli,
     train_twin,
-    train_twin_x64,
 )
+from parity_tests.wide import one_device_runs, train_twin_x64
 from shard_parity import auto, explicit, typed
 from shard_parity import config as cfg
 from shard_parity.memory import abstract_state

@@ -26,15 +26,14 @@ from parity_tests.helpers import (
     inspect_collectives,
     logits,
     make_case,
-    one_device_runs,
     plan_of,
     read_metrics,
     run_cli,
     save_checkpoint,
     train_twin,
-    train_twin_x64,
     twin_loss_and_grads,
 )
+from parity_tests.wide import one_device_runs, train_twin_x64
 from shard_parity import auto, explicit, typed
 from shard_parity.mesh import SEQ, make_mesh
 from shard_parity.model import ring as ring_module

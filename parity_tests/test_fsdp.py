@@ -19,15 +19,14 @@ from parity_tests.helpers import (
     assert_trees_close,
     device0_bytes,
     fresh_state,
-    one_device_runs,
     plan_of,
     read_metrics,
     run_cli,
     strategy_mesh,
     train_twin,
-    train_twin_x64,
     twin_loss_and_grads,
 )
+from parity_tests.wide import one_device_runs, train_twin_x64
 from shard_parity import auto, explicit, typed
 from shard_parity.inspector.hlo import collectives, compiled_text
 from shard_parity.placement import layer_dims, place_batch, place_state

@@ -19,11 +19,10 @@ from parity_tests.helpers import (
     assert_trees_close,
     fresh_state,
     make_case,
-    one_device_runs,
     strategy_mesh,
-    train_twin_x64,
     twin_loss_and_grads,
 )
+from parity_tests.wide import one_device_runs, train_twin_x64
 from shard_parity import auto, explicit, typed
 from shard_parity.mesh import MODEL, make_mesh
 from shard_parity.model import attention

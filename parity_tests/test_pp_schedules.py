@@ -30,12 +30,13 @@ from parity_tests.helpers import (
     inspect_collectives,
     logits,
     make_case,
-    one_device_runs,
     plan_of,
     read_metrics,
     run_cli,
 )
-from parity_tests.helpers import train_twin, train_twin_x64
+from parity_tests.wide import one_device_runs
+from parity_tests.helpers import train_twin
+from parity_tests.wide import train_twin_x64
 from shard_parity import auto, explicit, typed
 from shard_parity.memory import abstract_state
 from shard_parity.mesh import make_mesh

@@ -17,10 +17,9 @@ from parity_tests.helpers import (
     assert_close,
     assert_params_close,
     fresh_state,
-    one_device_runs,
     train_twin,
-    train_twin_x64,
 )
+from parity_tests.wide import one_device_runs, train_twin_x64
 from shard_parity import auto, explicit
 from shard_parity.mesh import make_mesh
 
