@@ -7,7 +7,7 @@ it and checks its collectives, running nothing (tools/fuzz/target.py).
 
 A draw starts as the bisector's run does (tools/bisect/cli.py, `started`: the train CLI's plan and
 checks, the task, the initial state), so that its command replays it: a refusal is the CLI's
-line; else each twin takes one step beside one device (tools/bisect/divergence.py's compare_step: the
+line; else each twin takes one step beside one device (tools/bisect/stepping.py's compare_step: the
 activations, the loss and every gradient, then the update) at the bisector's tolerance for the
 pair (new_report: f32 round-off, or the error model of docs/numerics.md where either side
 computes or reduces in bfloat16), one-device programs compiled once for all the twins. A hang or a crash here is the driver's to see: it kills and restarts this.
