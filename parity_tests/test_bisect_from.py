@@ -30,10 +30,27 @@ from shard_parity import UsageError, auto, exit_status
 from shard_parity import config as cfg
 from shard_parity.runtime import checkpoint, tasks
 from shard_parity.runtime.training import Outputs, run
-from shard_parity.tools.bisect import cli, runs
+from shard_parity.tools.bisect import runs
 from shard_parity.tools.bisect import divergence as D
 
 STEPS = 6  # the run trains 6 steps of the MLP, saving at 2, 4 and 6
+cli = None  # tools/bisect/cli.py, imported for this module's tests alone (`_bisect_cli`)
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _bisect_cli():
+    """tools/bisect/cli.py, driven through its absl flags in this process, for this module's
+    tests alone: CLIs that other modules test in-process define some of the same names (the
+    inspector's --json), so its flags and the module go when this module's last test ends."""
+    global cli
+    from shard_parity.tools.bisect import cli as module
+
+    cli = module
+    yield
+    for flag in flags.FLAGS.get_flags_for_module(module.__name__):
+        delattr(flags.FLAGS, flag.name)
+    sys.modules.pop(module.__name__, None)
+    cli = None
 
 
 @pytest.fixture(scope='module')
