@@ -247,7 +247,7 @@ def test_steps_one_run_only_reached_are_reported(tmp_path):
     done = compare(a, b, '--allow_other_settings')  # judged at step 100, where both agree
     assert done.returncode == 0, done.stderr
     assert f'note: 4 logged steps in {a} only (140..200): {b} ends at step 120' in done.stdout
-    assert (f'eval_accuracy at step 100 (the last step both logged it: A ends at step 200, B at '
+    assert ('eval_accuracy at step 100 (the last step both logged it: A ends at step 200, B at '
             '120) 0.9000 vs 0.9000') in done.stdout
     assert 'bitwise identical where both logged it' in done.stdout
 
