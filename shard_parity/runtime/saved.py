@@ -35,7 +35,7 @@ def check_compatible(saved: dict, requested: dict) -> None:
             old = saved[group].get(
                 key, DEFAULTS[group].get(key)
             )  # a field added since: its default
-            if key not in skip and _tuples({key: old})[key] != _tuples({key: value})[key]:
+            if key not in skip and tupled(old) != tupled(value):
                 diffs.append(f'--{key}: checkpoint {old}, requested {value}')
     if diffs:
         raise UsageError(
@@ -47,12 +47,18 @@ def check_compatible(saved: dict, requested: dict) -> None:
 
 def build_model(saved_config: dict, rngs: nnx.Rngs) -> nnx.Module:
     if saved_config['model'] == 'mlp':
-        return MLP(cfg.MLPConfig(**_tuples(saved_config['model_config'])), rngs=rngs)
+        return MLP(cfg.MLPConfig(**tuples(saved_config['model_config'])), rngs=rngs)
     return Transformer(cfg.TransformerConfig(**saved_config['model_config']), rngs=rngs)
 
 
-def _tuples(d: dict) -> dict:  # JSON turns tuples into lists; frozen configs want them back
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+def tupled(value):
+    """A JSON list as the tuple a frozen config holds (JSON turns tuples into lists); any other
+    value as it is."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def tuples(d: dict) -> dict:
+    return {k: tupled(v) for k, v in d.items()}
 
 
 def abstract_state(saved: dict):

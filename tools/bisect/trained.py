@@ -22,7 +22,7 @@ from shard_parity import UsageError
 from shard_parity import config as cfg
 from shard_parity.runtime import checkpoint
 from shard_parity.runtime import flags as F
-from shard_parity.runtime.saved import DEFAULTS, POLICY, RESUMABLE
+from shard_parity.runtime.saved import DEFAULTS, POLICY, RESUMABLE, tupled, tuples
 
 
 @dataclasses.dataclass
@@ -98,7 +98,7 @@ def adopt(value: str, step: int, saved: dict) -> None:
     values = fields(saved)
     given = {n: flags.FLAGS[n].value for n in values if flags.FLAGS[n].present}
     diffs = [f'--{n}: checkpoint {values[n]}, given {v}' for n, v in given.items()
-             if not same(v, values[n])]  # fmt: skip
+             if tupled(v) != tupled(values[n])]  # fmt: skip
     if diffs:
         raise UsageError(
             f'--from={value}: checkpoint {step} is of another model or training than the flags '
@@ -117,12 +117,6 @@ def adopt(value: str, step: int, saved: dict) -> None:
             flags.FLAGS[name].value = v
 
 
-def same(a, b) -> bool:
-    """Equal, reading JSON's lists as tuples."""
-    tuples = [tuple(x) if isinstance(x, list) else x for x in (a, b)]
-    return tuples[0] == tuples[1]
-
-
 def train_config(saved: dict) -> cfg.TrainConfig:
     """The run's own training settings, its --steps included: the schedule the run had."""
     return cfg.TrainConfig(**saved['train'])
@@ -131,7 +125,7 @@ def train_config(saved: dict) -> cfg.TrainConfig:
 def shape(saved: dict, flagged):
     """The checkpoint's model configuration under the flags' policy (`flagged`, the flags'
     model configuration: its dtype and reduce_dtype)."""
-    mine = {k: tuple(v) if isinstance(v, list) else v for k, v in saved['model_config'].items()}
+    mine = tuples(saved['model_config'])
     policy = {k: getattr(flagged, k) for k in POLICY}
     return type(flagged)(**{**mine, **policy})
 
