@@ -11,6 +11,10 @@ blocks would be, so a given seed gives the same values. Layer i is a static slic
 (`layers()`). A strategy that passes `layer_weights=` (FSDP's per-layer all-gather) gets the
 blocks run under one `lax.scan` instead, each layer under `jax.checkpoint`: one layer's weights
 are live at a time, and the backward calls `layer_weights` again rather than keep its output.
+
+--remat_policy (`TransformerConfig.remat_policy`, docs/remat.md) puts every block, unrolled,
+scanned or in a pipeline's stage, under `jax.checkpoint` with one of `REMAT_POLICIES`; unset,
+each path keeps what it did before the flag: FSDP's scan `full`, every other path `none`.
 """
 
 import dataclasses
@@ -38,6 +42,24 @@ from shard_parity.model.ops import (
 
 normal = nnx.initializers.normal
 
+# --remat_policy -> the jax.checkpoint_policies policy each block runs under: what the forward
+# keeps for the backward (the rest is recomputed there). 'none': no jax.checkpoint at all.
+REMAT_POLICIES = {
+    'none': None,  # every intermediate the backward reads is kept
+    'full': 'nothing_saveable',  # only each block's input: the backward reruns the block
+    'dots': 'dots_saveable',  # every dot's output (projections, attention scores and mix)
+    'dots_no_batch': 'dots_with_no_batch_dims_saveable',  # the dots without batch dimensions:
+    # the weight matmuls' outputs, not attention's batched (per-head) scores and mix
+}
+
+
+def remat(body, policy: str):
+    """`body` under jax.checkpoint with `policy`'s (REMAT_POLICIES) policy; as it is for 'none'."""
+    name = REMAT_POLICIES[policy]
+    if name is None:
+        return body
+    return jax.checkpoint(body, policy=getattr(jax.checkpoint_policies, name))
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
@@ -58,6 +80,9 @@ class TransformerConfig:
     num_experts: int = 0
     experts_per_token: int = 1  # K: each token's top-K experts
     capacity_factor: float = 1.25  # each expert's slots per sequence: ceil(factor * T * K / E)
+    # what each block keeps for the backward (REMAT_POLICIES); None: as before the field was,
+    # `full` under FSDP's scan, `none` elsewhere (a config.json without it reads as None)
+    remat_policy: str | None = None
 
     def __post_init__(self):
         for name in ('seq_len', 'num_layers', 'num_heads', 'num_kv_heads', 'embed_dim'):
@@ -73,6 +98,10 @@ class TransformerConfig:
                 f'--embed_dim={self.embed_dim} is not divisible by --num_heads={self.num_heads}'
             )
 
+        if self.remat_policy is not None and self.remat_policy not in REMAT_POLICIES:
+            raise UsageError(
+                f'--remat_policy={self.remat_policy} is not one of {", ".join(REMAT_POLICIES)}'
+            )
         check_experts(self)
 
     @property
@@ -245,6 +274,12 @@ class Transformer(nnx.Module):
             x, stats = self.run_stack(weights, x, index, layer_weights, **hooks)
             if moe_stats is not None and stats:
                 moe_stats.append(stats)
+        elif caches is None and self.cfg.remat_policy not in (None, 'none'):  # unrolled, each
+            body = self.layer(index, None, hooks, self.cfg.remat_policy)  # under jax.checkpoint
+            for block in self.layers():
+                x, stats = body(x, nnx.split(block)[1])
+                if moe_stats is not None and stats:
+                    moe_stats.append(stats)
         else:  # layer by layer, unrolled
             for i, block in enumerate(self.layers()):
                 cache = None if caches is None else caches[i]
@@ -290,21 +325,27 @@ class Transformer(nnx.Module):
         or a pipeline stage's k consecutive layers), in order, under one `lax.scan`; returns
         (x, stats), stats the MoE layers' auxiliary loss and dropped share stacked [k] each
         ({} for dense blocks). With `layer_weights` (FSDP's per-layer gather) each layer's
-        params as stored pass through it, under `jax.checkpoint`: the checkpoint keeps only
-        each layer's input x for the backward (`nothing_saveable`: a policy that saved all but
+        params as stored pass through it, by default under `jax.checkpoint` keeping only each
+        layer's input x for the backward (`full`, nothing_saveable: a policy that saved all but
         `layer_weights`' outputs would still keep what the layer derives from them, a reshaped
         or cast kernel), so the backward calls `layer_weights` again and recomputes the layer:
-        one layer's weights are whole at a time. The hooks go into every layer's call."""
+        one layer's weights are whole at a time. --remat_policy overrides it (`none` keeps every
+        layer's gathered weights for the backward). The hooks go into every layer's call."""
+        hooks = dict(sum_partials=sum_partials, attention=attention, experts=experts)
+        policy = self.cfg.remat_policy or ('full' if layer_weights else 'none')
+        return jax.lax.scan(self.layer(index, layer_weights, hooks, policy), x, weights)
+
+    def layer(self, index, layer_weights, hooks: dict, policy: str):
+        """One block as `(x, w) -> (x, stats)`, w its params as stored, under `policy`'s
+        jax.checkpoint (REMAT_POLICIES): the scan's body, or each unrolled layer's call."""
         graphdef = nnx.split(self.blocks)[0]
 
         def body(x, w):  # x: [b, T, C]; w: one layer's params, as stored
             block, stats = nnx.merge(graphdef, layer_weights(w) if layer_weights else w), []
-            x = block(x, None, index, sum_partials, attention, experts, stats)[0]
+            x = block(x, None, index, stats=stats, **hooks)[0]
             return x, (stats[0] if stats else {})
 
-        if layer_weights is not None:
-            body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
-        return jax.lax.scan(body, x, weights)
+        return remat(body, policy)
 
     def init_caches(self, batch: int):
         """Empty KV caches: per layer two [B, seq_len, K, D] arrays in the compute dtype, the

@@ -19,6 +19,7 @@ from absl import flags
 from shard_parity import plan as plans
 from shard_parity.plan import STRATEGIES
 from shard_parity import config as cfg
+from shard_parity.model.transformer import REMAT_POLICIES
 
 MODEL = flags.DEFINE_enum('model', 'mlp', ['mlp', 'transformer'], 'Which model to train.')
 STRATEGY_HELP = {
@@ -154,6 +155,16 @@ CAPACITY_FACTOR = flags.DEFINE_float(
     'Each expert takes ceil(factor * seq_len * K / num_experts) tokens per sequence; the rest '
     'are dropped (first choices before second, then by position).',
 )
+REMAT_POLICY = flags.DEFINE_enum(
+    'remat_policy',
+    _T.remat_policy,
+    list(REMAT_POLICIES),
+    'What each transformer block keeps for the backward; the rest is recomputed there '
+    '(jax.checkpoint per block, docs/remat.md): '
+    + '; '.join(f'{k}: {v or "no jax.checkpoint"}' for k, v in REMAT_POLICIES.items())
+    + ' (jax.checkpoint_policies). Default: full under fsdp\'s per-layer gather, none elsewhere, '
+    'as before the flag. --model=mlp takes none or no value.',
+)
 
 # Devices, data and outputs.
 CPU_DEVICES = flags.DEFINE_integer(
@@ -274,7 +285,7 @@ def offer_strategies(names) -> None:
 
 
 TRANSFORMER_SHAPE = [SEQ_LEN, NUM_LAYERS, NUM_HEADS, NUM_KV_HEADS, EMBED_DIM, ATTENTION]
-TRANSFORMER_SHAPE += [NUM_EXPERTS, EXPERTS_PER_TOKEN, CAPACITY_FACTOR]
+TRANSFORMER_SHAPE += [NUM_EXPERTS, EXPERTS_PER_TOKEN, CAPACITY_FACTOR, REMAT_POLICY]
 PRECISION = [DTYPE, REDUCE_DTYPE, MATMUL_PRECISION]
 
 

@@ -35,6 +35,7 @@ from shard_parity.runtime.flags import (
     PP_SCHEDULE,
     PP_VIRTUAL,
     REDUCE_DTYPE,
+    REMAT_POLICY,
     SEQ_LEN,
     STRATEGY,
     TRAIN,
@@ -101,9 +102,15 @@ def batch_size() -> int:
 
 def model_config():
     """The model's configuration from the flags: the transformer's shape, or the MLP's; each
-    with the policy's compute and reduce dtypes."""
+    with the policy's compute and reduce dtypes. The MLP has no blocks to checkpoint: a
+    --remat_policy other than none is refused."""
     if MODEL.value == 'transformer':
         return transformer_config()
+    if REMAT_POLICY.value not in (None, 'none'):
+        raise UsageError(
+            f'--remat_policy={REMAT_POLICY.value} checkpoints transformer blocks; --model=mlp '
+            'has none (allowed: none, or leave it unset)'
+        )
     return cfg.MLPConfig(dtype=DTYPE.value, reduce_dtype=REDUCE_DTYPE.value)
 
 
@@ -143,4 +150,5 @@ def transformer_config() -> cfg.TransformerConfig:
         num_experts=NUM_EXPERTS.value,
         experts_per_token=EXPERTS_PER_TOKEN.value,
         capacity_factor=CAPACITY_FACTOR.value,
+        remat_policy=REMAT_POLICY.value,
     )

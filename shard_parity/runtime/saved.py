@@ -14,8 +14,9 @@ from shard_parity.step import TrainState, make_optimizer
 
 RESUMABLE = ('steps', 'log_every', 'eval_every')  # train settings a resumed run may change
 # the precision policy: the state is float32 whatever the compute and reduce dtypes, so a run
-# resumes under another policy as it does on another mesh (config.json records each)
-POLICY = ('dtype', 'reduce_dtype')
+# resumes under another policy as it does on another mesh (config.json records each); and the
+# remat policy, which changes what a step keeps, not the state
+POLICY = ('dtype', 'reduce_dtype', 'remat_policy')
 
 DEFAULTS = {
     'model_config': cfg.to_dict(cfg.TransformerConfig()),  # fields added since (num_experts)
