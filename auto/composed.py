@@ -22,11 +22,13 @@ from jax.sharding import PartitionSpec as P
 
 from shard_parity.mesh import EXPERT, FSDP, STAGE
 from shard_parity.placement import activations, REPLICATED, layer_specs, named, state_specs
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.placement import update_specs
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 from .ep import exchange
 from .fsdp import gather_layer, gather_outside
 from .pp import pipeline
+from . import zero1
 
 STRATEGY = 'composed'  # a named mesh: every axis the mesh names does its job
 
@@ -44,20 +46,23 @@ def hooks(plan, specs, mesh, batch):
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
-    def body(params, batch, specs):  # params @ each axis's split; batch: x[B, T] @ P(rows)
+    def body(params, batch, specs, to):  # params @ each axis's split; batch: x[B, T] @ P(rows)
         call = hooks(plan, specs, mesh, batch)
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         params = gather_outside(params, specs, mesh, plan) if plan.uses(FSDP) else params
-        (_, metrics), grads = grad_fn(params, batch)  # XLA inserts every axis's collectives
+        # XLA inserts every axis's collectives
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
-        # grads in the params' layout: XLA reduces each over the batch's axes to its shard
-        grads = jax.lax.with_sharding_constraint(grads, named(mesh, specs))
+        # grads in the moments' layout: XLA reduces each over the batch's axes to its shard
+        # (under ZeRO-1 split over 'data' too: a reduce-scatter, zero1.py)
+        grads = jax.lax.with_sharding_constraint(grads, named(mesh, to))
         return jax.lax.with_sharding_constraint(metrics, named(mesh, REPLICATED)), grads
 
     def fn(params, batch):  # the step's body, on the arrays as placed (the specs from them)
         specs = state_specs(params, plan, mesh)
+        to = update_specs(params, plan, mesh)  # the gradients' layout: the moments'
         batch = jax.lax.with_sharding_constraint(batch, named(mesh, P(*activations(plan))))
-        return body(params, batch, specs)
+        return body(params, batch, specs, to)
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is the in_shardings
 
@@ -65,7 +70,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
 def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates the shards it holds
     grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
-    return make_train_step(grads_fn, tx, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan, gather=zero1.gather)
 
 
 def eval_step(graphdef, eval_fn, mesh, plan):

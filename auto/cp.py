@@ -13,7 +13,7 @@ import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.placement import BATCH, REPLICATED, SEQUENCE
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 STRATEGY = 'cp'  # --strategy=cp: each sequence split over 'seq', the rows over 'data'
 
@@ -24,7 +24,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):  # plan.layout (--cp_layout) 
     def fn(params, batch):  # params @ P(); batch: x[B, T] @ P('data', 'seq')
         batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, SEQUENCE))
         # XLA moves the keys and values that attention needs between the chunks' devices
-        (_, metrics), grads = grad_fn(params, batch)
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # metrics and grads @ P(): each device saw only its rows' chunk, so XLA all-reduces
         # over both axes.

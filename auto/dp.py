@@ -10,7 +10,7 @@ import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.placement import BATCH, REPLICATED
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 STRATEGY = 'dp'  # --strategy=dp: every array whole on every device
 
@@ -19,7 +19,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
     def fn(params, batch):  # params @ P(); batch: x[B, ...] @ P('data')
-        (_, metrics), grads = grad_fn(params, batch)
+        # over K microbatches of each device's rows: where XLA adds them up is its choice
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # metrics and grads @ P(): each device's rows give only a partial sum, so the compiler
         # inserts an all-reduce over 'data' here (see parity_tests/test_collectives.py).

@@ -26,7 +26,7 @@ from shard_parity.placement import (
     rows,
     state_specs,
 )
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
 
@@ -47,7 +47,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def fn(params, batch):  # params @ P(), experts @ P(None, 'expert'); batch: x[B, T]
         batch = jax.lax.with_sharding_constraint(batch, NamedSharding(mesh, rows(plan)))
-        (_, metrics), grads = grad_fn(params, batch)
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # metrics @ P(), grads as the params: each device saw only its rows, so XLA all-reduces
         # the replicated weights' gradients over both axes, the experts' over 'data'

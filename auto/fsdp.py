@@ -20,7 +20,7 @@ import jax
 from shard_parity.mesh import FSDP
 from shard_parity.placement import FSDP_BATCH, REPLICATED, layer_specs, outside_layers, state_specs
 from shard_parity.placement import named, without
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'fsdp'
 
@@ -73,7 +73,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         call = gather_layer(layer_specs(specs), mesh, plan)  # the per-layer gather, if stacked
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         params = gather_outside(params, specs, mesh, plan)  # the all-gathers outside
-        (_, metrics), grads = grad_fn(params, batch)  # the layers' reduce-scattered already
+        # the layers' reduce-scattered already
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = outside_layers(scatter, grads, specs, mesh=mesh, plan=plan)  # the rest's
         return jax.lax.with_sharding_constraint(metrics, named(mesh, REPLICATED)), grads
 

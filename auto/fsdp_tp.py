@@ -13,7 +13,7 @@ import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.placement import FSDP_BATCH, REPLICATED, layer_specs, state_shardings, state_specs
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 from .fsdp import gather_layer, gather_outside
 
@@ -27,7 +27,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         call = gather_layer(layer_specs(specs), mesh, plan)  # over 'fsdp' per layer, if stacked
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         params = gather_outside(params, specs, mesh, plan)  # the all-gathers outside
-        (_, metrics), grads = grad_fn(params, batch)  # XLA all-gathers over 'fsdp', psums 'model'
+        # XLA all-gathers over 'fsdp', psums 'model'
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # grads sharded like the params: XLA reduces each gradient over 'fsdp' to its shard.
         grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, plan))

@@ -13,7 +13,7 @@ import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.placement import BATCH, REPLICATED, state_shardings
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 STRATEGY = 'tp'  # --strategy=tp: layers split over 'model', the batch over 'data'
 
@@ -22,7 +22,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
     grad_fn = jax.value_and_grad(bind(graphdef, loss_fn), has_aux=True)
 
     def fn(params, batch):  # params @ P(None, 'model') etc.; batch: x[B, ...] @ P('data')
-        (_, metrics), grads = grad_fn(params, batch)  # XLA all-reduces activations over 'model'
+        # XLA all-reduces activations over 'model'
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         # grads sharded like the params: XLA all-reduces each gradient slice over 'data'.
         grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh, plan))

@@ -56,10 +56,38 @@ class ClassificationBatches:
         )
 
 
-class LanguageModelBatches:
-    """nanoGPT's get_batch: B random windows of T tokens, targets shifted by one."""
+def loss_weights(mask: np.ndarray) -> np.ndarray:
+    """A step's loss mask (1 a token or row that counts, 0 padding) as the weights the losses
+    take (shard_parity/runtime/tasks.py): mask x size / count, so that the plain mean of
+    weight x loss over the step is the sum over real tokens divided by their count, the same
+    mean whether it is taken at once or as the mean of K equal microbatches' means."""
+    count = mask.sum()
+    if count == 0:
+        raise ValueError('a step whose loss mask is all zero has no tokens to average over')
+    return (mask * (mask.size / count)).astype(np.float32)
 
-    def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int):
+
+def partial_window(batch: dict, k: int, present: int) -> dict:
+    """`batch` as the last window of a dataset that does not divide into K microbatches: only
+    the first `present` of its K microbatches hold data (row r is in microbatch r % K, as
+    shard_parity/step.py splits), the rest weigh zero, and the weights are normalised over
+    the tokens present: the window counts by its tokens, not by K."""
+    if not 1 <= present <= k:
+        raise ValueError(f'present={present} microbatches: allowed 1 to K={k}')
+    target = batch['y'] if 'y' in batch else batch['label']  # the loss's shape: [B, T] or [B]
+    mask = batch['weight'] > 0 if 'weight' in batch else np.ones(target.shape, np.float32)
+    rows = (np.arange(len(target)) % k < present).reshape(-1, *[1] * (mask.ndim - 1))
+    return {**batch, 'weight': loss_weights(mask * rows)}
+
+
+class LanguageModelBatches:
+    """nanoGPT's get_batch: B random windows of T tokens, targets shifted by one. With
+    `documents`, each window is a document of random length (1 to T tokens) then padding
+    (byte 0), and the batch carries the loss weights of its mask ('weight', f32[B, T])."""
+
+    def __init__(
+        self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int, documents=False
+    ):
         _check_int('batch_size', batch_size)
         _check_int('seq_len', seq_len)
         _check_int('seed', seed, 0)
@@ -69,17 +97,24 @@ class LanguageModelBatches:
                 f'need at least seq_len + 1 = {seq_len + 1}'
             )
         self.tokens, self.batch_size, self.seq_len, self.seed = tokens, batch_size, seq_len, seed
+        self.documents = documents
 
     def batch(self, step: int, rows: slice = slice(None)) -> dict:
         """The global batch of `step`, or only its `rows` (a process's part of it)."""
         _check_int('step', step, 0)
         n, t = len(self.tokens), self.seq_len
-        ix = np.random.default_rng([self.seed, step]).integers(0, n - t, size=self.batch_size)
-        ix = ix[rows]
-        window = ix[:, None] + np.arange(t)  # (B, T); the largest index is n - t - 1 + t = n - 1
-        return dict(
+        rng = np.random.default_rng([self.seed, step])
+        ix = rng.integers(0, n - t, size=self.batch_size)
+        window = ix[rows, None] + np.arange(t)  # (B, T); the largest index is n - t - 1 + t = n - 1
+        out = dict(
             x=self.tokens[window].astype(np.int32), y=self.tokens[window + 1].astype(np.int32)
         )
+        if not self.documents:
+            return out
+        lengths = rng.integers(1, t + 1, size=self.batch_size)  # drawn after ix: ix unchanged
+        mask = (np.arange(t) < lengths[:, None]).astype(np.float32)  # the whole batch's
+        out = {name: np.where(mask[rows] > 0, v, 0).astype(np.int32) for name, v in out.items()}
+        return {**out, 'weight': loss_weights(mask)[rows]}  # normalised over the whole batch
 
 
 def eval_batches_classification(

@@ -24,7 +24,7 @@ Compare auto/composed.py and typed/composed.py.
 import jax
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.mesh import EXPERT, FSDP, MODEL, SEQ, STAGE
+from shard_parity.mesh import DATA, EXPERT, FSDP, MODEL, SEQ, STAGE
 from shard_parity.model.ring import model_call
 from shard_parity.placement import (
     activations,
@@ -34,8 +34,9 @@ from shard_parity.placement import (
     layer_specs,
     outside_layers,
     state_specs,
+    update_specs,
 )
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 from .cp import pass_on
 from .ep import exchange
@@ -43,6 +44,7 @@ from .fsdp import gather_layer, gather_outside
 from .fsdp import gather, scatter
 from .pp import pipeline
 from .tp import sum_partials
+from . import zero1
 
 STRATEGY = 'composed'  # a named mesh: every axis the mesh names does its job
 
@@ -69,19 +71,23 @@ def averaged_over(plan, spec) -> tuple[str, ...]:
     return tuple(a for a in plan.batch_axes if a not in spec and a != FSDP)
 
 
-def reduce(grads, specs, plan):
+def reduce(grads, specs, to, plan):
     """The gradient all-reduces: a mean over `averaged_over`'s axes; an expert's gradient is
-    already the sum over its 'expert' group (the all_to_all's transpose), so / n."""
+    already the sum over its 'expert' group (the all_to_all's transpose), so / n. Under ZeRO-1
+    a gradient whose moments `to` splits over 'data' is reduce-scattered there instead."""
 
-    def one(path, g, spec):  # the all-reduce over 'data' (and 'seq', the rows of 'expert')
-        g = jax.lax.pmean(as_dtype(g, plan.precision.reduce), averaged_over(plan, spec))
+    def one(path, g, spec, to):  # the all-reduce over 'data' (and 'seq', the rows of 'expert')
+        g, over = as_dtype(g, plan.precision.reduce), averaged_over(plan, spec)
+        if to != spec:  # ZeRO-1: the reduce-scatter over 'data' (zero1.py), the rest all-reduced
+            g, over = zero1.scatter(g, to, plan), tuple(a for a in over if a != DATA)
+        g = jax.lax.pmean(g, over)
         return g / plan.size(EXPERT) if is_expert(path) else g
 
-    return jax.tree_util.tree_map_with_path(one, grads, specs)
+    return jax.tree_util.tree_map_with_path(one, grads, specs, to)
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
-    def body(params, batch, specs):  # params: my shard of each array; batch: x[B/rows, T/seq]
+    def body(params, batch, specs, to):  # params: my shard of each array; batch: x[B/rows, T/seq]
         call = hooks(plan, specs, mesh, batch)
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         # As dp's pcast: varying over the batch axes, so that `grad` returns this device's own
@@ -90,18 +96,20 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
             lambda w, s: jax.lax.pcast(w, averaged_over(plan, s), to='varying'), params, specs
         )
         params = gather_outside(params, specs, mesh, plan) if plan.uses(FSDP) else params
-        (_, metrics), grads = grad_fn(params, batch)  # every axis's collectives inside
+        # every axis's collectives inside
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         if plan.uses(FSDP):  # the reduce-scatters of the weights outside the layers
             grads = outside_layers(scatter, grads, specs, mesh=mesh, plan=plan)
-        return jax.lax.pmean(metrics, plan.batch_axes), reduce(grads, specs, plan)
+        return jax.lax.pmean(metrics, plan.batch_axes), reduce(grads, specs, to, plan)
 
     def fn(params, batch):  # shard_map's body on each device (the specs from the global shapes)
         specs = state_specs(params, plan, mesh)
+        to = update_specs(params, plan, mesh)  # the gradients' layout: the moments'
         return jax.shard_map(
-            lambda params, batch: body(params, batch, specs),
+            lambda params, batch: body(params, batch, specs, to),
             mesh=mesh,
             in_specs=(specs, P(*activations(plan))),
-            out_specs=(REPLICATED, specs),
+            out_specs=(REPLICATED, to),
         )(params, in_layout(batch, plan))  # under 'seq' the positions in the layout's order
 
     return jax.jit(fn)
@@ -110,7 +118,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
 def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates the shards it holds
     grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
-    return make_train_step(grads_fn, tx, mesh, plan)
+    return make_train_step(grads_fn, tx, mesh, plan, gather=zero1.gather)
 
 
 def eval_step(graphdef, eval_fn, mesh, plan):

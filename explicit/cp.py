@@ -17,7 +17,7 @@ import jax
 from shard_parity.mesh import DATA, SEQ
 from shard_parity.model.ring import model_call, reorder
 from shard_parity.placement import BATCH, REPLICATED, SEQUENCE
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 STRATEGY = 'cp'  # --strategy=cp: each sequence split over 'seq', the rows over 'data'
 
@@ -37,7 +37,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         grad_fn = jax.value_and_grad(chunk(graphdef, loss_fn, batch, plan.layout), has_aux=True)
         # As in dp, but varying over both axes: every device's loss is a different term.
         params = jax.lax.pcast(params, (DATA, SEQ), to='varying')
-        (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of my part
+        # the loss and gradient of my part
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return jax.lax.pmean((metrics, grads), (DATA, SEQ))  # the all-reduce over both axes
 

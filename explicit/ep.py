@@ -16,7 +16,7 @@ import jax
 
 from shard_parity.mesh import DATA, EXPERT
 from shard_parity.placement import REPLICATED, is_expert, rows, state_specs
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
 
@@ -53,7 +53,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
             lambda p, w: jax.lax.pcast(w, DATA if is_expert(p) else (DATA, EXPERT), to='varying'),
             params,
         )
-        (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of my rows
+        # the loss and gradient of my rows
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return jax.lax.pmean(metrics, (DATA, EXPERT)), average(grads, mesh.shape[EXPERT])
 

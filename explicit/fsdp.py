@@ -16,7 +16,7 @@ import jax
 
 from shard_parity.mesh import FSDP
 from shard_parity.placement import FSDP_BATCH, REPLICATED, layer_specs, outside_layers, state_specs
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 STRATEGY = 'fsdp'  # --strategy=fsdp: each array split on its first dimension over 'fsdp'
 
@@ -76,7 +76,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
         def local(shards, batch):
             params = gather_outside(shards, specs, mesh, plan)  # the all-gathers outside
-            (_, metrics), grads = grad_fn(params, batch)  # the layers' reduce-scattered already
+            # the layers' reduce-scattered already
+            (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
             grads = outside_layers(scatter, grads, specs, mesh=mesh, plan=plan)  # the rest's
             return jax.lax.pmean(metrics, FSDP), grads  # the metrics' all-reduce
 

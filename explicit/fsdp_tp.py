@@ -14,7 +14,7 @@ import jax
 
 from shard_parity.mesh import FSDP
 from shard_parity.placement import FSDP_BATCH, REPLICATED, layer_specs, outside_layers, state_specs
-from shard_parity.step import bind, make_train_step
+from shard_parity.step import accumulate, bind, make_train_step
 
 from .fsdp import gather, gather_layer, gather_outside, scatter
 from .tp import sum_partials
@@ -32,7 +32,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
         def local(shards, batch):
             params = gather_outside(shards, specs, mesh, plan)  # the all-gathers outside
-            (_, metrics), grads = grad_fn(params, batch)  # with the psums over 'model'
+            # with the psums over 'model'
+            (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
             grads = outside_layers(scatter, grads, specs, mesh=mesh, plan=plan)  # the rest's
             return jax.lax.pmean(metrics, FSDP), grads  # the metrics' all-reduce
 

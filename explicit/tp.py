@@ -15,7 +15,7 @@ import jax
 
 from shard_parity.mesh import DATA, MODEL
 from shard_parity.placement import BATCH, REPLICATED, state_specs
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 STRATEGY = 'tp'  # --strategy=tp: layers split over 'model', the batch over 'data'
 
@@ -33,7 +33,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         def local(params, batch):
             # As in dp: varying over 'data', so that the pmean below is a mean, not n x a sum.
             params = jax.lax.pcast(params, DATA, to='varying')
-            (_, metrics), grads = grad_fn(params, batch)
+            (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
             grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
             return jax.lax.pmean((metrics, grads), DATA)  # the gradient all-reduce over 'data'
 

@@ -43,6 +43,17 @@ class TrainConfig:
     seed: int = _field(
         0, 'Seeds the initialisation and the batch order (generate: the sampling).', 0, 2**31 - 1
     )
+    gradient_accumulation_steps: int = _field(
+        1,
+        'K microbatches per optimizer step: each device cuts its rows into K, sums their '
+        'gradients in float32, and the twin reduces once (docs/accumulation.md).',
+        lower=1,
+    )
+    variable_length: bool = _field(
+        False,
+        'Transformer: train on variable-length documents, each window a document of random '
+        'length then padding, which the loss mask ignores (the loss is a mean over tokens).',
+    )
     log_every: int = _field(50, 'Log the mean train loss every N steps.', lower=1)
     eval_every: int = _field(200, 'Evaluate every N steps (and at the end).', lower=1)
     log_grad_norm: bool = _field(

@@ -9,7 +9,9 @@ runs a plan (the train loop, the bisector, the inspector and the benchmarks all 
 that every twin and strategy is tested against.
 """
 
+import dataclasses
 import functools
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -18,7 +20,7 @@ import optax
 from flax import nnx
 
 from shard_parity import UsageError
-from shard_parity.placement import layer_dims, state_shardings
+from shard_parity.placement import layer_dims, state_shardings, update_shardings
 from shard_parity.plan import STAGE
 from shard_parity.config import TrainConfig
 
@@ -94,17 +96,27 @@ def apply_gradients(state: TrainState, grads, tx) -> TrainState:
 
 
 def make_train_step(
-    grads_fn: Callable, tx, mesh, plan, place: Callable = jax.lax.with_sharding_constraint
-) -> Callable:
+    grads_fn: Callable, tx, mesh, plan, place: Callable = jax.lax.with_sharding_constraint,
+    gather: Callable | None = None,
+) -> Callable:  # fmt: skip
     """The train step every strategy file builds from its `loss_and_grads`: the gradients, then
     the update, which is elementwise and so the same code for every strategy (each device
     updates the arrays or shards it holds). The new state is constrained to the placement the
     old one had (`place`: typed/ passes `jax.reshard`, the only way to move data on an Explicit
-    mesh), and the old one is donated, so its buffers are reused."""
+    mesh), and the old one is donated, so its buffers are reused.
+    ZeRO-1 (`plan.zero1`, docs/zero1.md): the gradients arrive split as AdamW's moments
+    (placement.update_specs); the params are cut to the same shards (a local slice), updated
+    there, 1/n of each, and `gather(params, mesh, plan)`, the twin's zero1.gather, makes them
+    whole again: the step's one all-gather of the params."""
 
     def step(state: TrainState, batch):
         metrics, grads = grads_fn(state.params, batch)
+        if plan.zero1:  # this device's shard of every param: no communication
+            shards = update_shardings(state.params, mesh, plan)
+            state = state._replace(params=place(state.params, shards))
         state = apply_gradients(state, grads, tx)
+        if plan.zero1:  # the all-gather of the updated params (the moments stay split)
+            state = state._replace(params=gather(state.params, mesh, plan))
         metrics = with_grad_norm(metrics, state.opt_state)
         return place(state, state_shardings(state, mesh, plan)), metrics
 
@@ -177,6 +189,81 @@ def bind(graphdef, fn: Callable, **call) -> Callable:
         return fn(functools.partial(model, **call) if call else model, batch)
 
     return bound
+
+
+# --- Gradient accumulation: K microbatches per optimizer step (docs/accumulation.md). ---
+
+
+SHARE = 'accumulated_share'  # a microbatch's 1/K, which Accumulated scales its loss by
+
+
+@dataclasses.dataclass(frozen=True)
+class Accumulated:
+    """A task's loss, `fn(model, batch)`, marked to run over `steps` microbatches of each
+    batch (--gradient_accumulation_steps=K). Called, it is `fn` on what it is given (the
+    one-device run calls it on the whole batch: the reference every twin is tested against),
+    scaled by the batch's SHARE when `accumulate` gives it one."""
+
+    fn: Callable
+    steps: int = 1
+
+    def __call__(self, model, batch):
+        if SHARE not in batch:
+            return self.fn(model, batch)
+        share = batch[SHARE]
+        loss, metrics = self.fn(model, {k: v for k, v in batch.items() if k != SHARE})
+        return loss * share, jax.tree.map(lambda m: m * share, metrics)
+
+
+def microbatches(batch, k: int):
+    """[B, ...] -> [K, B/K, ...], row r in microbatch r % K: a device's block of rows (B/n of
+    them, K dividing B/n) splits into K strided parts on that device, so the split moves no
+    data in any twin and gives the same microbatches whether the rows are global or local."""
+    return jax.tree.map(lambda x: jnp.swapaxes(x.reshape(-1, k, *x.shape[1:]), 0, 1), batch)
+
+
+def accumulate(grad_fn: Callable, params, batch, loss_fn):
+    """`grad_fn(params, batch)` -- ((loss, metrics), grads) -- summed in float32 over the
+    K = loss_fn.steps microbatches of `batch`, each microbatch's loss scaled by 1/K (SHARE;
+    exact for K a power of two), so the sum is the step's mean. The batch's 'weight', when
+    it has one, is normalised over the whole step (datasets/batches.py), so the mean of the
+    K microbatch means is the token-weighted mean of the step, never a mean of per-microbatch
+    means. The first microbatch is outside the loop: the accumulator starts as its gradient,
+    with its type (in typed/ `unreduced`, each device's partial sum; an unreduced array can
+    be added to but not divided), and the reduction the twin writes after this call runs
+    once per step. K = 1 is `grad_fn(params, batch)` itself: the same program as without."""
+    k = getattr(loss_fn, 'steps', 1)
+    if k == 1:
+        return grad_fn(params, batch)
+    parts = microbatches(batch, k)
+    part = lambda i: {**jax.tree.map(lambda x: x[i], parts), SHARE: 1.0 / k}
+    first = jax.tree.map(lambda x: x.astype(jnp.float32), grad_fn(params, part(0)))
+
+    def add(i, total):  # the float32 accumulator, whatever the compute dtype
+        return jax.tree.map(lambda t, x: t + x.astype(jnp.float32), total, grad_fn(params, part(i)))
+
+    return jax.lax.fori_loop(1, k, add, first)
+
+
+def check_accumulation(plan, batch_size: int, k: int) -> None:
+    """--gradient_accumulation_steps=K against the plan: K must divide each row device's rows
+    (its microbatches are equal parts of them), and a 'stage' axis refuses K > 1."""
+    if k == 1:
+        return
+    if plan.uses(STAGE):
+        raise UsageError(
+            f'--gradient_accumulation_steps={k} with a pipeline (the mesh\'s stage axis): its '
+            'step already cuts the batch into --microbatches=M and sums their gradients; K '
+            f'windows of M would be the gradient of --microbatches={k} x M: raise that instead '
+            '(--pp_schedule=1f1b keeps activation memory bounded by the stages, not by M)'
+        )
+    rows = batch_size // math.prod(plan.size(a) for a in plan.rows)
+    if rows % k:
+        raise UsageError(
+            f'--gradient_accumulation_steps={k} does not divide the {rows} rows each device of '
+            f"the mesh's row axes takes (--batch_size={batch_size}): use a K that divides "
+            f'{rows}, or a --batch_size whose per-device share K divides'
+        )
 
 
 # --- The one-device run: no mesh, no sharding, no collective. ---

@@ -28,17 +28,18 @@ from shard_parity.placement import (
     named,
     outside_layers,
     reduced_shardings,
-    state_shardings,
     state_specs,
+    update_specs,
     without,
 )
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 from .cp import ring
 from .ep import exchange
 from .fsdp import gather_layer, gather_outside
 from .pp import pipeline
 from .tp import sum_partials
+from . import zero1
 
 STRATEGY = 'composed'  # a named mesh: every axis the mesh names does its job
 
@@ -61,7 +62,7 @@ def hooks(plan, specs, mesh, batch):
 
 
 def loss_and_grads(graphdef, loss_fn, mesh, plan):
-    def body(params, batch, specs):  # params: f32[in@fsdp, out@model] etc.; batch: x i32[B@rows, T]
+    def body(params, batch, specs, to):  # params: f32[in@fsdp, out@model]; batch: x i32[B@rows, T]
         call = hooks(plan, specs, mesh, batch)
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         # Free (and the all-gather over 'fsdp'): reduced over the batch axes, so the gradients
@@ -72,16 +73,18 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         else:
             cast = outside_layers if plan.uses(STAGE) else jax.tree.map
             params = cast(jax.reshard, params, reduced_shardings(params, mesh, plan))
-        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:(data, ...)}
+        # grads: f32[in, out@model]{U:(data, ...)}
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         # unreduced -> the state's layout: the all-reduces (over 'fsdp' the reduce-scatters)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
-        return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))
+        return metrics, jax.reshard(grads, named(mesh, to))  # ZeRO-1: to 1/n (zero1.py)
 
     def fn(params, batch):  # the step's body, on the arrays as typed (the specs from them)
         specs = state_specs(params, plan, mesh)
+        to = update_specs(params, plan, mesh)  # the gradients' layout: the moments'
         # under 'seq' the positions in the layout's order first: a local gather of whole rows
         batch = jax.reshard(in_layout(batch, plan), named(mesh, P(*activations(plan))))
-        return body(params, batch, specs)
+        return body(params, batch, specs, to)
 
     return jax.jit(fn)  # the inputs' placement (place_state, place_batch) is their type
 
@@ -89,7 +92,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
 def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: each device updates the shards it holds
     grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)
-    return make_train_step(grads_fn, tx, mesh, plan, place=jax.reshard)  # moves: reshard
+    return make_train_step(grads_fn, tx, mesh, plan, place=jax.reshard, gather=zero1.gather)
 
 
 def eval_step(graphdef, eval_fn, mesh, plan):

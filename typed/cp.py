@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding
 from shard_parity.mesh import SEQ
 from shard_parity.model.ring import attention_on, order, reorder
 from shard_parity.placement import BATCH, SEQUENCE, reduced_shardings, state_shardings
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 STRATEGY = 'cp'  # --strategy=cp: each sequence split over 'seq', the rows over 'data'
 
@@ -49,7 +49,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         grad_fn = jax.value_and_grad(bind(graphdef, loss_fn, **call), has_aux=True)
         # Free: reduced over both axes, so the gradients come out unreduced over both.
         params = jax.reshard(params, reduced_shardings(params, mesh, plan))
-        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out]{U:(data, seq)}
+        # grads: f32[in, out]{U:(data, seq)}
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 

@@ -13,7 +13,7 @@ import jax
 from jax.sharding import NamedSharding
 
 from shard_parity.placement import BATCH, reduced_shardings, state_shardings
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 STRATEGY = 'dp'  # --strategy=dp: every array whole on every device
 
@@ -25,7 +25,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         # Free: reduced weights get unreduced gradients, left for us to add (parity_tests/
         # test_typed.py reads these types while the step is traced).
         params = jax.reshard(params, reduced_shardings(params, mesh, plan))
-        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[784, 512]{U:data}
+        # grads: f32[784, 512]{U:data}, the K microbatches' sum still unreduced: one add below
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 

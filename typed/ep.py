@@ -20,7 +20,7 @@ from shard_parity.placement import (
     rows,
     state_shardings,
 )
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 STRATEGY = 'ep'  # --strategy=ep: experts split over 'expert', the rows over both axes
 
@@ -41,7 +41,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         batch = jax.reshard(batch, NamedSharding(mesh, rows(plan)))
         # Free: reduced (experts over 'data' only), so the gradients come out unreduced.
         params = jax.reshard(params, reduced_shardings(params, mesh, plan))
-        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[C, E]{U:(data, expert)}
+        # grads: f32[C, E]{U:(data, expert)}
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 

@@ -21,7 +21,7 @@ from shard_parity.placement import (
     state_specs,
     without,
 )
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 from .fsdp import gather_layer, gather_outside
 from .tp import sum_partials
@@ -37,7 +37,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         model_fn = bind(graphdef, loss_fn, sum_partials=sum_partials, **call)
         grad_fn = jax.value_and_grad(model_fn, has_aux=True)
         params = gather_outside(params, specs, mesh, plan)  # the all-gathers outside, in --dtype
-        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:fsdp}
+        # grads: f32[in, out@model]{U:fsdp}
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         # unreduced -> split over 'fsdp': the reduce-scatter, each device keeps its shard's sum
         grads = as_dtype(grads, plan.precision.reduce)  # what the reduce-scatter carries
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))

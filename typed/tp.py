@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.placement import BATCH, reduced_shardings, state_shardings
-from shard_parity.step import as_dtype, bind, make_train_step
+from shard_parity.step import accumulate, as_dtype, bind, make_train_step
 
 STRATEGY = 'tp'  # --strategy=tp: layers split over 'model', the batch over 'data'
 
@@ -34,7 +34,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
     def fn(params, batch):  # params: f32[in, out@model] etc.; batch: x f32[B@data, ...]
         # As in dp: reduced over 'data' (free), so the gradients come out unreduced over it.
         params = jax.reshard(params, reduced_shardings(params, mesh, plan))
-        (_, metrics), grads = grad_fn(params, batch)  # grads: f32[in, out@model]{U:data}
+        # grads: f32[in, out@model]{U:data}
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return metrics, jax.reshard(grads, state_shardings(grads, mesh, plan))  # all-reduce
 

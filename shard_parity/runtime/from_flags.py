@@ -3,7 +3,8 @@ configurations. The one module that reads the values of the flags shard_parity/r
 defines; the train CLI, the inspector, the bisector and the benchmarks call it after parsing.
 
 The plan is built here once, from --mesh, --strategy, --num_devices, --microbatches,
---pp_schedule, --pp_virtual, --cp_layout and the precision flags, and checked
+--pp_schedule, --pp_virtual, --cp_layout, --shard_optimizer_over_data and the precision
+flags, and checked
 (shard_parity/checks.py) before anything compiles; everything after takes it whole.
 """
 
@@ -16,6 +17,7 @@ from absl import flags, logging
 from shard_parity import UsageError, checks, mesh
 from shard_parity import config as cfg
 from shard_parity import plan as plans
+from shard_parity.step import check_accumulation
 from shard_parity.runtime.flags import (
     ATTENTION,
     CAPACITY_FACTOR,
@@ -37,6 +39,7 @@ from shard_parity.runtime.flags import (
     REDUCE_DTYPE,
     REMAT_POLICY,
     SEQ_LEN,
+    SHARD_OPTIMIZER,
     STRATEGY,
     TRAIN,
     TRANSFORMER_SHAPE,
@@ -58,7 +61,7 @@ def plan(fit_default_batch: bool = False, devices=None) -> plans.Plan:
     result = plans.parse(
         MESH.value, strategy, count, experts,
         microbatches=MICROBATCHES.value, schedule=PP_SCHEDULE.value, virtual=PP_VIRTUAL.value,
-        layout=CP_LAYOUT.value, precision=precision(),
+        layout=CP_LAYOUT.value, precision=precision(), zero1=SHARD_OPTIMIZER.value,
     )  # fmt: skip
     if MESH.value and NUM_DEVICES.value is not None and NUM_DEVICES.value != result.devices:
         raise UsageError(
@@ -66,6 +69,7 @@ def plan(fit_default_batch: bool = False, devices=None) -> plans.Plan:
             f'({result.devices} devices) disagree: give one of them'
         )
     checks.check(result, model_config(), batch_size())
+    check_accumulation(result, batch_size(), TRAIN['gradient_accumulation_steps'].value or 1)
     return result
 
 

@@ -21,6 +21,7 @@ from shard_parity.model.ops import cross_entropy
 from shard_parity.model.transformer import Transformer
 from shard_parity import config as cfg
 from shard_parity.runtime import report
+from shard_parity.step import Accumulated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +29,8 @@ class Task:
     name: str
     model_config: Any
     make_model: Callable[[nnx.Rngs], nnx.Module]
-    loss_fn: Callable  # (model, batch) -> (mean loss, metrics): differentiated by the twins
+    loss_fn: Callable  # (model, batch) -> (mean loss, metrics): differentiated by the twins,
+    # over --gradient_accumulation_steps microbatches (step.Accumulated)
     eval_fn: Callable  # (model, batch) -> per-example outputs
     train_batches: Any  # .batch(step) -> dict of host arrays, a pure function of (seed, step)
     eval_batches: list[dict]  # fixed; a 'mask' entry marks padding and never reaches the device
@@ -38,11 +40,18 @@ class Task:
     units_per_batch: int
 
 
+def weighted_mean(values, batch):
+    """The loss's mean: plain, or with the batch's 'weight' (a loss mask normalised over the
+    whole step: datasets/batches.py, loss_weights) the sum over real tokens (rows) divided by
+    their count in the step. Without one, the program of a run with no mask is as it was."""
+    return (values * batch['weight']).mean() if 'weight' in batch else values.mean()
+
+
 def classification_loss(model, batch):
     logits = model(batch['image'])  # f32[B, 10]
-    losses = cross_entropy(logits, batch['label'])
-    accuracy = jnp.mean(jnp.argmax(logits, -1) == batch['label'])
-    return losses.mean(), {'loss': losses.mean(), 'accuracy': accuracy}
+    loss = weighted_mean(cross_entropy(logits, batch['label']), batch)
+    accuracy = weighted_mean(jnp.argmax(logits, -1) == batch['label'], batch)
+    return loss, {'loss': loss, 'accuracy': accuracy}
 
 
 def classification_eval(model, batch):
@@ -54,6 +63,8 @@ def classification_eval(model, batch):
 
 def mnist_task(config: cfg.TrainConfig, data_dir: str | None = None, download=True,
                model_config: cfg.MLPConfig = cfg.MLPConfig()) -> Task:  # fmt: skip
+    if config.variable_length:
+        raise UsageError('--variable_length cuts text into documents: --model=transformer only')
     data = mnist.load(data_root(data_dir), download=download)
     if config.batch_size > len(data['train'][1]):
         raise UsageError(
@@ -78,7 +89,7 @@ def mnist_task(config: cfg.TrainConfig, data_dir: str | None = None, download=Tr
         name='mlp',
         model_config=model_config,
         make_model=lambda rngs: MLP(model_config, rngs=rngs),
-        loss_fn=classification_loss,
+        loss_fn=Accumulated(classification_loss, config.gradient_accumulation_steps),
         eval_fn=classification_eval,
         train_batches=batches.ClassificationBatches(*data['train'], config.batch_size, config.seed),
         eval_batches=eval_batches,
@@ -92,7 +103,7 @@ def mnist_task(config: cfg.TrainConfig, data_dir: str | None = None, download=Tr
 def lm_loss(model, batch):
     stats = []  # with --num_experts, each MoE layer's auxiliary loss and dropped share
     logits, _ = model(batch['x'], moe_stats=stats)  # f32[B, T, 256]
-    loss = cross_entropy(logits, batch['y']).mean()
+    loss = weighted_mean(cross_entropy(logits, batch['y']), batch)  # over the real tokens
     if not stats:
         return loss, {'loss': loss}
     aux = jnp.mean(jnp.stack([jnp.mean(s['aux']) for s in stats]))  # the mean over layers
@@ -129,9 +140,11 @@ def shakespeare_task(
         name='transformer',
         model_config=model_config,
         make_model=lambda rngs: Transformer(model_config, rngs=rngs),
-        loss_fn=lm_loss,
+        loss_fn=Accumulated(lm_loss, config.gradient_accumulation_steps),
         eval_fn=lm_eval,
-        train_batches=batches.LanguageModelBatches(train, b, t, config.seed),
+        train_batches=batches.LanguageModelBatches(
+            train, b, t, config.seed, documents=config.variable_length
+        ),
         eval_batches=batches.eval_batches_lm(val, b, t, EVAL_BATCHES, seed=0),
         summarize=summarize,
         write_report=lambda workdir, out: None,
