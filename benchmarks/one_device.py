@@ -13,13 +13,15 @@ from benchmarks.timing import interleaved
 from shard_parity import explicit
 from shard_parity.model import attention
 from shard_parity.model.transformer import Transformer
-from shard_parity.runtime import generate
+from shard_parity.runtime import flops, generate
 from shard_parity.step import one_device_train_step
 
 
 def attention_sweep(lengths, rounds: int, dtype=jnp.float32) -> list[dict]:
     """3. naive vs fused attention, forward and backward of one layer: latency and XLA's
-    compiled temporary memory (memory_analysis), where naive's T x T scores show up."""
+    compiled temporary memory (memory_analysis), where naive's T x T scores show up; model
+    TFLOP/s and MFU by 12 B H D T^2 (the forward's two matmuls and the backward's four, the
+    causal half counted in full, as runtime/flops.py counts attention)."""
     rows = []
     for t in lengths:
         k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
@@ -35,11 +37,15 @@ def attention_sweep(lengths, rounds: int, dtype=jnp.float32) -> list[dict]:
             temp[name] = compiled.memory_analysis().temp_size_in_bytes
             fns[name] = lambda c=compiled: jax.block_until_ready(c(q, k, v))
         med = interleaved(fns, rounds, warmup=1)
+        model = 12 * q.shape[0] * q.shape[2] * q.shape[3] * t * t  # QK^T and PV: 4 BHDT^2, x3
+        rates = {n: flops.rates(model, med[n], jax.devices()[0], jnp.dtype(dtype).name) for n in fns}
         rows.append(
             {
                 'seq_len': t,
                 **{f'{n}_ms': 1e3 * med[n] for n in fns},
                 **{f'{n}_temp_bytes': temp[n] for n in fns},
+                'model_flops': model,
+                **{f'{n}_{k}': v for n in fns for k, v in rates[n].items()},
             }
         )
     return rows
@@ -76,7 +82,7 @@ def nanogpt(rounds: int, model_config=NANOGPT, batch_size=12) -> dict:
     the backward pass, and achieved FLOP/s against the measured matmul peak."""
     graphdef, tx, state, loss, batch, units = setup('transformer', batch_size, model_config)
     step = one_device_train_step(graphdef, loss, tx)
-    flops = step.lower(state, batch).compile().cost_analysis()['flops']
+    xla_flops = step.lower(state, batch).compile().cost_analysis()['flops']
     fwd = jax.jit(lambda p, b: loss(nnx.merge(graphdef, p), b)[0])
     train = runner(None, 1, 'transformer', batch_size, steps=10, model_config=model_config)
     forward = lambda: [jax.block_until_ready(fwd(state.params, batch)) for _ in range(10)]  # noqa: E731
@@ -89,9 +95,9 @@ def nanogpt(rounds: int, model_config=NANOGPT, batch_size=12) -> dict:
         )
     med = interleaved(candidates, rounds)
     step_s, fwd_s = med['train'] / 10, med['forward'] / 10
-    n_params = sum(p.size for p in jax.tree.leaves(state.params))
-    c, t, layers = model_config.embed_dim, model_config.seq_len, model_config.num_layers
-    analytic = units * (6 * n_params + 12 * layers * c * t)  # nanoGPT's estimate_mfu formula
+    t = model_config.seq_len
+    # 6N + 12LDT a token (runtime/flops.py; nanoGPT's estimate_mfu, position embeddings left out)
+    analytic = units * flops.per_unit('transformer', model_config)
     peak = matmul_peak(model_config.compute_dtype)
     two = {}  # only where a second CPU device ran the step too
     if 'two_devices' in med:
@@ -105,9 +111,11 @@ def nanogpt(rounds: int, model_config=NANOGPT, batch_size=12) -> dict:
         'tokens_per_sec': units / step_s,
         'forward_ms': 1e3 * fwd_s,
         'step_over_forward': step_s / fwd_s,
-        'xla_flops_per_step': flops,
+        'xla_flops_per_step': xla_flops,
         'analytic_flops_per_step': analytic,
         'achieved_flops_per_sec': analytic / step_s,
         'matmul_peak_flops_per_sec': peak,
         'fraction_of_peak': analytic / step_s / peak,
+        **flops.rates(analytic, step_s, jax.devices()[0], model_config.dtype),
+        'hardware_tflops_per_sec': xla_flops / step_s / 1e12,
     }

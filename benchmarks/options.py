@@ -4,15 +4,18 @@ before any section does (bad input: one line, exit 2)."""
 
 from absl import flags
 
-from benchmarks import SECTIONS
+from benchmarks import CHIP_ONLY, DEFAULT_SECTIONS, SECTIONS, TPU_SECTIONS
 from shard_parity import exit_status, refuse
 from shard_parity.inspector.target import TARGETS
 
 NANOGPT_DEVICES = 2  # one device per core of the 2-core machines nanoGPT's ~45 ms was timed on
 SECTION = flags.DEFINE_list(
     'sections',
-    SECTIONS[:-4],
-    f'Which of {SECTIONS} to run. Default: all but context (context parallelism at T = 4,096 '
+    DEFAULT_SECTIONS,
+    f'Which of {SECTIONS} to run. With --platform=tpu the default is {TPU_SECTIONS} (mfu: '
+    'the GPT-2-small shape in the three twins; chip_memory: the one-device step\'s peak on the '
+    'chip against its compiler\'s, benchmarks/chip.py; both need a TPU or GPU). Otherwise the '
+    'default is all but those two, context (context parallelism at T = 4,096 '
     'to 16,384: minutes of compiling; python -m benchmarks.run --sections=context), cli '
     '(whole train CLI runs: about 20 minutes at the defaults), memory (24 compiles: every '
     'twin x strategy at 2 and 4 layers, benchmarks/memory.py) and memory_101m (the README\'s '
@@ -68,9 +71,14 @@ ROUNDS = flags.DEFINE_integer(
 PLATFORM = flags.DEFINE_enum(
     'platform',
     'cpu',
-    ['cpu', 'gpu'],
-    'cpu: 8 emulated CPU devices; gpu: the real GPUs, bf16, cuDNN.',
+    ['cpu', 'gpu', 'tpu'],
+    'cpu: 8 emulated CPU devices; gpu: the real GPUs, bf16, cuDNN; tpu: the real TPU chips, '
+    'bf16, blockwise attention (results_tpu.*; benchmarks/tpu.sh).',
 )
+MFU_STEPS = flags.DEFINE_integer(
+    'mfu_steps', 60, 'Section mfu: steps timed per twin, one a round, interleaved (after two of '
+    'warm-up); the median is reported.', lower_bound=1
+)  # fmt: skip
 OUT = flags.DEFINE_string(
     'out',
     'benchmarks/results',
@@ -119,6 +127,13 @@ def check_meshes(meshes, n: int) -> None:
             refuse(str(e))
 
 
+def sections() -> list[str]:
+    """--sections, or the platform's default where it is not given."""
+    if PLATFORM.value == 'tpu' and not flags.FLAGS[SECTION.name].present:
+        return list(TPU_SECTIONS)
+    return list(SECTION.value)
+
+
 def check_flags() -> None:
     """The section list and --target's sections, before anything starts."""
     if not SECTION.value:
@@ -126,6 +141,12 @@ def check_flags() -> None:
     unknown = set(SECTION.value) - set(SECTIONS)
     if unknown:
         refuse(f'--sections has {sorted(unknown)}; choose from {SECTIONS}')
+    chip = sorted(set(SECTION.value) & set(CHIP_ONLY))
+    if chip and PLATFORM.value == 'cpu' and flags.FLAGS[SECTION.name].present:
+        refuse(
+            f'--sections has {chip}, which need a chip (GPT-2 small\'s step; memory_stats(), '
+            'which XLA:CPU has not): give --platform=tpu or --platform=gpu'
+        )
     compiled_only = {'memory', 'memory_101m', 'context'}
     if TARGET.value and set(SECTION.value) - compiled_only:
         refuse(

@@ -7,6 +7,21 @@ import statistics
 from benchmarks.tables import markdown_table
 
 NANOGPT_MS = 45.0  # nanoGPT's PyTorch step, same configuration and machine type
+RATES = (
+    'model TFLOP/s by PaLM\'s count (6N + 12LDT a token, attention counted in full; '
+    'shard_parity/runtime/flops.py), with MFU against the devices\' peak in the compute dtype '
+    'in brackets where the table of peaks has one (none on the CPU, none for float32)'
+)
+
+
+def rate(x: dict, name: str = '') -> str:
+    """'69.7 (35.4%)': a candidate's model TFLOP/s and MFU; '-' in a run from before them."""
+    key = f'{name}_' if name else ''
+    tflops = x.get(f'{key}model_tflops_per_sec')
+    if tflops is None:
+        return '-'
+    mfu = x.get(f'{key}mfu')
+    return f'{tflops:.3g}' + (f' ({100 * mfu:.1f}%)' if mfu is not None else '')
 
 
 def _ratio(x: dict, key: str = 'explicit_over_auto') -> str:
@@ -58,6 +73,15 @@ def _twins(rows: list) -> list:
         + ')\n',
         markdown_table(header, table),
     ]
+    if rows and 'auto_model_tflops_per_sec' in rows[0]:
+        names = ['reference', 'auto', 'explicit'] + ['typed'] * has_typed + ['auto_copy'] * control
+        out += [
+            f'\nThe same steps as {RATES}:\n',
+            markdown_table(
+                ['model', *(n.replace('_', ' ') for n in names)],
+                [[x['model'], *(rate(x, n) for n in names)] for x in rows],
+            ),
+        ]
     if several:
         out.append('\nEvery process, in the order they ran:\n')
         for x in rows:
@@ -82,7 +106,9 @@ def where(m: dict) -> str:
         )
     return (
         f"Machine: {m['devices']} {m['platform']} devices ({m['device_kind']}) on "
-        f"{m['cpu_count']} cores, jax {m['jax']}, {m['date']}"
+        f"{m['cpu_count']} cores, jax {m['jax']}"
+        + (f", libtpu {m['libtpu']}" if m.get('libtpu') else '')
+        + f", {m['date']}"
         + (', XLA:CPU fused multiply-adds on' if m.get('cpu_fma') else '')
         + (
             f"; the transformer computes in {m['transformer_dtype']} with "
@@ -108,6 +134,12 @@ def run_lines(r: dict) -> list[str]:
 def markdown(r: dict) -> str:
     m = r['machine']
     out = run_lines(r)
+    if m['platform'] != 'cpu' and m['devices'] == 1 and ('twins' in r or 'mfu' in r):
+        out.append(
+            '\nOne device: the twins\' programs have no collectives here, so their agreement '
+            'says nothing about parallelism, only that the three files compile to equally fast '
+            'one-device programs.'
+        )
     if 'twins' in r:
         out += _twins(r['twins'])
     if 'sweep' in r:
@@ -120,13 +152,16 @@ def markdown(r: dict) -> str:
                 x['twin'],
                 f"{x['step_ms']:.2f}",
                 f"{x['per_sec']:,.0f}",
+                rate(x),
             ]
             for x in r['sweep']
         ]
         out += [
-            '\n**2. Device-count sweep** (examples/s for the MLP, tokens/s for the transformer)\n',
+            '\n**2. Device-count sweep** (examples/s for the MLP, tokens/s for the transformer; '
+            f'{RATES})\n',
             markdown_table(
-                ['model', 'mode', 'devices', 'global batch', 'twin', 'ms/step', 'per s'], rows
+                ['model', 'mode', 'devices', 'global batch', 'twin', 'ms/step', 'per s',
+                 'model TFLOP/s'], rows
             ),
         ]
     if 'attention' in r:
@@ -137,14 +172,18 @@ def markdown(r: dict) -> str:
                 f"{x['fused_ms']:.2f}",
                 f"{x['naive_temp_bytes'] / 2**20:,.1f}",
                 f"{x['fused_temp_bytes'] / 2**20:,.1f}",
+                rate(x, 'naive'),
+                rate(x, 'fused'),
             ]
             for x in r['attention']
         ]
         out += [
             '\n**3. Attention, forward + backward of one layer** (B=1, 4 heads of 32; '
-            'XLA temporary memory from `memory_analysis()`)\n',
+            'XLA temporary memory from `memory_analysis()`; TFLOP/s by 12 B H D T², the '
+            'causal half counted in full, MFU in brackets where the table of peaks has one)\n',
             markdown_table(
-                ['seq_len', 'naive ms', 'fused ms', 'naive temp MiB', 'fused temp MiB'], rows
+                ['seq_len', 'naive ms', 'fused ms', 'naive temp MiB', 'fused temp MiB',
+                 'naive TFLOP/s', 'fused TFLOP/s'], rows
             ),
         ]
     if 'generation' in r:
@@ -175,6 +214,7 @@ def markdown(r: dict) -> str:
             f"{x['achieved_flops_per_sec'] / 1e9:.1f}",
             f"{x['matmul_peak_flops_per_sec'] / 1e9:,.1f}",
             f"{100 * x['fraction_of_peak']:.2g}%",
+            f"{100 * x['mfu']:.2g}%" if x.get('mfu') is not None else '-',
         ]
         where = (
             f"timed in a process of {x.get('process_devices', m['devices'])} emulated devices"
@@ -185,7 +225,7 @@ def markdown(r: dict) -> str:
         out += [
             f"\n**5. Transformer at nanoGPT's CPU configuration, one device** (batch 12 × 64 "
             f'bytes; {where})\n',
-            markdown_table(header + ['of peak'], [row]),
+            markdown_table(header + ['of peak', 'MFU (table peak)'], [row]),
         ]
     if 'strategies' in r:
         rows = [
@@ -196,14 +236,16 @@ def markdown(r: dict) -> str:
                 x['mesh'],
                 f"{x['step_ms']:.2f}",
                 f"{x['state_bytes_per_device'] / 2**20:,.2f}",
+                rate(x),
             ]
             for x in r['strategies']
         ]
         out += [
             '\n**6. Strategies** (median ms per step on each mesh, named as --mesh names it; '
-            'parameters + optimizer state held by one device)\n',
+            f'parameters + optimizer state held by one device; {RATES})\n',
             markdown_table(
-                ['model', 'strategy', 'twin', 'mesh', 'ms/step', 'state MiB/device'], rows
+                ['model', 'strategy', 'twin', 'mesh', 'ms/step', 'state MiB/device',
+                 'model TFLOP/s'], rows
             ),
         ]
     if 'context' in r:
@@ -212,6 +254,10 @@ def markdown(r: dict) -> str:
         out += context.markdown(r['context'])
     if 'cli' in r:
         out += _cli(r['cli'])
+    if 'mfu' in r or 'chip_memory' in r:
+        from benchmarks import chip
+
+        out += chip.markdown(r)
     if 'memory' in r:
         from benchmarks import memory
 

@@ -1,4 +1,5 @@
-"""The benchmark suite: `python -m benchmarks.run` (CPU, 8 emulated devices) or `--platform=gpu`.
+"""The benchmark suite: `python -m benchmarks.run` (CPU, 8 emulated devices), `--platform=gpu` or
+`--platform=tpu`.
 
 Writes <out>/results.json (every figure), <out>/results.md (the tables the README carries) and,
 where matplotlib is installed, PNG plots; a run of some sections merges into the results
@@ -35,6 +36,7 @@ from benchmarks.options import (
     CPU_DEVICES,
     CPU_FMA,
     MESHES,
+    MFU_STEPS,
     NANOGPT_DEVICES,
     OUT,
     PLATFORM,
@@ -43,7 +45,7 @@ from benchmarks.options import (
     SECTION,
     TARGET,
 )
-from benchmarks.options import check_data, check_flags, check_meshes
+from benchmarks.options import check_data, check_flags, check_meshes, sections
 from benchmarks.processes import nanogpt_process, twins_processes
 from shard_parity import UsageError, refuse
 from shard_parity.inspector.target import TARGETS, TargetError
@@ -51,7 +53,8 @@ from shard_parity.devices import configure_jax
 from shard_parity.runtime.report import atomic_write
 
 KEY_FLAGS = [SECTION, TARGET, MESHES, CLI_BATCH_SIZES, CLI_STEPS, CLI_ROUNDS, CONTEXT_LENGTHS,
-             CONTEXT_TIMED, ROUNDS, PLATFORM, OUT, PROCESSES, CPU_DEVICES, CPU_FMA]  # fmt: skip
+             CONTEXT_TIMED, ROUNDS, PLATFORM, OUT, PROCESSES, CPU_DEVICES, CPU_FMA,
+             MFU_STEPS]  # fmt: skip
 
 
 def machine() -> dict:
@@ -65,7 +68,18 @@ def machine() -> dict:
         'jax': jax.__version__,
         'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
         'cpu_fma': CPU_FMA.value,
-    }
+    } | ({'libtpu': _libtpu()} if d[0].platform == 'tpu' else {})
+
+
+def _libtpu() -> str:
+    from importlib import metadata
+
+    for name in ('libtpu', 'libtpu-nightly'):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return 'unknown'
 
 
 def _cores():
@@ -74,18 +88,19 @@ def _cores():
     return len(os.sched_getaffinity(0))
 
 
-def transformer_config(gpu: bool):
-    """nanoGPT's configuration; on a GPU in bf16, which lets cuDNN's fused attention run."""
+def transformer_config(platform: str):
+    """nanoGPT's configuration; on a GPU in bf16, which lets cuDNN's fused attention run, and
+    on a TPU in bf16 (its 'fused': blockwise attention, shard_parity/model/attention.py)."""
     import dataclasses
 
     from benchmarks import sections as S
 
-    if not gpu:
+    if platform == 'cpu':
         return S.NANOGPT
     return dataclasses.replace(S.NANOGPT, dtype='bfloat16', attention='fused')
 
 
-def run_sections(names, rounds, gpu: bool, model_config, results: dict, running: list) -> None:
+def run_sections(names, rounds, platform: str, model_config, results: dict, running: list) -> None:
     """Runs each section in turn into `results`; `running` names the one under way (what an
     interruption reports)."""
     from benchmarks import one_device as O
@@ -98,7 +113,8 @@ def run_sections(names, rounds, gpu: bool, model_config, results: dict, running:
         running.append(name)
         start = time.perf_counter()
         print(f'[{name}] running ...', file=sys.stderr, flush=True)
-        if name == 'twins' and not gpu and PROCESSES.value > 1:
+        cpu = platform == 'cpu'
+        if name == 'twins' and cpu and PROCESSES.value > 1:
             results[name] = twins_processes(
                 rounds, PROCESSES.value, jax.device_count(), CPU_FMA.value
             )
@@ -132,10 +148,18 @@ def run_sections(names, rounds, gpu: bool, model_config, results: dict, running:
             results[name] = cli(
                 n, sizes, CLI_ROUNDS.value, CLI_STEPS.value, model_config, CPU_FMA.value
             )
-        elif name == 'nanogpt' and not gpu and jax.device_count() != NANOGPT_DEVICES:
+        elif name == 'nanogpt' and cpu and jax.device_count() != NANOGPT_DEVICES:
             results[name] = nanogpt_process(rounds, CPU_FMA.value)
         elif name == 'nanogpt':
             results[name] = O.nanogpt(rounds, model_config)
+        elif name == 'mfu':
+            from benchmarks.chip import mfu
+
+            results[name] = mfu(MFU_STEPS.value)
+        elif name == 'chip_memory':
+            from benchmarks.chip import chip_memory
+
+            results[name] = chip_memory()
         print(f'[{name}] {time.perf_counter() - start:.0f} s', file=sys.stderr, flush=True)
 
 
@@ -144,7 +168,7 @@ def start() -> tuple[output.Output, dict]:
     flags, the outputs, the meshes, the platform, section cli's data. Returns where the
     results go and the results' header."""
     check_flags()
-    suffix = ('' if PLATFORM.value == 'cpu' else '_gpu') + (
+    suffix = ('' if PLATFORM.value == 'cpu' else f'_{PLATFORM.value}') + (
         f'_{TARGET.value}' if TARGET.value else ''
     )
     try:
@@ -155,9 +179,14 @@ def start() -> tuple[output.Output, dict]:
     check_meshes(MESHES.value, min(8, jax.device_count()))
     if PLATFORM.value == 'gpu' and jax.devices()[0].platform != 'gpu':
         refuse('--platform=gpu, but JAX finds no GPU (pip install -e ".[gpu]")')
-    if 'cli' in SECTION.value:
+    if PLATFORM.value == 'tpu' and jax.devices()[0].platform != 'tpu':
+        refuse(
+            f'--platform=tpu, but JAX finds no TPU (its devices: {jax.devices()[0].platform}; '
+            'on a TPU host: pip install -e ".[tpu]")'
+        )
+    if 'cli' in sections():
         check_data()
-    config = transformer_config(PLATFORM.value == 'gpu')
+    config = transformer_config(PLATFORM.value)
     header = {
         'machine': {
             **machine(),
@@ -224,8 +253,8 @@ def main(argv):
     try:
         out, results = start()
         run_sections(
-            SECTION.value, ROUNDS.value, PLATFORM.value == 'gpu',
-            transformer_config(PLATFORM.value == 'gpu'), results, running,
+            sections(), ROUNDS.value, PLATFORM.value, transformer_config(PLATFORM.value), results,
+            running,
         )  # fmt: skip
     except KeyboardInterrupt:
         finished(locals().get('results'))

@@ -20,7 +20,7 @@ from shard_parity.model.transformer import Transformer
 from shard_parity.placement import place_batch, place_state
 from shard_parity.step import strategy_file
 from shard_parity import config as cfg
-from shard_parity.runtime import tasks
+from shard_parity.runtime import flops, tasks
 from shard_parity.step import create_state, make_optimizer, one_device_train_step
 
 NANOGPT = cfg.TransformerConfig()  # 4 layers, 4 heads, embed 128, seq_len 64
@@ -84,6 +84,8 @@ def runner(
         jax.block_until_ready(box[0])
 
     run.units, run.steps = units * steps, steps
+    # XLA's count of the compiled step (already compiled by then: looked up, not compiled again)
+    run.hardware_flops = lambda: flops.hardware_flops(step, box[0], batch)
     run.device0_bytes = sum(  # the state held by the first device: what FSDP divides
         sh.data.nbytes
         for x in jax.tree.leaves(box[0])
@@ -99,8 +101,27 @@ def mesh_plan(mesh: str | None, strategy: str | None = None, n: int | None = Non
     return plans.parse(mesh, strategy or (None if mesh else 'dp'), n or jax.device_count())
 
 
+def seq(model: str, model_config) -> int:
+    """Units per example: the transformer's tokens (seq_len), the MLP's 1."""
+    return 1 if model == 'mlp' else model_config.seq_len
+
+
 def per_step(medians, runs):
     return {k: medians[k] / runs[k].steps for k in runs}
+
+
+def flop_rates(model: str, model_config, units: float, seconds: dict, devices: int = 1) -> dict:
+    """Each candidate's achieved model TFLOP/s and MFU (`NAME_model_tflops_per_sec`, `NAME_mfu`;
+    runtime/flops.py: PaLM's count, the peak of `devices` devices in the compute dtype, None
+    without one) for a step of `units` examples or tokens taking `seconds[NAME]`."""
+    per = flops.per_unit(model, model_config) * units
+    dtype = 'float32' if model == 'mlp' else model_config.dtype
+    out = {}
+    for name, s in seconds.items():
+        r = flops.rates(per, s, jax.devices()[0], dtype, devices)
+        key = f'{name}_' if name else ''
+        out |= {f'{key}model_tflops_per_sec': r['model_tflops_per_sec'], f'{key}mfu': r['mfu']}
+    return out
 
 
 def twins(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
@@ -130,6 +151,8 @@ def twins(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
                 'typed_over_auto': t['typed'] / t['auto'],
                 'auto_copy_over_auto': t['auto_copy'] / t['auto'],
                 **{f'{k}_per_sec': units / v for k, v in t.items()},
+                **flop_rates(model, model_config, units, {'reference': t['reference']}),
+                **flop_rates(model, model_config, units, {k: t[k] for k in t if k != 'reference'}, n),
             }
         )
     return rows
@@ -168,6 +191,7 @@ def strategies(n: int, rounds: int, model_config=NANOGPT, meshes=()) -> list[dic
                     'twin': twin,
                     'step_ms': 1e3 * v,
                     'state_bytes_per_device': runs[strategy, mesh, twin].device0_bytes,
+                    **flop_rates(model, model_config, b * seq(model, model_config), {'': v}, n),
                 }
             )
     return rows
@@ -194,6 +218,7 @@ def sweep(counts, rounds: int, model_config=NANOGPT) -> list[dict]:
                         'batch': b,
                         'step_ms': 1e3 * v,
                         'per_sec': runs[(twin, n, b)].units / runs[(twin, n, b)].steps / v,
+                        **flop_rates(model, model_config, b * seq(model, model_config), {'': v}, n),
                     }
                 )
     return rows

@@ -13,6 +13,7 @@ or any program of yours.
 (inspector/target.py); FUNCTION(devices=...) then gets its devices, if it takes them.
 """
 
+import dataclasses
 import importlib
 import importlib.util
 import inspect as pyinspect
@@ -32,7 +33,7 @@ from shard_parity.runtime import flags as F
 
 from . import cost
 from . import target as targets
-from .render import print_attribution, print_report
+from .render import print_attribution, print_measured, print_report
 
 JSON = flags.DEFINE_bool('json', False, 'Print one JSON object instead of the tables.')
 HARDWARE = flags.DEFINE_enum(
@@ -54,6 +55,11 @@ HOSTS = flags.DEFINE_integer(
     'hosts', 1, 'Lay the mesh over this many hosts, outer axes across hosts (as '
     'mesh_utils.create_hybrid_device_mesh): a collective whose devices span hosts is priced at '
     'the inter-host link (inspector/hosts.py).', lower_bound=1
+)  # fmt: skip
+MEASURE_MEMORY = flags.DEFINE_bool(
+    'measure_memory', False, 'On a TPU (or GPU) host: also run the one-device step once on '
+    'this chip and report the runtime\'s peak_bytes_in_use beside the compiler\'s peak '
+    '(measured_memory in the JSON; inspector/measured.py).'
 )  # fmt: skip
 PROGRAM = flags.DEFINE_string(
     'program', None, 'MODULE:FUNCTION: inspect the jitted function FUNCTION() returns, with '
@@ -173,6 +179,13 @@ def check_output(flag, path: str) -> None:
         raise UsageError(f'{name}: cannot write in {folder} ({e.strerror})') from e
 
 
+def on_chip(here):
+    """The chip this runs on (target.here()), priced at --hardware where given."""
+    if here is None or not flags.FLAGS[HARDWARE.name].present:
+        return here
+    return dataclasses.replace(here, hardware=HARDWARE.value)
+
+
 def report_of_flags():
     configure_jax(F.CPU_DEVICES.value, cpu_fma=F.CPU_FMA.value, libtpu_lines=F.VERBOSE.value)
     target = TARGET.value
@@ -186,6 +199,10 @@ def report_of_flags():
             f'--cpu_devices={F.CPU_DEVICES.value} with --target={target}: a target compiles for '
             f'its own devices ({targets.get(target).devices}); drop --cpu_devices'
         )
+    if MEASURE_MEMORY.value:
+        check_measurable(target)
+    if not target:  # on a TPU host: its own chips, priced and held against their memory
+        target = on_chip(targets.here())
     devices = targets.devices(target, F.VERBOSE.value) if target else None
     # on the CPU: beside the measured time; a target's programs cannot run here
     measure = cost.HARDWARE[HARDWARE.value].emulation and not target
@@ -207,14 +224,36 @@ def report_of_flags():
     from .twins import inspect
 
     # the train CLI's plan, with its checks and messages
-    plan = from_flags.plan(devices=devices if target else None)
+    plan = from_flags.plan(devices=devices if TARGET.value else None)
     mesh = mesh_for(plan, AxisType.Auto, devices=devices)
     use_matmul_precision(plan.precision.matmul)
     report = inspect(
         F.MODEL.value, from_flags.train_config(), mesh, plan, from_flags.model_config(),
         HARDWARE.value, measure, HOSTS.value, target=target,
     )  # fmt: skip
+    if MEASURE_MEMORY.value:
+        from .measured import one_device_peak
+
+        report['measured_memory'] = {'one_device': one_device_peak(
+            F.MODEL.value, from_flags.train_config(), from_flags.model_config())}  # fmt: skip
     return report, False
+
+
+def check_measurable(target) -> None:
+    """--measure_memory runs the twins' one-device step on this machine's device, which must
+    keep memory_stats(): anything else is one line, before anything compiles."""
+    import jax
+
+    if PROGRAM.value or target:
+        given = f'--program={PROGRAM.value}' if PROGRAM.value else f'--target={target}'
+        raise UsageError(f'--measure_memory runs the one-device train step on this machine; '
+                         f'{given} does not: drop one of them')  # fmt: skip
+    device = jax.devices()[0]
+    if device.memory_stats() is None:
+        raise UsageError(
+            f'--measure_memory reads the device\'s memory_stats(), which {device.platform} '
+            'devices do not keep: run it on a TPU (or GPU) host'
+        )
 
 
 def main(argv):
@@ -241,6 +280,7 @@ def main(argv):
         print_report(report)
         print_attribution(report)
         print_expected(report)
+        print_measured(report)
     if 'hosts' in report and not JSON.value:
         from .hosts import print_hosts
 
@@ -263,7 +303,7 @@ def run():
         [F.MODEL, F.STRATEGY, F.MESH, F.TRAIN['batch_size'], *F.TRANSFORMER_SHAPE, *F.PRECISION, F.CPU_DEVICES]
         + [F.CPU_FMA, F.NUM_DEVICES, F.MICROBATCHES, F.PP_SCHEDULE, F.PP_VIRTUAL, HOSTS]
         + [HARDWARE, TARGET, HTML, TRACE]
-        + [FAIL_ON_SURPRISE, PROGRAM, JSON]
+        + [FAIL_ON_SURPRISE, PROGRAM, MEASURE_MEMORY, JSON]
         + [F.VERBOSE]
     )
     app.run(main, flags_parser=parse_flags)

@@ -147,7 +147,8 @@ def render(r: dict) -> str:
     surprises = [(n, s) for n, found in r['surprises'].items() for s in found]
     target = (
         f"compiled for <b id=target>{html.escape(r['target'])}</b> "
-        f"({html.escape(r['device_kind'])}) from shapes alone; "
+        f"({html.escape(r['device_kind'])}) "
+        f"{'on this host' if r.get('target_here') else 'from shapes alone'}; "
         if r.get('target') else ''
     )  # fmt: skip
     parts = [

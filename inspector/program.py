@@ -286,6 +286,6 @@ def inspect(jitted, *args, hardware: str | None = None, mesh=None, name: str = '
         },
     }
     if chosen:
-        data |= {'target': target, 'device_kind': chosen.device_kind,
-                 'memory': {name: result['memory']}}  # fmt: skip
+        data |= {'target': chosen.name, 'device_kind': chosen.device_kind,
+                 'target_here': chosen.here, 'memory': {name: result['memory']}}  # fmt: skip
     return Report(data)

@@ -131,6 +131,8 @@ def print_attribution(r: dict) -> None:
 
 
 def compiled_for(r: dict) -> str:
+    if r.get('target_here'):
+        return f"compiled on this {r['device_kind']} host ({r['target']})"
     return f"compiled for {r['target']} ({r['device_kind']}) from shapes alone"
 
 
@@ -208,3 +210,12 @@ def program_text(r: dict) -> str:
                                       or 'nothing'))  # fmt: skip
         print_attribution(r)
     return out.getvalue()
+
+
+def print_measured(r: dict) -> None:
+    """--measure_memory: the chip's peak after one step beside its compiler's (MiB)."""
+    for name, m in r.get('measured_memory', {}).items():
+        own = '' if m['rose'] else ' (not the step\'s own: the process had held more before it)'
+        print(f"\nMeasured on this {m['device_kind']}, {name}: peak_bytes_in_use {_mib(m['peak'])} "
+              f"MiB after one step{own}; the compiler's peak {_mib(m['compiler_peak'])} MiB "
+              f"(difference {_mib(m['difference'])} MiB)")

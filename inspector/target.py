@@ -47,6 +47,7 @@ class Target:
     host_bounds: tuple = (2, 2, 1)  # chips per host: how the devices split into processes
     wrap: tuple = (False, False, False)  # a torus (wrap-around links) in each dimension
     note: str = ''
+    here: bool = False  # the chips this process runs on (`here()`): compiled for them, not shapes
 
 
 def _tpu(name, topology, devices, kind, hbm_gib, hardware, **kw) -> Target:
@@ -90,7 +91,9 @@ def install_hint(name: str) -> str:
     )
 
 
-def get(name: str) -> Target:
+def get(name) -> Target:
+    if isinstance(name, Target):  # here()'s, or one built by a caller
+        return name
     if name not in TARGETS:
         raise TargetError(f'--target={name}: expected one of {", ".join(TARGETS)}')
     return TARGETS[name]
@@ -101,6 +104,8 @@ def devices(name: str, verbose: bool = False) -> tuple:
     """The compile-only devices of target `name`, in the order the real slice lists them.
     `verbose`: let libtpu print its start-up lines (they are otherwise kept off the screen)."""
     t = get(name)
+    if t.here:
+        return tuple(jax.devices())
     if t.platform == 'cuda':
         return _gpu_devices(t)
     if not libtpu_installed():
@@ -126,6 +131,25 @@ def devices(name: str, verbose: bool = False) -> tuple:
             f'slice has {t.devices}; this libtpu is not one this table was checked with'
         )
     return tuple(found)
+
+
+def here() -> Target | None:
+    """On a TPU host, the chips this process runs on as a Target (the inspector's default there,
+    as `--target` is elsewhere): the slice of the table with their kind and count (one v5e chip:
+    tpu-v5e-1), its cost model, and the HBM the runtime allows (memory_stats()' bytes_limit, else
+    the table's). None off a TPU, or for a TPU kind the table has not got."""
+    found = jax.devices()
+    if found[0].platform != 'tpu':
+        return None
+    kind, n = found[0].device_kind, len(found)
+    same = [t for t in TARGETS.values() if t.platform == 'tpu' and t.device_kind == kind]
+    if not same:
+        return None
+    exact = next((t for t in same if t.devices == n), None)
+    base = exact or dataclasses.replace(same[0], name=f'{same[0].name.rsplit("-", 1)[0]}-{n}?',
+                                        devices=n)  # fmt: skip
+    limit = (found[0].memory_stats() or {}).get('bytes_limit')
+    return dataclasses.replace(base, hbm_bytes=int(limit or base.hbm_bytes), here=True)
 
 
 @contextlib.contextmanager

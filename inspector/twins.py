@@ -210,6 +210,7 @@ def target_fields(chosen, read: dict) -> dict:
     return {
         'target': chosen.name,
         'device_kind': chosen.device_kind,
+        'target_here': chosen.here,  # compiled on these chips (target.here()), not from shapes
         'memory': {name: r['memory'] for name, r in read.items()},
     }
 

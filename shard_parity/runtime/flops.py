@@ -69,6 +69,35 @@ def model_flops_per_unit(task) -> float:
     return 6.0 * n + 12.0 * cfg.num_layers * cfg.embed_dim * cfg.seq_len
 
 
+def per_unit(model: str, model_config=None) -> float:
+    """model_flops_per_unit of the benchmarks' models ('mlp': per example, at MLPConfig();
+    'transformer': per token, at `model_config`), without a task (no data is read)."""
+    from types import SimpleNamespace
+
+    from shard_parity import config as cfg
+    from shard_parity.model.mlp import MLP
+    from shard_parity.model.transformer import Transformer
+
+    if model == 'mlp':
+        mc, make, unit = cfg.MLPConfig(), MLP, 'examples'
+    else:
+        mc, make, unit = model_config or cfg.TransformerConfig(), Transformer, 'tokens'
+    task = SimpleNamespace(model_config=mc, throughput_unit=unit,
+                           make_model=lambda rngs: make(mc, rngs=rngs))  # fmt: skip
+    return model_flops_per_unit(task)
+
+
+def rates(flops_per_step: float, step_s: float, device, dtype: str, devices: int = 1) -> dict:
+    """A benchmark row's figures for one candidate: achieved model TFLOP/s and MFU against the
+    peak of `devices` like `device` in `dtype` (None where there is none: the CPU, float32)."""
+    top, _ = peak(device, dtype)
+    achieved = flops_per_step / step_s
+    return {
+        'model_tflops_per_sec': achieved / 1e12,
+        'mfu': achieved / (top * devices) if top else None,
+    }
+
+
 def hardware_flops(step, *args) -> float | None:
     """The compiled step's FLOPs by XLA's cost analysis; None where it has none. A step that ran
     with these arguments is compiled already: this looks it up (no second compile)."""
