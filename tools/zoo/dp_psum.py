@@ -5,7 +5,7 @@ import jax
 from shard_parity.explicit import dp
 from shard_parity.mesh import DATA
 from shard_parity.placement import BATCH, REPLICATED
-from shard_parity.step import as_dtype, bind
+from shard_parity.step import accumulate, as_dtype, bind
 
 from . import planted
 
@@ -17,7 +17,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
 
     def local(params, batch):  # params: the full arrays; batch: x[B/n, ...], this device's rows
         params = jax.lax.pcast(params, DATA, to='varying')
-        (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of the local rows
+        # the loss and gradient of the local rows, summed over K microbatches of them (local)
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = as_dtype(grads, plan.precision.reduce)  # what the all-reduce carries
         return jax.lax.pmean(metrics, DATA), jax.lax.psum(grads, DATA)  # BUG: psum, not pmean
 

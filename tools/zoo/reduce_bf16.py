@@ -8,7 +8,7 @@ import jax
 from shard_parity.explicit import dp
 from shard_parity.mesh import DATA
 from shard_parity.placement import BATCH, REPLICATED
-from shard_parity.step import as_dtype, bind
+from shard_parity.step import accumulate, as_dtype, bind
 
 from . import planted
 
@@ -22,7 +22,8 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
         # Mark the params as varying per device first. Left invariant, `grad` would transpose their
         # implicit broadcast into a psum, and the pmean below would return the sum, n times too big.
         params = jax.lax.pcast(params, DATA, to='varying')
-        (_, metrics), grads = grad_fn(params, batch)  # the loss and gradient of the local rows
+        # the loss and gradient of the local rows, summed over K microbatches of them (local)
+        (_, metrics), grads = accumulate(grad_fn, params, batch, loss_fn)
         grads = as_dtype(grads, 'bfloat16')  # BUG: bf16, not plan.precision.reduce
         return jax.lax.pmean((metrics, grads), DATA)  # the all-reduce: average over the 'data' axis
 
