@@ -10,6 +10,8 @@
 #   pip install -e ".[tpu]"   # once: JAX with libtpu
 #   bash benchmarks/tpu.sh OUT_DIR [more flags of benchmarks.run, e.g. --mfu_steps=50]
 #
+# (`python -m benchmarks.run --platform=tpu` alone runs the same sections in one process.)
+#
 # OUT_DIR receives results_tpu.{json,md} (the chip, jax, libtpu and the date in their header),
 # attention_tpu.png where matplotlib is installed, and tpu.log (everything printed). On one chip
 # the twins' programs have no collectives: their agreement there says nothing about parallelism.
@@ -45,7 +47,11 @@ def v(name):
         return "absent"
 print(sys.version.split()[0], "jax", jax.__version__, "libtpu", v("libtpu"), "flax", v("flax"))
 print(jax.devices())'
-step 540 "$py" -m benchmarks.run --platform=tpu --rounds=10 --out="$out" "$@"
+# two processes (one holds the chip at a time), each merging its sections into results_tpu.json:
+# a run stopped by its limit keeps what the other wrote. chip_memory comes first in a fresh one.
+step "${TPU_LIMIT_A:-300}" "$py" -m benchmarks.run --platform=tpu --rounds=10 --out="$out" \
+  --sections=chip_memory,twins,attention,nanogpt "$@"
+step "${TPU_LIMIT_B:-300}" "$py" -m benchmarks.run --platform=tpu --out="$out" --sections=mfu "$@"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "== failed: ${failed[*]} (see $log)" | tee -a "$log"
   exit 1

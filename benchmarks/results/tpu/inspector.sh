@@ -13,7 +13,7 @@ declare -A FLAGS=(
 date -u > "$OUT/inspector_date.txt"
 for name in mlp nanogpt_bf16 six_layers_bf16; do
   t=$(date +%s)
-  timeout 150 python3 -m inspector ${FLAGS[$name]} --strategy=dp --measure_memory --json \
+  timeout 120 python3 -m inspector ${FLAGS[$name]} --strategy=dp --measure_memory --json \
     > "$OUT/inspector_$name.json" 2> "$OUT/inspector_$name.full.err"
   echo "$name exit $? after $(( $(date +%s) - t )) s" >> "$OUT/inspector_date.txt"
   tail -20 "$OUT/inspector_$name.full.err" > "$OUT/inspector_$name.err"; rm -f "$OUT/inspector_$name.full.err"
