@@ -45,6 +45,12 @@ def matmul(x, w, transposed: bool = False, out=None, grad=None):
     either way); None keeps the operands' (the precision policy: the head asks float32 logits
     of bfloat16 operands, and the weight gradient comes out in --reduce_dtype, which is what
     the compiler's all-reduce of it then carries in auto/ and typed/)."""
+    return _dot(x, w, transposed, out)
+
+
+def _dot(x, w, transposed, out):
+    """matmul's one dot_general, called by the forward rule itself (not through matmul): a
+    plain dot_general in the differentiated program is what --remat_policy=dots saves."""
     dims = (((x.ndim - 1,), (1 if transposed else 0,)), ((), ()))
     partials, dtype = typed_partials(x, w, transposed), other(out, x)
     return jax.lax.dot_general(x, w, dims, out_sharding=partials, preferred_element_type=dtype)
@@ -57,7 +63,7 @@ def other(dtype, x):
 
 
 def _fwd(x, w, transposed, out, grad):
-    return matmul(x, w, transposed, out, grad), (x, w)
+    return _dot(x, w, transposed, out), (x, w)
 
 
 def _bwd(transposed, out, grad, saved, g):  # g: [..., N]

@@ -12,9 +12,12 @@ blocks would be, so a given seed gives the same values. Layer i is a static slic
 blocks run under one `lax.scan` instead, each layer under `jax.checkpoint`: one layer's weights
 are live at a time, and the backward calls `layer_weights` again rather than keep its output.
 
---remat_policy (`TransformerConfig.remat_policy`, docs/remat.md) puts every block, unrolled,
-scanned or in a pipeline's stage, under `jax.checkpoint` with one of `REMAT_POLICIES`; unset,
-each path keeps what it did before the flag: FSDP's scan `full`, every other path `none`.
+--remat_policy (`TransformerConfig.remat_policy`, docs/remat.md) runs the blocks under that scan
+(in a pipeline, each stage's) with every layer under `jax.checkpoint` with one of
+`REMAT_POLICIES`: in a scan the backward's loop recomputes what the policy did not save, where
+XLA:CPU's CSE merged an unrolled layer's recomputation back into its forward (the same temp
+memory under every policy). Unset, each path keeps what it did before the flag: FSDP's scan
+`full`, the unrolled layers and the pipelines' scans `none`.
 """
 
 import dataclasses
@@ -269,17 +272,12 @@ class Transformer(nnx.Module):
             x, stats = pipeline(x, run, nnx.split(self.blocks)[1])
             if moe_stats is not None and stats:
                 moe_stats.append(stats)
-        elif layer_weights is not None:  # FSDP: one layer's weights whole at a time
+        elif layer_weights is not None or (caches is None and self.cfg.remat_policy):
+            # FSDP: one layer's weights whole at a time; --remat_policy: the scan's checkpoint
             weights = nnx.split(self.blocks)[1]
             x, stats = self.run_stack(weights, x, index, layer_weights, **hooks)
             if moe_stats is not None and stats:
                 moe_stats.append(stats)
-        elif caches is None and self.cfg.remat_policy not in (None, 'none'):  # unrolled, each
-            body = self.layer(index, None, hooks, self.cfg.remat_policy)  # under jax.checkpoint
-            for block in self.layers():
-                x, stats = body(x, nnx.split(block)[1])
-                if moe_stats is not None and stats:
-                    moe_stats.append(stats)
         else:  # layer by layer, unrolled
             for i, block in enumerate(self.layers()):
                 cache = None if caches is None else caches[i]

@@ -1,0 +1,265 @@
+"""Section remat: what each --remat_policy (shard_parity/model/transformer.py, docs/remat.md)
+holds and costs: the compiled train step's temp memory (XLA's memory_analysis(), compile only)
+and its median step time, per policy; and, on an accelerator, the largest batch each fits.
+
+    python -m benchmarks.run --sections=remat --cpu_devices=8
+    python -m benchmarks.remat --model=transformer --embed_dim=768 --num_layers=12 \\
+        --num_heads=12 --seq_len=1024 --dtype=bfloat16 --attention=fused --out=remat.json
+
+The section: nanoGPT's configuration, global batch 16, the auto twin under dp on one device and
+under fsdp on every device (up to 8), each policy timed interleaved (benchmarks.timing).
+The module's own CLI (benchmarks/results/tpu/remat.sh runs it on the chip): the transformer the
+model flags give, the auto twin on one device. Per policy it compiles the step at
+--fit_start's batches, reads each program's bytes (the TPU compiler's peak where it gives one,
+else arguments + temp + outputs - aliased), draws the line through them to the batch where the
+device's memory (--hbm_gib, default the device's own bytes_limit) runs out, and compiles the
+batches around it until one fits and the next does not (or is refused: RESOURCE_EXHAUSTED).
+Compiles run in threads (--compile_workers; XLA's compile leaves Python's lock), lowering in
+the main thread; --timed_steps steps of each policy at --batch_size are timed between the first
+round and the rest, on the executables compiled at that batch.
+"""
+
+import concurrent.futures
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+
+from benchmarks.sections import NANOGPT, per_step, runner, setup
+from benchmarks.timing import interleaved
+from shard_parity import auto, memory
+from shard_parity import config as cfg
+from shard_parity import plan as plans
+from shard_parity.inspector.target_figures import does_not_fit
+from shard_parity.mesh import mesh_for
+from shard_parity.model.transformer import REMAT_POLICIES, Transformer
+from shard_parity.placement import place_batch, place_state, rows
+from shard_parity.runtime import flops, tasks
+from shard_parity.step import make_optimizer, strategy_file
+
+POLICIES = list(REMAT_POLICIES)
+BATCH_SIZE = 16
+GiB = 2**30
+
+
+def lowered(policy: str, model_config, batch_size: int, plan):
+    """The auto twin's train step of `model_config` under `policy`, lowered for `batch_size`
+    rows on `plan`'s mesh (abstract state: nothing is made)."""
+    mc = dataclasses.replace(model_config, remat_policy=policy)
+    mesh = mesh_for(plan, auto.AXIS_TYPE)
+    sharding = NamedSharding(mesh, rows(plan))
+    shape = (batch_size, mc.seq_len)
+    batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k in ('x', 'y')}
+    tx = make_optimizer(cfg.TRAIN_DEFAULTS['transformer'])
+    graphdef, state = memory.abstract_state(lambda r: Transformer(mc, rngs=r), tx, mesh, plan)
+    module = strategy_file(auto, plan)
+    return module.train_step(graphdef, tasks.lm_loss, tx, mesh, plan).lower(state, batch)
+
+
+def footprint(compiled) -> dict:
+    """MiB of a compiled step: memory.measured's arguments, temp and peak, the compiler's own
+    peak where it reports one (a TPU's), and `bytes`, the larger peak: what must fit."""
+    out = memory.measured(compiled)
+    own = getattr(compiled.memory_analysis(), 'peak_memory_in_bytes', 0) or 0
+    out['compiler_peak'] = own / memory.MiB
+    out['bytes'] = max(out['peak'], out['compiler_peak']) * memory.MiB
+    return out
+
+
+def compile_or_refusal(low) -> tuple:
+    """(compiled, footprint) or (None, {'does_not_fit': the compiler's reason})."""
+    try:
+        compiled = low.compile()
+    except Exception as e:  # a chip's HBM that cannot hold it: RESOURCE_EXHAUSTED
+        if (why := does_not_fit(e)) is None:
+            raise
+        return None, {'does_not_fit': why}
+    return compiled, footprint(compiled)
+
+
+def next_batches(seen: dict, budget: float) -> list[int]:
+    """The batches to compile next for one policy, given `seen` {batch: footprint}: none once
+    the largest that fits is one below the smallest that does not; else the line through the
+    two largest measured batches, where it crosses `budget` bytes, and the batch after it,
+    kept between the two; doubling or halving while there is no line."""
+    fits = [b for b, f in seen.items() if f.get('bytes', math.inf) <= budget]
+    lo = max(fits, default=0)
+    hi = min((b for b in seen if b > lo and b not in fits), default=math.inf)
+    if hi == lo + 1:
+        return []
+    measured = sorted(b for b, f in seen.items() if 'bytes' in f)[-2:]
+    if len(measured) < 2:
+        return [lo * 2] if hi == math.inf else [max(lo + 1, (lo + hi) // 2)]
+    (b1, b2), (m1, m2) = measured, [seen[b]['bytes'] for b in measured]
+    slope = (m2 - m1) / (b2 - b1)
+    guess = math.floor(b1 + (budget - m1) / slope) if slope > 0 else lo * 2
+    guess = min(max(guess, lo + 1), hi - 1 if hi != math.inf else guess)
+    return sorted({guess, guess + 1} - set(seen) - ({hi} if hi != math.inf else set()))
+
+
+def largest(seen: dict, budget: float) -> dict:
+    """The largest batch that fits, and the smallest known not to (None while not found)."""
+    fits = [b for b, f in seen.items() if f.get('bytes', math.inf) <= budget]
+    lo = max(fits, default=0)
+    hi = min((b for b in seen if b > lo and b not in fits), default=None)
+    return {'largest_fitting': lo or None, 'smallest_not': hi, 'exact': hi == lo + 1}
+
+
+def timed(compiled, host, plan, steps: int) -> dict:
+    """Median seconds of `steps` runs of `compiled` (each waited on) after 2 untimed, on
+    `host` = setup()'s (state, batch, units, model_config); its tokens/s and MFU
+    (runtime/flops.py's model count)."""
+    mesh = mesh_for(plan, auto.AXIS_TYPE)
+    state, batch, units, model_config = host
+    state, batch = place_state(state, mesh, plan), place_batch(batch, mesh, plan)
+    laps = []
+    for _ in range(steps + 2):
+        start = time.perf_counter()
+        state, metrics = compiled(state, batch)
+        jax.block_until_ready((state, metrics))
+        laps.append(time.perf_counter() - start)
+    step_s = statistics.median(laps[2:])
+    per = flops.per_unit('transformer', model_config)
+    return {
+        'step_s_median': step_s,
+        'tokens_per_sec': units / step_s,
+        'loss': float(np.asarray(metrics['loss'])),
+        **flops.rates(per * units, step_s, jax.devices()[0], model_config.dtype),
+    }
+
+
+def fit(model_config, budget: float, start, batch_size: int, steps: int, workers: int,
+        deadline: float, policies: dict, report=print) -> dict:  # fmt: skip
+    """Per policy (`policies`: name -> remat_policy): the largest batch whose step fits
+    `budget` bytes, every compile's footprint, and the timing at `batch_size`. Starts no
+    round of compiles that the last round's length would take past `deadline`
+    (time.monotonic()), and reports what it has."""
+    plan = plans.parse(None, 'dp', 1)
+    seen = {p: {} for p in policies}
+    out = {p: {'remat_policy': v, 'compiles': seen[p]} for p, v in policies.items()}
+    todo = {p: sorted(set(start) | {batch_size}) for p in policies}
+    at_batch, last = {}, 0.0
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        while any(todo.values()) and time.monotonic() + last < deadline:
+            began = time.monotonic()
+            jobs = {(p, b): pool.submit(compile_or_refusal,
+                                        lowered(policies[p], model_config, b, plan))
+                    for p, batches in todo.items() for b in batches}  # fmt: skip
+            for (p, b), job in jobs.items():
+                compiled, seen[p][b] = job.result()
+                report(f'{p} batch {b}: {json.dumps(seen[p][b])}')
+                if b == batch_size and compiled is not None and not last:
+                    at_batch[p] = compiled
+            last = time.monotonic() - began
+            if at_batch:  # the step times, after the first round, before the rest
+                _, _, state, _, batch, units = setup('transformer', batch_size, model_config)
+                host = (state, batch, units, model_config)
+                for p, compiled in at_batch.items():
+                    out[p]['timed'] = timed(compiled, host, plan, steps) | {'batch': batch_size}
+                    report(f"{p} timed: {json.dumps(out[p]['timed'])}")
+                at_batch = {}
+            todo = {p: next_batches(seen[p], budget) for p in policies}
+    for p in policies:
+        out[p] |= largest(seen[p], budget)
+    return out
+
+
+def remat_section(rounds: int, model_config=NANOGPT, batch_size=BATCH_SIZE) -> list[dict]:
+    """One row per strategy x policy: the compiled step's temp and peak (MiB per device), its
+    median step time (the policies timed interleaved, per strategy)."""
+    n = min(8, jax.device_count())
+    rows_out = []
+    for strategy, count in (('dp', 1), ('fsdp', n)):
+        plan = plans.parse(None, strategy, count)
+        runs = {}
+        for p in POLICIES:
+            mc = dataclasses.replace(model_config, remat_policy=p)
+            mem = footprint(lowered(p, model_config, batch_size, plan).compile())
+            rows_out.append({'strategy': strategy, 'devices': count, 'policy': p, **mem})
+            runs[p] = runner(auto, count, 'transformer', batch_size, model_config=mc,
+                             strategy=strategy)  # fmt: skip
+        t = per_step(interleaved(runs, rounds), runs)
+        for r in rows_out[-len(POLICIES):]:
+            r['step_ms'] = 1e3 * t[r['policy']]
+    return rows_out
+
+
+def markdown(rows_out: list[dict], config=NANOGPT) -> list[str]:
+    out = [
+        '\n## Remat policies: the compiled train step per --remat_policy (XLA memory_analysis, '
+        'MiB per device; step time)\n',
+        f'The auto twin, transformer of width {config.embed_dim}, {config.num_layers} layers, '
+        f'seq_len {config.seq_len}, global batch {BATCH_SIZE}; docs/remat.md.\n',
+        '| strategy | devices | policy | temp | peak | step ms |',
+        '| --- | ---: | --- | ---: | ---: | ---: |',
+    ]
+    for r in rows_out:
+        out.append(
+            f"| {r['strategy']} | {r['devices']} | {r['policy']} | {r['temp']:.1f} | "
+            f"{r['peak']:.1f} | {r['step_ms']:.2f} |"
+        )
+    return out
+
+
+def main(argv):  # python -m benchmarks.remat: the module docstring
+    from absl import flags
+
+    from shard_parity.devices import configure_jax
+    from shard_parity.runtime import from_flags
+
+    F = flags.FLAGS
+    configure_jax(F.cpu_devices, cpu_fma=F.cpu_fma, libtpu_lines=F.verbose)
+    model_config = from_flags.transformer_config()
+    limit = (jax.devices()[0].memory_stats() or {}).get('bytes_limit')
+    budget = F.hbm_gib * GiB if F.hbm_gib else (limit or 15.75 * GiB)
+    start = [int(b) for b in F.fit_start]
+    deadline = time.monotonic() + F.deadline_s
+    report = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    policies = {p: p for p in POLICIES} | ({'default': None} if F.with_default else {})
+    found = fit(model_config, budget, start, from_flags.batch_size(), F.timed_steps,
+                F.compile_workers, deadline, policies, report)  # fmt: skip
+    result = {
+        'device': jax.devices()[0].device_kind,
+        'jax': jax.__version__,
+        'budget_bytes': budget,
+        'device_bytes_limit': limit,
+        'model_config': dataclasses.asdict(model_config),
+        'policies': found,
+    }
+    text = json.dumps(result, indent=1, default=str)
+    if F.out:
+        with open(F.out, 'w') as f:
+            f.write(text)
+    for p, r in found.items():
+        t = r.get('timed', {})
+        print(f"{p}: largest batch {r['largest_fitting']} (next {r['smallest_not']}, exact "
+              f"{r['exact']}); batch {t.get('batch')}: step {t.get('step_s_median')} s, "
+              f"{t.get('tokens_per_sec')} tokens/s, mfu {t.get('mfu')}")  # fmt: skip
+
+
+def define_flags():
+    from absl import flags
+
+    flags.DEFINE_list('fit_start', ['16', '32'], 'The first batches compiled per policy.')
+    flags.DEFINE_integer('timed_steps', 30, 'Steps timed per policy at --batch_size.')
+    flags.DEFINE_integer('compile_workers', 8, 'Compiles at once (threads).')
+    flags.DEFINE_float('deadline_s', 300, 'Start no round of compiles that would end later.')
+    flags.DEFINE_bool('with_default', True, 'Also the unset policy (as before the flag).')
+    flags.DEFINE_float('hbm_gib', None, "Device memory (default: the device's bytes_limit).")
+    flags.DEFINE_string('out', None, 'Write the results as JSON here.')
+
+
+if __name__ == '__main__':
+    from absl import app
+
+    from shard_parity.runtime import from_flags  # noqa: F401  (the model flags)
+
+    define_flags()
+    app.run(main)
