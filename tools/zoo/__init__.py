@@ -37,6 +37,14 @@ original's only in its BUG lines.
     adamw_bf16        explicit/dp.py with AdamW's moments stored in bf16 where the policy
                       keeps float32: within bf16's round-off, caught by the state's dtypes
                       (divergence.compare_step; test_numerics.py)
+    Small effects (docs/detection.md: each caught in float32, and in bf16 caught or within a
+    detection limit above its effect; parity_tests/test_detection.py):
+    gelu_tanh         explicit/dp.py with the transformer's GELU in its tanh approximation
+    grads_scaled      explicit/dp.py with the gradients' mean 2% short (x 0.98)
+    decay_all         explicit/dp.py with AdamW's weight decay on the norms and biases too
+    microbatch_dropped  explicit/pp.py with the last microbatch's backward skipped (one of
+                      16 with --microbatches=16)
+    update_1pct       explicit/dp.py with every update 1% too large (a learning rate 1% high)
     dropout           explicit/dp.py with input dropout drawn per global row: no bug, a variant
                       (it adds functions and changes none of dp.py's), the reference for...
     dropout_key       ...dropout.py with the key folded with the device's local row index
