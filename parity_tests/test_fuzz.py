@@ -167,6 +167,55 @@ def test_a_failure_is_one_bisect_command():
     assert installed.inspect(d, 'tpu-v5e-8').startswith('python -m shard_parity.inspector --model')
 
 
+def test_bf16_draws_include_trained_ones_replayed_by_the_bisectors_walk(tmp_path):
+    """Under --bf16 a draw may start from a short trained run (one device's TRAINED steps from
+    the seed, the step compared after them): its command walks them with --steps=TRAINED+1, its
+    answer is remembered apart from the untrained draw's, and a corpus entry may say it (or
+    leave it out: 0). The float32 search draws none, so its seeded draws are as they were."""
+    from tools.fuzz.draws import TRAINED
+    from tools.fuzz.driver import Fuzz
+
+    quiet = settings(database=None, max_examples=1000)
+    d = find(draws(8, bf16=True), lambda d: d.trained > 0, settings=quiet)
+    assert d.trained == TRAINED and d.model == 'mlp', d  # shrunk, all else the simplest
+    assert command(d, 'explicit').endswith(f'--steps={TRAINED + 1}')
+    assert Draw.from_json(d.to_json()) == d
+
+    @settings(database=None, max_examples=50)
+    @given(draws(8))
+    def never(d):
+        assert d.trained == 0
+
+    never()
+    fuzz = Fuzz.__new__(Fuzz)  # key() alone: the draw's flags, twins, restore mesh, slice
+    fuzz.twins, fuzz.target = ['explicit'], None
+    assert fuzz.key(d) != fuzz.key(Draw())
+    saved = {'draw': Draw().to_json(), 'twins': ['explicit'], 'status': 'fixed', 'reason': 'r'}
+    (tmp_path / 'old.json').write_text(json.dumps(saved))
+    saved['draw'] = d.to_json()
+    (tmp_path / 'new.json').write_text(json.dumps(saved))
+    assert [e['draw'].trained for e in fuzz_entries.load(tmp_path)] == [TRAINED, 0]
+
+
+@pytest.mark.slow  # ~10 s: a worker, one bf16 MLP draw trained 20 steps (one device's)
+def test_a_trained_bf16_draw_compares_the_step_after_its_run():
+    """A trained bf16 draw: explicit/ agrees at step TRAINED within the error model; on the
+    same draw tools.zoo.tp_pmean is caught there, and says step TRAINED."""
+    from tools.fuzz.draws import TRAINED
+
+    draw = Draw(mesh=(('data', 4), ('model', 2)), dtype='bfloat16', trained=TRAINED)
+    worker = fuzz_judge.Worker(8, fuzz_judge.worker_env(True))
+    try:
+        answer = worker.run(draw, ['explicit', 'tools.zoo.tp_pmean'], timeout=300)
+    finally:
+        worker.stop()
+    assert answer['status'] == 'ran', answer
+    right, planted = answer['twins']['explicit'], answer['twins']['tools.zoo.tp_pmean']
+    assert right['verdict'] == 'agrees' and right['tolerance'] == 'model', right
+    assert planted['verdict'] == 'diverges', planted
+    assert f'at step {TRAINED}' in planted['message'], planted['message']
+
+
 def test_every_corpus_entry_reads_and_says_why():
     entries = fuzz_entries.load()
     assert len(entries) == len(list(fuzz_entries.CORPUS.glob('*.json'))) > 0

@@ -4,9 +4,12 @@ frozen Draw, and the flags that run it.
 The strategy is written so that Hypothesis's shrinking runs in the domain's order: the MLP
 before the transformer, fewer mesh axes before more ('data' first), the devices on the first
 axis (the others halved towards 1), fewer and smaller layers, heads and experts, GPipe before
-1F1B, float32 before bfloat16. Sizes are powers of two mostly, so that most draws are ones the
+1F1B, float32 before bfloat16, the seed's state before a trained one. Sizes are powers of two mostly, so that most draws are ones the
 project accepts; an odd size, a stray axis or a batch off by one are drawn now and then, so
-that its refusals are tested too (tools/fuzz/table.py).
+that its refusals are tested too (tools/fuzz/table.py). Under --bf16 one draw in four starts
+from a short trained run (`trained`: TRAINED steps of one device from the seed, as the
+bisector's `--steps=TRAINED+1` walks them), where the gradients are mostly noise and the error
+model's budgets are tested where a bug in a long run is found (docs/detection.md).
 """
 
 import dataclasses
@@ -17,6 +20,7 @@ from .table import violations
 
 ORDER = ('data', 'fsdp', 'model', 'seq', 'stage', 'expert')  # the simplest first
 DENSE = ('data', 'fsdp', 'model')  # the MLP's axes (and the transformer's, with seq, stage)
+TRAINED = 20  # a trained draw's steps of one device before the step compared
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +44,7 @@ class Draw:
     dtype: str = 'float32'
     reduce_dtype: str = 'float32'
     matmul: str = 'default'
+    trained: int = 0  # steps of one device from the seed before the step compared
 
     @property
     def devices(self) -> int:
@@ -98,10 +103,12 @@ PACKAGE = TOOLS.removesuffix('tools.')  # '' or 'shard_parity.': the inspector's
 
 def command(draw: Draw, twin: str) -> str:
     """The one command that replays a draw against one device for a step, in the package the
-    fuzzer was run from (python -m tools.bisect, or python -m shard_parity.tools.bisect)."""
+    fuzzer was run from (python -m tools.bisect, or python -m shard_parity.tools.bisect). A
+    trained draw's: its TRAINED steps and the one compared, each from one device's state
+    after the steps before (the bisector's walk, the worker's training, bitwise the same)."""
     devices = f' --cpu_devices={draw.devices}' if draw.devices != 8 else ''
     return (f'python -m {TOOLS}bisect --twins=one_device,{twin} ' + ' '.join(draw.flags())
-            + f' --steps=1{devices}')  # fmt: skip
+            + f' --steps={draw.trained + 1}{devices}')  # fmt: skip
 
 
 def inspect(draw: Draw, target: str) -> str:
@@ -182,7 +189,7 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
     batch = rows * (m if 'stage' in axes else 1) * draw(st.integers(1, 2))
     batch += draw(st.integers(0, 15)) == 15  # now and then a batch that does not split
     dtypes = ['float32', 'bfloat16'] if bf16 else ['float32']
-    return Draw(
+    out = Draw(
         model=model, mesh=mesh, batch=batch, layers=layers, heads=heads, kv_heads=kv,
         embed=heads * draw(st.sampled_from([8, 4, 16])), seq_len=seq_len,
         experts=experts, k=draw(st.integers(1, min(2, experts))) if experts else 1,
@@ -192,6 +199,9 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
         dtype=draw(st.sampled_from(dtypes)), reduce_dtype=draw(st.sampled_from(dtypes)),
         matmul=draw(st.sampled_from(['default', 'high', 'highest'])),
     )  # fmt: skip
+    if not bf16:  # (drawn last, and only here: the float32 search's draws are as they were)
+        return out
+    return dataclasses.replace(out, trained=draw(st.sampled_from([0, 0, 0, TRAINED])))
 
 
 def other_mesh(draw: Draw, rng) -> tuple:

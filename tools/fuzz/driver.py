@@ -54,7 +54,8 @@ class Fuzz:
     def key(self, draw, twins=None, checkpoint=None) -> tuple:
         """What a draw runs, by which its answer is remembered: its flags, the twins, the
         mesh its checkpoint is restored on (None: no round trip) and the slice it compiles for."""
-        return tuple(draw.flags()), tuple(twins or self.twins), checkpoint, self.slice(draw)
+        flags = (*draw.flags(), *([f'trained={draw.trained}'] if draw.trained else []))
+        return flags, tuple(twins or self.twins), checkpoint, self.slice(draw)
 
     def slice(self, draw) -> str | None:
         """The TPU slice a draw compiles for (None: it runs on the CPU): --target's, or under
@@ -90,6 +91,7 @@ class Fuzz:
         if self.options.verbose:
             restored = f' (checkpoint restored on {checkpoint})' if checkpoint else ''
             restored += f' (compiled for {key[3]})' if key[3] else ''
+            restored += f' (after {draw.trained} trained steps)' if draw.trained else ''
             print(f'{outcome}: {answer.get("seconds", "-")} s {" ".join(draw.flags())}{restored}',
                   flush=True)  # fmt: skip
             for f in failures:

@@ -3,7 +3,7 @@ edited by hand (an entry is marked fixed there), read against one schema, ENTRY 
 which both loading and the tests use: a file that breaks it is refused in one line naming the
 file and the field (exit 2), before anything runs.
 
-    {"draw": {<every field of tools/fuzz/draws.py's Draw>},
+    {"draw": {<every field of tools/fuzz/draws.py's Draw; "trained" may be left out: 0>},
      "twins": ["typed"],                  # of auto, explicit, typed: those it concerns
      "status": "fixed",                   # fixed: must pass now; known: an open bug
      "reason": "what failed, and why",
@@ -95,6 +95,7 @@ DRAW = {  # Draw's fields, each required: what the draw's flags are built from
     'layout': choice('zigzag', 'contiguous'), 'dtype': choice('float32', 'bfloat16'),
     'reduce_dtype': choice('float32', 'bfloat16'), 'matmul': choice('default', 'high', 'highest'),
 }  # fmt: skip
+DRAW_OPTIONAL = {'trained': (whole(0), OPTIONAL)}  # a draw from a trained run's state: 0 if absent
 ENTRY = {  # field: (check, required)
     'draw': (anything, REQUIRED),  # an object of DRAW's fields
     'twins': (twins, REQUIRED),
@@ -138,7 +139,8 @@ def entry(path: pathlib.Path, saved) -> dict:
     if out['status'] == 'known' and 'match' not in out:
         raise CorpusError(f'{where}: "status": "known" needs a "match": the regular expression on '
                           "a failure's message that says a new draw hit this bug")  # fmt: skip
-    draw = fields(f'{where}: "draw"', out['draw'], {k: (c, REQUIRED) for k, c in DRAW.items()})
+    schema = {**{k: (c, REQUIRED) for k, c in DRAW.items()}, **DRAW_OPTIONAL}
+    draw = fields(f'{where}: "draw"', out['draw'], schema)
     return {**out, 'name': path.stem, 'draw': Draw(**draw)}
 
 

@@ -91,6 +91,8 @@ class Worker:
             self.start()
             timeout += 60  # JAX's start
         job = {'flags': draw.flags(), 'twins': list(twins)}
+        if draw.trained:
+            job['trained'] = draw.trained
         if checkpoint:
             job['checkpoint'] = checkpoint
         if target:

@@ -2,8 +2,9 @@
 line of stdin, each a JSON object {"flags": [...], "twins": [...]}, and answers each with one
 line `FUZZ {...}` on stdout (all else it prints goes to stderr). A job with "checkpoint": a
 mesh also saves each twin that agrees after 3 steps and restores it there
-(tools/fuzz/checkpoint.py); one with "target": a TPU slice compiles each twin's step for
-it and checks its collectives, running nothing (tools/fuzz/target.py).
+(tools/fuzz/checkpoint.py); one with "trained": N compares step N, from one device's state
+after N steps (the bisector's --steps=N+1 walk); one with "target": a TPU slice compiles each
+twin's step for it and checks its collectives, running nothing (tools/fuzz/target.py).
 
 A draw starts as the bisector's run does (tools/bisect/cli.py, `started`: the train CLI's plan and
 checks, the task, the initial state), so that its command replays it: a refusal is the CLI's
@@ -50,21 +51,35 @@ def run(job: dict) -> dict:
             'status': 'ran',
             'twins': {t: compiled(t, start, job['target']) for t in job['twins']},
         }
-    batch, verdicts = start.batches.batch(0), {}
+    state, step = trained(one, start, job.get('trained', 0))
+    batch, verdicts = start.batches.batch(step), {}
     for twin in job['twins']:
-        verdicts[twin] = one_twin(twin, start, one, apply, batch, job.get('checkpoint'))
+        verdicts[twin] = one_twin(twin, start, one, apply, batch, job.get('checkpoint'),
+                                  state, step)  # fmt: skip
     return {'status': 'ran', 'twins': verdicts}
 
 
-def one_twin(twin: str, start, one, apply, batch, checkpoint: str | None = None) -> dict:
+def trained(one, start, steps: int):
+    """(the state after `steps` steps of one device from the seed's, on batches 0..steps-1, as
+    the bisector walks them with --steps=steps+1; the step compared next)."""
+    state = start.state
+    for i in range(steps):
+        state, _ = one.train_step(state, start.batches.batch(i))
+    return state, steps
+
+
+def one_twin(twin: str, start, one, apply, batch, checkpoint: str | None = None, state=None,
+             step: int = 0) -> dict:  # fmt: skip
     """{'verdict', 'message', 'tolerance'}: `twin`'s step beside one device's (`one`, its
-    Runner), at the bisector's tolerance for the pair ('f32' or 'model')."""
+    Runner), at the bisector's tolerance for the pair ('f32' or 'model'), from `state` (default
+    the seed's) at `step`."""
+    state = start.state if state is None else state
     try:
         side = load_side(twin, start.plan, start.mesh)
         runner = D.Runner(side, start.graphdef, start.loss_fn, start.tx, 'B')
         report = D.new_report(one.side, side)  # the bisector's: bf16's error model, or f32's
         phase, layer, out = D.compare_step(
-            one, runner, apply, start.state, batch, report.tolerance, report, 0
+            one, runner, apply, state, batch, report.tolerance, report, step
         )
     except UsageError as e:
         return {'verdict': 'refused', 'message': str(e)}
@@ -81,7 +96,7 @@ def one_twin(twin: str, start, one, apply, batch, checkpoint: str | None = None)
             return {'verdict': 'checkpoint', 'message': wrong, 'tolerance': report.tolerance}
     if phase is None:
         return {'verdict': 'agrees', 'message': '', 'tolerance': report.tolerance}
-    D._diverged(report, 0, phase, layer, out, one.side, side)
+    D._diverged(report, step, phase, layer, out, one.side, side)
     return {'verdict': 'diverges', 'message': bisect.render(report), 'tolerance': report.tolerance}
 
 
