@@ -11,7 +11,7 @@ import math
 from absl import logging
 
 from shard_parity import UsageError
-from shard_parity.plan import EXPERT, MODEL, MOE_STRATEGIES, SEQ, STAGE, Plan
+from shard_parity.plan import DATA, EXPERT, MODEL, MOE_STRATEGIES, SEQ, STAGE, Plan
 
 
 def check(plan: Plan, model_config, batch_size: int) -> None:
@@ -31,6 +31,7 @@ def check(plan: Plan, model_config, batch_size: int) -> None:
     check_schedule(plan, getattr(model_config, 'num_layers', 0))
     check_rows(plan, batch_size, plan.microbatches if plan.uses(STAGE) else 1)
     check_precision(plan)
+    check_zero1(plan)
     for axis in plan.idle:
         if dict(plan.axes)[axis] > 1:
             logging.warning(
@@ -207,4 +208,22 @@ def check_precision(plan: Plan) -> None:
             f'--reduce_dtype={reduce} on {plan.given()}: nothing is reduced there (no axis over '
             "the batch, 'data', 'fsdp', 'expert' or 'seq', of 2 or more devices); drop "
             '--reduce_dtype, or give a mesh that splits the batch'
+        )
+
+
+def check_zero1(plan: Plan) -> None:
+    """ZeRO-1 (--shard_optimizer_over_data) splits AdamW's moments over 'data': it needs a
+    'data' axis of 2 or more, and runs the composed step (GPipe under 'stage')."""
+    if not plan.zero1:
+        return
+    if plan.size(DATA) < 2:
+        raise UsageError(
+            f"--shard_optimizer_over_data splits AdamW's moments over the 'data' axis, and "
+            f"{plan.given()} has no 'data' axis of 2 or more devices: give one (e.g. "
+            '--mesh=data:8 or --mesh=data:4,model:2), or drop --shard_optimizer_over_data'
+        )
+    if plan.uses(STAGE) and plan.schedule != 'gpipe':
+        raise UsageError(
+            f'--shard_optimizer_over_data with --pp_schedule={plan.schedule}: ZeRO-1 runs the '
+            'composed step, whose pipeline is GPipe; use --pp_schedule=gpipe or drop the flag'
         )

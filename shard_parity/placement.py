@@ -4,7 +4,8 @@
     expert  an expert weight's expert dimension                  P(None, 'expert') of [L, E, ...]
     model   Megatron's plan (below)                              P(None, 'model'), P('model', None)
     fsdp    the first dimension still free that it divides       P('fsdp'), P('model', 'fsdp')
-    data, seq: no array is split; they split the batch (rows, positions)
+    data, seq: no array is split; they split the batch (rows, positions); with ZeRO-1
+            (--shard_optimizer_over_data) 'data' splits AdamW's moments as fsdp would
 
 The rules apply in that order to each array (`spec`), each only where the plan uses its axis
 (shard_parity/plan.py): dp uses none (every array whole, P()), fsdp only fsdp's, fsdp_tp
@@ -94,33 +95,67 @@ def by_model(path, shape, dims, n):  # Megatron: column kernels [in, out/m], row
         dims[-2] = MODEL
 
 
-def by_fsdp(path, shape, dims, n):
+def by_fsdp(path, shape, dims, n, axis=FSDP):
     """'fsdp' on the first dimension after the layer dimension that the other axes leave free
-    and n divides (else the array stays whole: a bias of odd size, a scalar)."""
+    and n divides (else the array stays whole: a bias of odd size, a scalar). ZeRO-1 puts
+    'data' on an optimizer moment the same way (`spec`'s `moment`)."""
     for i in range(layer_dims(path), len(shape)):
         if dims[i] is None and shape[i] % n == 0 and shape[i] >= n:
-            dims[i] = FSDP
+            dims[i] = axis
             return
 
 
 RULES = ((STAGE, by_stage), (EXPERT, by_expert), (MODEL, by_model), (FSDP, by_fsdp))
 
 
-def spec(path, shape, plan) -> P:
-    """One array's PartitionSpec under `plan`: each used axis's rule, in RULES' order."""
+def spec(path, shape, plan, moment=False) -> P:
+    """One array's PartitionSpec under `plan`: each used axis's rule, in RULES' order; a
+    `moment` (AdamW's state, and the gradient it takes) under ZeRO-1 split over 'data' too."""
     dims = [None] * len(shape)
     for axis, rule in RULES:
         if plan.uses(axis):
             rule(path, shape, dims, plan.size(axis))
+    if moment and plan.zero1:  # ZeRO-1: each 'data' device updates 1/n of it (docs/zero1.md)
+        by_fsdp(path, shape, dims, plan.size(DATA), DATA)
     return P(*dims)
+
+
+def in_opt_state(path) -> bool:
+    """Whether a TrainState's tree path is in its optimizer state (AdamW's moments, count)."""
+    return bool(path) and getattr(path[0], 'name', None) == 'opt_state'
 
 
 def state_specs(state, plan: Plan, mesh):
     """The PartitionSpec of every array in `state` (params, optimizer state, step) under
     `plan` on `mesh` (the plan's mesh, in the twin's axis types)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: as_returned(spec(path, x.shape, plan), len(x.shape), mesh), state
+        lambda path, x: as_returned(
+            spec(path, x.shape, plan, in_opt_state(path)), len(x.shape), mesh
+        ),
+        state,
     )
+
+
+def update_specs(params, plan: Plan, mesh):
+    """Where the update happens: the specs of the moments of `params` (a tree of the params'
+    shape: the gradients, the params themselves). Under ZeRO-1 each array's first free
+    dimension that 'data' divides is split over it (`unsplit` lists those with none); else
+    the params' own specs."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: as_returned(spec(path, x.shape, plan, True), len(x.shape), mesh), params
+    )
+
+
+def unsplit(params, plan: Plan) -> list[str]:
+    """ZeRO-1's leftovers: the params whose moments no 'data' split fits (no free dimension
+    that 'data' divides), kept whole on every device and updated there: their names."""
+    if not plan.zero1:
+        return []
+    return [
+        jax.tree_util.keystr(path)
+        for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+        if DATA not in spec(path, x.shape, plan, True)
+    ]
 
 
 def as_returned(spec: P, ndim: int, mesh) -> P:
@@ -177,6 +212,11 @@ def row_slots(plan: Plan) -> P:
 def state_shardings(state, mesh, plan: Plan):
     """`state_specs` as NamedShardings on `mesh`: where Orbax restores and jit keeps each array."""
     return named(mesh, state_specs(state, plan, mesh))
+
+
+def update_shardings(params, mesh, plan: Plan):
+    """`update_specs` as NamedShardings on `mesh`: where ZeRO-1's update runs."""
+    return named(mesh, update_specs(params, plan, mesh))
 
 
 def named(mesh, specs):

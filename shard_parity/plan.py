@@ -5,8 +5,9 @@
                                         for the mesh it runs on
 
 A `Plan` is the mesh's named axes in order, the strategy file each twin runs on them, the
-pipeline's --microbatches, --pp_schedule and --pp_virtual, the context ring's --cp_layout, and
-the precision policy. It is built in two places only: from the flags
+pipeline's --microbatches, --pp_schedule and --pp_virtual, the context ring's --cp_layout, the
+precision policy, and --shard_optimizer_over_data (ZeRO-1: AdamW's moments split over 'data',
+docs/zero1.md). It is built in two places only: from the flags
 (shard_parity/runtime/from_flags.py, `plan`) and from a run's saved config.json
 (`from_config`); `to_config` writes it there. Everything else is handed the plan whole: the
 train loop, placement (shard_parity/placement.py), memory, the step's choice of file
@@ -99,6 +100,7 @@ class Plan:
     virtual: int | None = None  # --pp_virtual as given; `chunks` is V
     layout: str = 'zigzag'  # --cp_layout, with a 'seq' axis
     precision: Precision = Precision()
+    zero1: bool = False  # --shard_optimizer_over_data: AdamW's moments split over 'data' (ZeRO-1)
     spelled: str = dataclasses.field(default='', compare=False)
 
     @property
@@ -182,6 +184,7 @@ class Plan:
             # the compute and reduce dtypes are the model's own (model_config's), the rest here
             **({'precision': {'matmul': self.precision.matmul}}
                if self.precision.matmul != 'default' else {}),
+            **({'shard_optimizer_over_data': True} if self.zero1 else {}),
         }  # fmt: skip
 
 
@@ -210,6 +213,7 @@ def from_config(saved: dict) -> Plan:
         virtual=saved.get('pp_virtual'),
         layout=saved.get('cp_layout', 'zigzag'),
         precision=Precision(**dtypes, **saved.get('precision', {})),
+        zero1=bool(saved.get('shard_optimizer_over_data', False)),
     )
     return plan.canonical()
 
@@ -225,7 +229,8 @@ def strategy_for(names) -> str:
 def parse(text: str | None, strategy: str | None, devices: int, experts: bool = False,
           **options) -> Plan:  # fmt: skip
     """--mesh (and --strategy) -> a Plan over `devices` devices, with `options` (microbatches,
-    schedule, virtual, layout, precision: the Plan's fields) as given.
+    schedule, virtual, layout, precision, zero1: the Plan's fields) as given; ZeRO-1 (zero1)
+    runs the composed step on the mesh's axes.
 
     'data:2,fsdp:2,model:2': named axes; the strategy file is the one that covers them (with
     `experts`, one that runs a mixture of experts: dp, ep, else the composed step), or
@@ -240,7 +245,7 @@ def parse(text: str | None, strategy: str | None, devices: int, experts: bool = 
                 f'--strategy={strategy} with --mesh={text}: a named mesh says what runs '
                 f'(here {plan.strategy}); drop --strategy, or give --strategy=composed'
             )
-        if experts and plan.strategy not in MOE_STRATEGIES:
+        if (experts and plan.strategy not in MOE_STRATEGIES) or plan.zero1:  # ZeRO-1: composed
             plan = dataclasses.replace(plan, strategy='composed')
         if (strategy or plan.strategy) == 'composed':
             return dataclasses.replace(plan, strategy='composed')
@@ -258,6 +263,8 @@ def parse(text: str | None, strategy: str | None, devices: int, experts: bool = 
         )
     shape = two_numbers(text) if text else (devices, 1)
     plan = Plan(tuple(zip(TWO_AXES[strategy], shape)), strategy, **options)
+    if plan.zero1 and DATA in plan.names:  # ZeRO-1 runs the composed step on these axes
+        plan = dataclasses.replace(plan, strategy='composed')
     # messages name the flags the user typed, else the default mesh (no --strategy=dp unasked)
     default = 'one device' if devices == 1 else f'{plan.text()}, the default mesh'
     return dataclasses.replace(plan, spelled=typed or default)
