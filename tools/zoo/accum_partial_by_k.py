@@ -1,9 +1,9 @@
-"""explicit/dp.py with a partial last window weighted by K (the bug zoo): a window of fewer
-than K microbatches (a dataset that does not divide) normalised as if all K were there, the
+"""The bug zoo: explicit/dp.py with a partial last window weighted by K, a window of fewer
+than K microbatches (a dataset that does not divide) normalised as if all K were there: the
 loss divided by K microbatches' worth of tokens rather than by the tokens it holds, as Hugging
 Face's loop once divided by gradient_accumulation_steps. Equal on full windows; a window of 3
-of 4 microbatches has 3/4 of its gradient: caught at that step, its loss (the bisector's forward phase)
-(test_accumulation_zoo.py)."""
+of 4 microbatches has 3/4 of its loss and gradient: caught at that step, in its loss (the
+bisector's forward phase; test_accumulation_zoo.py)."""
 
 import jax
 import jax.numpy as jnp

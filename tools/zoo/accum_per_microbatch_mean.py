@@ -1,9 +1,9 @@
-"""explicit/dp.py with --gradient_accumulation_steps' loss averaged per microbatch (the bug
-zoo): each microbatch's loss divided by its own token count, the K means then averaged, where
-the step's loss is the sum over all its real tokens divided by their count (docs/
-accumulation.md). Equal when every microbatch holds as many tokens; on variable-length
-documents (--variable_length) the microbatches differ and so does the gradient, on a full
-window: caught at the first step, its loss (the bisector's forward phase) (test_accumulation_zoo.py)."""
+"""The bug zoo: explicit/dp.py with --gradient_accumulation_steps' loss averaged per
+microbatch, each microbatch's loss divided by its own token count and the K means averaged,
+where the step's loss is the sum over all its real tokens divided by their count
+(docs/accumulation.md). Equal when every microbatch holds as many tokens; on variable-length
+documents (--variable_length) they differ, on a full window: caught at the first step, in its
+loss (the bisector's forward phase; test_accumulation_zoo.py)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""explicit/dp.py with the gradient all-reduced inside the accumulation loop (the bug zoo):
+"""The bug zoo: explicit/dp.py with the gradient all-reduced inside the accumulation loop,
 a pmean per microbatch, K all-reduces of the whole gradient per optimizer step where one
 belongs. The values are the same within round-off (a mean is linear), so the bisector finds
 the runs agreeing; the inspector's `accumulates_in_loop` surprise names it from the compiled
