@@ -20,7 +20,9 @@ from shard_parity.model.transformer import Transformer
 from shard_parity.placement import rows, state_shardings
 from shard_parity import config as cfg
 from shard_parity.runtime import tasks
-from shard_parity.step import create_state, make_optimizer, one_device_train_step, strategy_file
+from shard_parity.step import (
+    Accumulated, create_state, make_optimizer, one_device_train_step, strategy_file,
+)  # fmt: skip
 
 from . import cost, hosts as by_host, policy, reconcile, surprises
 from . import target as targets
@@ -69,6 +71,7 @@ def lowered_steps(model, config, mesh, plan, model_config, one_device=None, refu
                 raise
             refused[twin.NAME] = getattr(e, 'reason', str(e))  # NarrowReduce: explicit is shown
     make_model, loss_fn, batch = model_and_batch(model, config.batch_size, model_config)
+    loss_fn = Accumulated(loss_fn, config.gradient_accumulation_steps)  # K microbatches a step
     tx = make_optimizer(config)
     graphdef, state = nnx.eval_shape(lambda: create_state(make_model(nnx.Rngs(0)), tx))
 
