@@ -11,6 +11,7 @@ declare -A FLAGS=(
   [six_layers_bf16]="--model=transformer --dtype=bfloat16 --num_layers=6 --embed_dim=384 --num_heads=6 --seq_len=256 --batch_size=64"
 )
 date -u > "$OUT/inspector_date.txt"
+timeout 60 python3 -c 'import importlib.metadata as md, jax; print("jax", jax.__version__, "libtpu", md.version("libtpu"), jax.devices())' >> "$OUT/inspector_date.txt" 2>&1
 for name in mlp nanogpt_bf16 six_layers_bf16; do
   t=$(date +%s)
   timeout 120 python3 -m inspector ${FLAGS[$name]} --strategy=dp --measure_memory --json \
