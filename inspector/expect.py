@@ -76,8 +76,14 @@ def summary(s: Step, records: list[Expected]) -> dict:
             "reduce-scattered ((N-1)/N of it over the wire each): the same bytes as one "
             'all-reduce, in two halves.'
         )
+    if plan.zero1:
+        note += (
+            " Under ZeRO-1 (--shard_optimizer_over_data) each gradient whose moments split over "
+            "'data' is reduce-scattered there instead, and its param all-gathered once updated "
+            '(the `zero1` records): the same bytes as the all-reduce, in two halves.'
+        )
     expected = {
-        'kind': 'all-gather + reduce-scatter' if plan.uses(FSDP) else 'all-reduce',
+        'kind': 'all-gather + reduce-scatter' if plan.uses(FSDP) or plan.zero1 else 'all-reduce',
         'group_size': n,
         'gradient_bytes': grads,
         'ring_bytes_per_device': ring,

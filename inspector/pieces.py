@@ -6,7 +6,7 @@
 import dataclasses
 import math
 
-from shard_parity.mesh import EXPERT, FSDP, MODEL, SEQ, STAGE
+from shard_parity.mesh import DATA, EXPERT, FSDP, MODEL, SEQ, STAGE
 from shard_parity.model.mlp import MLPConfig
 from shard_parity.schedules import interleave_pairs, one_f_one_b
 
@@ -18,9 +18,11 @@ def gradient(s: Step) -> list[Expected]:
     shard (what its device keeps: 1/n of it under 'model', 'stage', 'expert', 'fsdp')."""
     groups = {}
     for a in s.arrays:
-        axes = averaged_over(s.plan, a)
+        axes, shard = averaged_over(s.plan, a), a.shard(s.plan)
+        if a.zero1:  # over 'data' the `zero1` piece's reduce-scatter; the rest of its 1/n here
+            axes, shard = tuple(x for x in axes if x != DATA), shard // s.plan.size(DATA)
         if math.prod(s.plan.size(x) for x in axes) > 1:
-            groups[axes] = groups.get(axes, 0) + s.grads(a.shard(s.plan))
+            groups[axes] = groups.get(axes, 0) + s.grads(shard)
     return [
         Expected('gradient', 'all-reduce', axes, 'outside-grad', total, 1,
                  f"the gradients' mean over {'/'.join(axes)}: each device's shard of every "
@@ -225,7 +227,25 @@ def expert(s: Step) -> list[Expected]:
     ]  # fmt: skip
 
 
+def zero1(s: Step) -> list[Expected]:
+    """ZeRO-1 (--shard_optimizer_over_data, docs/zero1.md): the gradients whose moments split
+    over 'data' reduce-scattered there, each device keeping 1/n (in --reduce_dtype), and those
+    params, updated on the 1/n, all-gathered whole again (float32, the master weights) once a
+    step; none of the moments move."""
+    split = sum(a.shard(s.plan) for a in s.arrays if a.zero1)
+    if not s.plan.zero1 or not split:
+        return []
+    n = s.plan.size(DATA)
+    return [
+        Expected('zero1', 'reduce-scatter', (DATA,), 'outside-grad', s.grads(split // n), 1,
+                 "the gradients' mean over 'data', each device keeping the 1/n its moments hold"),
+        Expected('zero1', 'all-gather', (DATA,), 'outside-grad', split, 1,
+                 'the params updated on each 1/n, whole again: once a step, after the update'),
+    ]  # fmt: skip
+
+
 PIECES = {'gradient': gradient, FSDP: fsdp, MODEL: model, SEQ: seq, STAGE: stage, EXPERT: expert}
+PIECES['zero1'] = zero1  # not an axis: 'data' under --shard_optimizer_over_data
 
 
 def collectives(s: Step) -> list[Expected]:

@@ -14,7 +14,7 @@ import numpy as np
 from shard_parity import plan as plans
 from shard_parity.mesh import FSDP, SEQ, STAGE
 from shard_parity.model.moe import capacity
-from shard_parity.placement import is_expert, layer_dims, state_specs
+from shard_parity.placement import is_expert, layer_dims, state_specs, update_specs
 
 TWINS = ('auto', 'explicit', 'typed')
 
@@ -48,6 +48,7 @@ class Array:
     axes: tuple[str, ...]
     stacked: bool  # one of the transformer's stacked blocks' arrays, [L, ...]
     expert: bool  # a mixture of experts' expert weights
+    zero1: bool = False  # ZeRO-1 splits its moments (and its update) over 'data' too
 
     def shard(self, plan) -> int:
         """The bytes each device holds (and its gradient, once reduced)."""
@@ -129,12 +130,14 @@ class Step:
 
 def step_of(plan, model, params, mesh, batch_size, c) -> Step:
     specs = jax.tree.leaves(state_specs(params, plan, mesh))
+    moments = jax.tree.leaves(update_specs(params, plan, mesh))  # ZeRO-1's, else the same
     arrays = []
-    for (path, p), spec in zip(jax.tree_util.tree_leaves_with_path(params), specs, strict=True):
+    for (path, p), spec, to in zip(jax.tree_util.tree_leaves_with_path(params), specs, moments,
+                                   strict=True):  # fmt: skip
         axes = tuple(a for d in spec if d for a in (d if isinstance(d, tuple) else (d,)))
         arrays.append(
             Array(int(np.prod(p.shape)) * p.dtype.itemsize, axes, bool(layer_dims(path)),
-                  is_expert(path))
+                  is_expert(path), to != spec)
         )  # fmt: skip
     return Step(plan, model, tuple(arrays), batch_size, c, plan.microbatches)
 

@@ -14,7 +14,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from shard_parity import UsageError, auto, explicit, typed
-from shard_parity.mesh import FSDP, STAGE, with_axis_type
+from shard_parity.mesh import DATA, FSDP, STAGE, with_axis_type
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
 from shard_parity.placement import rows, state_shardings
@@ -113,6 +113,7 @@ def read_steps(steps, weights, plan, hardware, measure, target=None) -> dict:
         compiled, logs, partitioned = compiled_steps[name]
         result = out[name] = analyse(compiled, twin_mesh, hardware, logs, target, partitioned)
         expect = (FSDP,) if twin_mesh and plan.uses(FSDP) else ()  # gathers
+        expect += (DATA,) if twin_mesh and plan.zero1 else ()  # ZeRO-1's params, once a step
         result['surprises'] = (
             surprises.program_surprises(result, weights, expect) if twin_mesh else []
         )

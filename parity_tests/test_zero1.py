@@ -11,23 +11,29 @@ sums each shard's squares first). A planted mistake, the update applied to the w
 dp and fsdp; ZeRO-1 with no 'data' axis over 1 is one line."""
 
 import dataclasses
+import re
 
 import jax
 import numpy as np
 import pytest
+from jax.sharding import AxisType, NamedSharding
 
 from parity_tests.helpers import TINY_TRANSFORMER, X64_TOL, assert_close, make_case, mesh_of
 from parity_tests.wide import Wide, x64_state
-from shard_parity import UsageError, auto, checks, explicit, typed
+from shard_parity import UsageError, auto, checks, explicit, memory, typed
 from shard_parity import config as cfg
 from shard_parity import plan as plans
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
-from shard_parity.placement import place_batch, place_state, unsplit
+from shard_parity.devices import libtpu_installed
+from shard_parity.placement import place_batch, place_state, rows, unsplit
+from shard_parity.runtime.tasks import classification_loss
 from shard_parity.step import make_optimizer, strategy_file
 from shard_parity.tools.zoo import zero1_wrong_shard
 
 TWINS = {'auto': auto, 'explicit': explicit, 'typed': typed}
+SLOW = pytest.mark.slow
+needs_libtpu = pytest.mark.skipif(not libtpu_installed(), reason='libtpu is not installed')
 MESHES = {'data:8': 'mlp', 'data:4,model:2': 'transformer', 'data:2,model:2,stage:2': 'transformer'}
 K = 3  # steps: the first update's moments are the gradient itself; the rest use them
 # Where the ZeRO-1 program adds the same numbers in the same order as the plan without it
@@ -173,3 +179,85 @@ def test_zero1_without_a_data_axis_is_refused(text, strategy):
     with pytest.raises(UsageError, match='shard_optimizer_over_data') as e:
         checks.check_zero1(plan)
     assert '\n' not in str(e.value)
+
+
+def compiled_mlp(twin, zero1: bool):
+    """The MLP's train step for --mesh=data:8 [--shard_optimizer_over_data], compiled: its
+    optimized HLO text."""
+    mesh, plan = mesh_of('data:8', twin), plan_for('data:8', zero1)
+    sharding = NamedSharding(mesh, rows(plan))
+    batch = {
+        'image': jax.ShapeDtypeStruct((128, 784), np.float32, sharding=sharding),
+        'label': jax.ShapeDtypeStruct((128,), np.int32, sharding=sharding),
+    }
+    make_model = lambda rngs: MLP(cfg.MLPConfig(), rngs=rngs)  # noqa: E731
+    module, tx = strategy_file(twin, plan), make_optimizer(cfg.TrainConfig())
+    return memory.compiled_step(module, make_model, classification_loss, tx, mesh, plan, batch)
+
+
+@pytest.mark.parametrize('twin', [pytest.param('explicit'), pytest.param('auto', marks=SLOW),
+                                  pytest.param('typed', marks=SLOW)])  # fmt: skip
+def test_adamw_runs_on_one_eighth_of_each_array(twin):
+    """AdamW's sqrt(v) in the compiled step: on whole arrays without ZeRO-1, on each device's
+    1/8 with it (f32[784, 512] -> [98, 512]); the output bias f32[10] whole, as listed."""
+    sqrt = lambda zero1: sorted(set(re.findall(  # noqa: E731
+        r'= (f32\[[\d,]*\])\S* sqrt\(', compiled_mlp(TWINS[twin], zero1).as_text())))  # fmt: skip
+    assert sqrt(False) == ['f32[10]', 'f32[512,10]', 'f32[512,512]', 'f32[512]', 'f32[784,512]']
+    assert sqrt(True) == ['f32[10]', 'f32[64,10]', 'f32[64,512]', 'f32[64]', 'f32[98,512]']
+
+
+def zero1_report(target=None) -> dict:
+    """`python -m inspector --model=mlp --mesh=data:8 --shard_optimizer_over_data [--target]
+    --json`, computed in this process."""
+    import json
+
+    from shard_parity.inspector import target as targets
+    from shard_parity.inspector.twins import inspect
+    from shard_parity.mesh import mesh_for
+
+    devices = targets.devices(target) if target else jax.devices()
+    plan = plans.parse('data:8', None, len(devices), zero1=True)
+    mesh = mesh_for(plan, AxisType.Auto, devices=devices)
+    config, model_config = cfg.TRAIN_DEFAULTS['mlp'], cfg.TransformerConfig()
+    r = inspect('mlp', config, mesh, plan, model_config, target=target)
+    return json.loads(json.dumps(r))
+
+
+PARAMS = (784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10) * 4  # the MLP's f32 bytes
+SPLIT = PARAMS - 10 * 4  # all but the output bias f32[10]
+
+
+def moved(ops, kind) -> int:
+    return sum(op['bytes'] for op in ops if op['kind'] == kind)
+
+
+def test_the_inspector_reads_zero1_on_the_cpu():
+    """explicit/'s step moves what the `zero1` records expect, to the byte: the gradients
+    reduce-scattered (1/8 of the split ones), the f32[10] bias all-reduced, the params
+    all-gathered once and no moment. XLA:CPU compiles auto's and typed's reduce-scatter as an
+    all-reduce of the whole gradient (then each device keeps its slice): the inspector says so
+    as a twin difference; their params are gathered as explicit's."""
+    r = zero1_report()
+    rows = {v['kind']: (v['expected'], v['compiled']) for v in r['expected_vs_compiled']}
+    assert rows == {'reduce-scatter': (SPLIT // 8,) * 2, 'all-reduce': (40, 40),
+                    'all-gather': (SPLIT,) * 2}, rows  # fmt: skip
+    for twin in TWINS:
+        assert moved(r['programs'][twin], 'all-gather') == SPLIT  # the params, not the moments
+    for twin in ('auto', 'typed'):
+        assert moved(r['programs'][twin], 'all-reduce') >= PARAMS  # the whole gradient
+        assert any(s['kind'] == 'twin-difference' for s in r['surprises'][twin])
+    assert not [s for s in r['surprises']['explicit'] if s['kind'] == 'whole-weight-gather']
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_the_inspector_reads_zero1_on_a_tpu():
+    """Compiled for tpu-v5e-8, every twin reduce-scatters the big gradients (784 rows padded to
+    832, 104 a device) and all-gathers the params once, none of the moments; the three programs
+    move the same collectives."""
+    r = zero1_report('tpu-v5e-8')
+    for twin in TWINS:
+        ops = r['programs'][twin]
+        assert moved(ops, 'reduce-scatter') >= (784 + 512) * 512 * 4 // 8, twin
+        assert 784 * 512 * 4 < moved(ops, 'all-gather') <= PARAMS, twin
+    assert r['differences'] == [] and r['typed_differences'] == []
