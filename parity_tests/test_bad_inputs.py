@@ -32,6 +32,8 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     'zero or negative size': ('explicit.train', ['--batch_size=-8']),
     '--num_kv_heads not dividing --num_heads': ('auto.train', [*TINY, '--num_kv_heads=3']),
     '--embed_dim not divisible by --num_heads': ('auto.train', [*TINY, '--embed_dim=30']),
+    'unknown --remat_policy': ('typed.train', [*TINY, '--remat_policy=some']),
+    '--remat_policy with the MLP': ('explicit.train', ['--remat_policy=dots', '--cpu_devices=8']),
     '--seq_len beyond the text': ('explicit.train', [*TINY, '--seq_len=200000']),
     'warm-up as long as the schedule': ('auto.train', [*TINY, '--steps=50', '--warmup_steps=100']),
     'unwritable workdir': ('auto.train', ['--steps=1', f'--workdir={REPO}/setup.cfg/run']),
@@ -199,6 +201,9 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     ),
     '--reduce_dtype=bfloat16 in auto or typed': (
         'typed.train', [*TINY, '--mesh=data:8', '--reduce_dtype=bfloat16']
+    ),
+    '--shard_optimizer_over_data without a data axis of 2 or more': (
+        'explicit.train', ['--cpu_devices=8', '--mesh=fsdp:8', '--shard_optimizer_over_data']
     ),
     'layers not divisible by the stage axis x --pp_virtual on a named mesh': (
         'explicit.train',

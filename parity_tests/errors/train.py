@@ -105,4 +105,14 @@ ROWS = [
         'nobody answered within 2 s (--heartbeat_timeout): start process 0 first',
         'test_bad_inputs.test_cli_row',
     ),
+    (
+        'unknown --remat_policy',
+        'flag --remat_policy=some: value should be one of <none|full|dots|dots_no_batch>',
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
+        '--remat_policy with the MLP',
+        '--remat_policy=dots checkpoints transformer blocks; --model=mlp has none',
+        'test_bad_inputs.test_cli_row',
+    ),
 ]

@@ -57,11 +57,23 @@ REMAT_POLICIES = {
 
 
 def remat(body, policy: str):
-    """`body` under jax.checkpoint with `policy`'s (REMAT_POLICIES) policy; as it is for 'none'."""
+    """`body` under jax.checkpoint with `policy`'s (REMAT_POLICIES) policy; as it is for 'none'.
+    The dots policies save no `unreduced` product (typed/'s row-parallel partial sums, before
+    the sum over 'model'): jax 0.10.2 has no rule to slice one back out of the scan's stack of
+    saved values (NotImplementedError: unreduced rule for dynamic_slice), so it is recomputed."""
     name = REMAT_POLICIES[policy]
     if name is None:
         return body
-    return jax.checkpoint(body, policy=getattr(jax.checkpoint_policies, name))
+    saves = getattr(jax.checkpoint_policies, name)
+    if name != 'nothing_saveable':
+        saves = functools.partial(reduced_only, saves)
+    return jax.checkpoint(body, policy=saves)
+
+
+def reduced_only(policy, prim, *avals, **params) -> bool:
+    """`policy`'s answer for a primitive whose output is not `unreduced`; False for one that is."""
+    spec = getattr(params.get('out_sharding'), 'spec', None)
+    return not getattr(spec, 'unreduced', None) and policy(prim, *avals, **params)
 
 
 @dataclasses.dataclass(frozen=True)
