@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from shard_parity.model import splash
 from shard_parity.model.ops import merge, split, vary_like, wide
 
 
@@ -47,13 +48,21 @@ def _repeat(x, groups: int):
 
 
 def fused(q, k, v, offset=0, valid=None):
-    """cuDNN's flash attention where it runs (NVIDIA GPU, bf16/fp16), else `blockwise`: memory
-    linear in the sequence length on every platform (benchmarks, section 3)."""
-    if implementation(q.dtype) == 'cudnn':
+    """A kernel where the platform has one: cuDNN's flash attention on an NVIDIA GPU (bf16/fp16),
+    Pallas' splash attention on a TPU (shard_parity/model/splash.py: the training window);
+    else `blockwise`, saying why once. Memory linear in the sequence length on every platform
+    (benchmarks, section 3; docs/attention.md)."""
+    kind = implementation(q.dtype, splash.platform(q))
+    if kind == 'cudnn':
         if _whole_window(offset, valid) and q.shape[1] == k.shape[1]:
             return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation='cudnn')
         mask = causal_mask(q.shape[1], k.shape[1], offset, valid)[None, None]  # [1, 1, T, S]
         return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation='cudnn')
+    if kind == 'splash':
+        reason = 'a KV cache' if not _whole_window(offset, valid) else splash.plan(q, k)[0]
+        if reason is None:
+            return splash.splash(q, k, v)
+        _say(f'splash attention does not take {reason}', 'blockwise')
     return blockwise(q, k, v, offset, valid)
 
 
@@ -201,15 +210,28 @@ def _like(x, *refs):
 _warned = set()
 
 
-def implementation(dtype) -> str | None:
-    """'cudnn' where it runs (NVIDIA GPU, bf16/fp16), else None (blockwise), saying why once."""
-    platform = jax.devices()[0].platform
-    if platform == 'gpu' and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+def _say(why: str, path: str):
+    """One line, once per reason: which path --attention=fused took instead of a kernel."""
+    if why not in _warned:
+        _warned.add(why)
+        logging.warning('--attention=fused: %s; %s attention instead', why, path)
+
+
+def implementation(dtype, platform: str | None = None) -> str | None:
+    """'cudnn' on an NVIDIA GPU with bf16/fp16 inputs, 'splash' on a TPU (or under
+    SHARD_PARITY_SPLASH=interpret: splash.py), else None (blockwise), saying why once.
+    `platform`: where the program runs (its mesh's, a --target's when compiled ahead of time;
+    by default this process's devices'). cuDNN is chosen on this process's GPUs only."""
+    here = jax.devices()[0].platform
+    platform = platform or here
+    if here == 'gpu' and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
         return 'cudnn'
-    reason = f'{platform} platform' if platform != 'gpu' else f'{jnp.dtype(dtype).name} inputs'
-    if reason not in _warned and platform == 'gpu':
-        logging.warning('fused attention: cuDNN needs bf16/fp16 inputs; blockwise (%s)', reason)
-    _warned.add(reason)
+    if splash.available(platform):
+        return 'splash'
+    if platform == 'gpu':
+        _say(f'cuDNN needs bf16/fp16 inputs, not {jnp.dtype(dtype).name}', 'blockwise')
+    else:
+        _say(f'no attention kernel on the {platform} platform', 'blockwise')
     return None
 
 
