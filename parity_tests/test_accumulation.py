@@ -19,8 +19,17 @@ import pytest
 from flax import nnx
 
 from parity_tests.helpers import (
-    CLI_MODELS, REPO, TOL, assert_close, assert_same_params, make_case, mesh_of, plan_of,
-    read_metrics, run_cli, strategy_mesh,
+    CLI_MODELS,
+    REPO,
+    TOL,
+    assert_close,
+    assert_same_params,
+    make_case,
+    mesh_of,
+    plan_of,
+    read_metrics,
+    run_cli,
+    strategy_mesh,
 )  # fmt: skip
 from shard_parity import UsageError, auto, explicit, numerics, typed
 from shard_parity import config as cfg
@@ -30,7 +39,11 @@ from shard_parity.model.mlp import MLP
 from shard_parity.placement import place_batch, place_state
 from shard_parity.plan import Precision
 from shard_parity.step import (
-    Accumulated, check_accumulation, create_state, make_optimizer, one_device_loss_and_grads,
+    Accumulated,
+    check_accumulation,
+    create_state,
+    make_optimizer,
+    one_device_loss_and_grads,
     strategy_file,
 )  # fmt: skip
 
@@ -107,7 +120,7 @@ def test_the_compared_gradients_can_differ():
     case = mlp_case()
     batch = window(case, 4, 3)
     by_k = {**batch, 'weight': loss_weights(np.ones_like(batch['weight'])) * (batch['weight'] > 0)}
-    leaf = lambda t: np.asarray(jax.tree.leaves(t)[0])  # noqa: E731
+    leaf = lambda t: np.asarray(jax.tree.leaves(t)[0])
     want, wrong = one_device(case, batch), one_device(case, by_k)
     assert numerics.error(leaf(wrong[1]), leaf(want[1])) > 0.2  # 3/4 of the gradient
     docs = documents_case()
@@ -135,7 +148,9 @@ def test_each_strategy_equals_one_device_in_float32(twin, strategy):
     case = mlp_case()
     for k, present in WINDOWS:
         batch = window(case, k, present)
-        assert_equal_to_one_device(twin_call(twin, strategy, case, batch, k), one_device(case, batch))
+        assert_equal_to_one_device(
+            twin_call(twin, strategy, case, batch, k), one_device(case, batch)
+        )
 
 
 @pytest.mark.slow

@@ -96,7 +96,10 @@ def surprise_kinds(name, k=4):
     mesh = strategy_mesh('dp', (8, 1))
     side = D.load_side(name, plan_of(mesh, 'dp'), mesh)
     step = side.module.train_step(graphdef, Accumulated(case.loss_fn, k), tx, side.mesh, side.plan)
-    args = (place_state(state, mesh, side.plan), place_batch(case.batches.batch(0), mesh, side.plan))
+    args = (
+        place_state(state, mesh, side.plan),
+        place_batch(case.batches.batch(0), mesh, side.plan),
+    )
     report = inspector.inspect(step, *args).json()
     return [s['kind'] for s in report['surprises']['program']]
 
@@ -123,12 +126,15 @@ def test_where_each_twin_reduces_per_backend(target):
     flags += ['--gradient_accumulation_steps=4']
     flags += [f'--target={target}'] if target else ['--cpu_devices=8']
     out = subprocess.run([sys.executable, '-m', 'inspector', *flags], cwd=REPO,
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+                         capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)
     grads = {  # the trips of each all-reduce carrying over a megabyte (the gradient)
-        twin: sorted(op['trip_count'] for op in report['programs'][twin]
-                     if op['kind'] == 'all-reduce' and op['bytes'] > 1 << 20)  # fmt: skip
+        twin: sorted(
+            op['trip_count']
+            for op in report['programs'][twin]
+            if op['kind'] == 'all-reduce' and op['bytes'] > 1 << 20
+        )
         for twin in ('auto', 'explicit', 'typed')
     }
     flagged = {

@@ -62,7 +62,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
 def train_step(graphdef, loss_fn, tx, mesh, plan):
     # the gradients, then the shared update: the same on every device (replicated)
     grads_fn = loss_and_grads(graphdef, loss_fn, mesh, plan)  # BUG: not jitted: it carries
-    update = jax.jit(lambda state, grads: apply_gradients(state, grads, tx), donate_argnums=0)  # BUG
+    update = jax.jit(lambda s, g: apply_gradients(s, g, tx), donate_argnums=0)  # BUG
 
     def step(state, batch):  # BUG: the gradients outside the jitted update
         metrics, grads = grads_fn(state.params, batch)  # BUG
