@@ -18,7 +18,16 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding
 
-from parity_tests.helpers import TINY_TRANSFORMER, X64_TOL, assert_close, make_case, mesh_of
+from parity_tests.helpers import (
+    LOSS_TOL,
+    TINY_TRANSFORMER,
+    X64_TOL,
+    assert_close,
+    make_case,
+    mesh_of,
+    read_metrics,
+    run_cli,
+)
 from parity_tests.wide import Wide, x64_state
 from shard_parity import UsageError, auto, checks, explicit, memory, typed
 from shard_parity import config as cfg
@@ -261,3 +270,37 @@ def test_the_inspector_reads_zero1_on_a_tpu():
         assert moved(ops, 'reduce-scatter') >= (784 + 512) * 512 * 4 // 8, twin
         assert 784 * 512 * 4 < moved(ops, 'all-gather') <= PARAMS, twin
     assert r['differences'] == [] and r['typed_differences'] == []
+
+
+@pytest.mark.slow
+def test_the_bisector_names_the_wrong_shard_at_step_0_in_the_gradients():
+    flags = ['--model=mlp', '--mesh=data:8', '--shard_optimizer_over_data', '--steps=2',
+             '--cpu_devices=8', '--twins=explicit,tools.zoo.zero1_wrong_shard']  # fmt: skip
+    result = run_cli('tools', *flags, program='bisect')
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert 'diverge at step 0, phase gradients' in result.stdout, result.stdout
+
+
+@pytest.mark.slow
+def test_checkpoints_move_between_zero1_dp_and_fsdp(tmp_path):
+    """The MLP 20 steps under dp; 10 under ZeRO-1 resumed under dp; 10 under fsdp resumed under
+    ZeRO-1: the first two log the same losses to the bit (ZeRO-1's moments restored whole, and
+    dp's split), the third within float32's trajectory tolerance (fsdp sums in its own order)."""
+    common = ['--model=mlp', '--cpu_devices=8', '--checkpoint_every=10', '--log_every=5']
+
+    def train(workdir, steps, *flags):
+        result = run_cli('explicit', *common, f'--steps={steps}', f'--workdir={workdir}', *flags)
+        assert result.returncode == 0, result.stderr[-2000:]
+
+    def losses(workdir):
+        return [m['train_loss'] for m in read_metrics(workdir) if 'train_loss' in m]
+
+    train(tmp_path / 'dp', 20, '--mesh=data:8')
+    train(tmp_path / 'zero1', 10, '--mesh=data:8', '--shard_optimizer_over_data')
+    train(tmp_path / 'zero1', 20, '--mesh=data:8')
+    train(tmp_path / 'fsdp', 10, '--mesh=fsdp:8')
+    train(tmp_path / 'fsdp', 20, '--mesh=data:8', '--shard_optimizer_over_data')
+    want = losses(tmp_path / 'dp')
+    assert len(want) == 4 and len(set(want)) == 4  # four different losses to compare
+    assert losses(tmp_path / 'zero1') == want
+    np.testing.assert_allclose(losses(tmp_path / 'fsdp'), want, **LOSS_TOL)

@@ -206,6 +206,12 @@ ROWS = [
         'test_bad_inputs.test_cli_row',
     ),
     (
+        '--shard_optimizer_over_data without a data axis of 2 or more',
+        "--shard_optimizer_over_data splits AdamW's moments over the 'data' axis, and "
+        "--mesh=fsdp:8 has no 'data' axis of 2 or more devices",
+        'test_bad_inputs.test_cli_row',
+    ),
+    (
         '--reduce_dtype=bfloat16 in auto or typed',
         '--reduce_dtype=bfloat16 in the typed twin: its partitioner reduces each gradient where it is '
         'formed, before any line of the twin can cast it; use explicit.train',
