@@ -64,7 +64,8 @@ def mfu(rounds: int, model_config=GPT2_SMALL, batch_size: int = GPT2_BATCH) -> l
             {
                 'twin': name, 'batch': batch_size, 'seq_len': model_config.seq_len,
                 'layers': model_config.num_layers, 'embed_dim': model_config.embed_dim,
-                'dtype': model_config.dtype, 'steps_timed': rounds, 'step_ms': 1e3 * step_s,
+                'dtype': model_config.dtype, 'attention': model_config.attention,
+                'steps_timed': rounds, 'step_ms': 1e3 * step_s,
                 'tokens_per_sec': run.units / step_s, 'model_flops_per_step': per_step,
                 **flops.rates(per_step, step_s, device, model_config.dtype),
                 'hardware_tflops_per_sec': hardware / step_s / 1e12 if hardware else None,
@@ -112,8 +113,8 @@ def markdown(r: dict) -> list[str]:
         ]  # fmt: skip
         out += [
             f"\n**MFU: the GPT-2-small shape** ({x0['layers']} layers, width {x0['embed_dim']}, "
-            f"T = {x0['seq_len']}, batch {x0['batch']}, {x0['dtype']}, blockwise attention, one "
-            f"device; the median of {x0['steps_timed']} steps after compilation, one a round, "
+            f"T = {x0['seq_len']}, batch {x0['batch']}, {x0['dtype']}, {x0.get('attention', 'fused')} "
+            f"attention, one device; the median of {x0['steps_timed']} steps after compilation, one a round, "
             f'the twins interleaved; {RATES}; XLA\'s cost analysis of the compiled step beside '
             'it: it counts the recomputed blocks, but a loop body (the scans) once)\n',
             markdown_table(

@@ -73,7 +73,7 @@ PLATFORM = flags.DEFINE_enum(
     'cpu',
     ['cpu', 'gpu', 'tpu'],
     'cpu: 8 emulated CPU devices; gpu: the real GPUs, bf16, cuDNN; tpu: the real TPU chips, '
-    'bf16, blockwise attention (results_tpu.*; benchmarks/tpu.sh).',
+    'bf16, --attention=fused (results_tpu.*; benchmarks/tpu.sh).',
 )
 MFU_STEPS = flags.DEFINE_integer(
     'mfu_steps', 60, 'Section mfu: steps timed per twin, one a round, interleaved (after two of '

@@ -90,7 +90,7 @@ def _cores():
 
 def transformer_config(platform: str):
     """nanoGPT's configuration; on a GPU in bf16, which lets cuDNN's fused attention run, and
-    on a TPU in bf16 (its 'fused': blockwise attention, shard_parity/model/attention.py)."""
+    on a TPU in bf16 (its 'fused': Pallas' splash attention, shard_parity/model/attention.py)."""
     import dataclasses
 
     from benchmarks import sections as S
