@@ -113,8 +113,9 @@ def markdown(r: dict) -> list[str]:
         ]  # fmt: skip
         out += [
             f"\n**MFU: the GPT-2-small shape** ({x0['layers']} layers, width {x0['embed_dim']}, "
-            f"T = {x0['seq_len']}, batch {x0['batch']}, {x0['dtype']}, {x0.get('attention', 'fused')} "
-            f"attention, one device; the median of {x0['steps_timed']} steps after compilation, one a round, "
+            f"T = {x0['seq_len']}, batch {x0['batch']}, {x0['dtype']}, "
+            f"{x0.get('attention', 'fused')} attention, one device; the median of "
+            f"{x0['steps_timed']} steps after compilation, one a round, "
             f'the twins interleaved; {RATES}; XLA\'s cost analysis of the compiled step beside '
             'it: it counts the recomputed blocks, but a loop body (the scans) once)\n',
             markdown_table(

@@ -38,7 +38,8 @@ def attention_sweep(lengths, rounds: int, dtype=jnp.float32) -> list[dict]:
             fns[name] = lambda c=compiled: jax.block_until_ready(c(q, k, v))
         med = interleaved(fns, rounds, warmup=1)
         model = 12 * q.shape[0] * q.shape[2] * q.shape[3] * t * t  # QK^T and PV: 4 BHDT^2, x3
-        rates = {n: flops.rates(model, med[n], jax.devices()[0], jnp.dtype(dtype).name) for n in fns}
+        kind = jnp.dtype(dtype).name
+        rates = {n: flops.rates(model, med[n], jax.devices()[0], kind) for n in fns}
         rows.append(
             {
                 'seq_len': t,

@@ -124,6 +124,9 @@ def flop_rates(model: str, model_config, units: float, seconds: dict, devices: i
     return out
 
 
+TWIN_RUNS = ('auto', 'explicit', 'typed', 'auto_copy')  # section 1's candidates on n devices
+
+
 def twins(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
     """1. Step time of auto vs explicit vs typed (n devices) vs the one-device run, both models.
 
@@ -152,7 +155,7 @@ def twins(n: int, rounds: int, model_config=NANOGPT) -> list[dict]:
                 'auto_copy_over_auto': t['auto_copy'] / t['auto'],
                 **{f'{k}_per_sec': units / v for k, v in t.items()},
                 **flop_rates(model, model_config, units, {'reference': t['reference']}),
-                **flop_rates(model, model_config, units, {k: t[k] for k in t if k != 'reference'}, n),
+                **flop_rates(model, model_config, units, {k: t[k] for k in TWIN_RUNS}, n),
             }
         )
     return rows

@@ -95,8 +95,11 @@ def test_chip_memory_reads_the_peak_after_one_step():
     figures of the one-device step, the peak after it, whether it rose, the difference."""
     from benchmarks import chip
 
-    readings = iter([{'bytes_in_use': 0}, {'bytes_in_use': 10, 'peak_bytes_in_use': 100},
-                     {'bytes_in_use': 10, 'peak_bytes_in_use': 5_000_000, 'bytes_limit': 9}])  # fmt: skip
+    readings = iter([
+        {'bytes_in_use': 0},
+        {'bytes_in_use': 10, 'peak_bytes_in_use': 100},
+        {'bytes_in_use': 10, 'peak_bytes_in_use': 5_000_000, 'bytes_limit': 9},
+    ])  # fmt: skip
     rows = chip.chip_memory(['mlp'], stats=lambda: next(readings))
     (r,) = rows
     assert r['config'] == 'mlp' and r['inspector_flags'] == '--model=mlp'
