@@ -3,7 +3,7 @@
 # the sections of `python -m benchmarks.run`, in the report's order (its flags: options.py)
 SECTIONS = [
     'chip_memory', 'twins', 'sweep', 'attention', 'generation', 'nanogpt', 'mfu', 'strategies',
-    'context', 'cli', 'memory', 'memory_101m',
+    'context', 'cli', 'memory', 'memory_101m', 'remat',
 ]  # fmt: skip
 # what a run without --sections runs, per --platform (the others are asked for by name)
 DEFAULT_SECTIONS = ['twins', 'sweep', 'attention', 'generation', 'nanogpt', 'strategies']

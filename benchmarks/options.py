@@ -19,7 +19,8 @@ SECTION = flags.DEFINE_list(
     'to 16,384: minutes of compiling; python -m benchmarks.run --sections=context), cli '
     '(whole train CLI runs: about 20 minutes at the defaults), memory (24 compiles: every '
     'twin x strategy at 2 and 4 layers, benchmarks/memory.py) and memory_101m (the README\'s '
-    '101M-parameter transformer under dp, fsdp and fsdp_tp, the three twins).',
+    '101M-parameter transformer under dp, fsdp and fsdp_tp, the three twins) and remat (each '
+    '--remat_policy\'s compiled temp memory and step time, benchmarks/remat.py).',
 )
 TARGET = flags.DEFINE_enum(
     'target',

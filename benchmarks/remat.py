@@ -7,7 +7,8 @@ and its median step time, per policy; and, on an accelerator, the largest batch 
         --num_heads=12 --seq_len=1024 --dtype=bfloat16 --attention=fused --out=remat.json
 
 The section: nanoGPT's configuration, global batch 16, the auto twin under dp on one device and
-under fsdp on every device (up to 8), each policy timed interleaved (benchmarks.timing).
+under fsdp on every device (up to 8), each policy and unset timed interleaved
+(benchmarks.timing).
 The module's own CLI (benchmarks/results/tpu/remat.sh runs it on the chip): the transformer the
 model flags give, the auto twin on one device. Per policy it compiles the step at
 --fit_start's batches, reads each program's bytes (the TPU compiler's peak where it gives one,
@@ -77,9 +78,9 @@ def compile_or_refusal(low) -> tuple:
     """(compiled, footprint) or (None, {'does_not_fit': the compiler's reason})."""
     try:
         compiled = low.compile()
-    except Exception as e:  # a chip's HBM that cannot hold it: RESOURCE_EXHAUSTED
-        if (why := does_not_fit(e)) is None:
-            raise
+    except Exception as e:  # noqa: BLE001  RESOURCE_EXHAUSTED: the chip cannot hold it
+        if (why := does_not_fit(e)) is None:  # another failure: kept, counted as not fitting
+            return None, {'does_not_fit': f'failed: {type(e).__name__}: {str(e)[:300]}'}
         return None, {'does_not_fit': why}
     return compiled, footprint(compiled)
 
@@ -162,7 +163,11 @@ def fit(model_config, budget: float, start, batch_size: int, steps: int, workers
                 _, _, state, _, batch, units = setup('transformer', batch_size, model_config)
                 host = (state, batch, units, model_config)
                 for p, compiled in at_batch.items():
-                    out[p]['timed'] = timed(compiled, host, plan, steps) | {'batch': batch_size}
+                    try:  # one policy's failure (a runtime out-of-memory) leaves the others
+                        out[p]['timed'] = timed(compiled, host, plan, steps)
+                    except Exception as e:  # noqa: BLE001
+                        out[p]['timed'] = {'failed': f'{type(e).__name__}: {str(e)[:300]}'}
+                    out[p]['timed']['batch'] = batch_size
                     report(f"{p} timed: {json.dumps(out[p]['timed'])}")
                 at_batch = {}
             todo = {p: next_batches(seen[p], budget) for p in policies}
@@ -172,31 +177,38 @@ def fit(model_config, budget: float, start, batch_size: int, steps: int, workers
 
 
 def remat_section(rounds: int, model_config=NANOGPT, batch_size=BATCH_SIZE) -> list[dict]:
-    """One row per strategy x policy: the compiled step's temp and peak (MiB per device), its
-    median step time (the policies timed interleaved, per strategy)."""
+    """One row per strategy x policy (and `unset`, each path as before the flag: under dp the
+    unrolled layers): the compiled step's temp and peak (MiB per device), its median step time
+    (the policies timed interleaved, per strategy)."""
     n = min(8, jax.device_count())
     rows_out = []
     for strategy, count in (('dp', 1), ('fsdp', n)):
         plan = plans.parse(None, strategy, count)
         runs = {}
-        for p in POLICIES:
+        for p in [*POLICIES, None]:
+            name = p or 'unset'
             mc = dataclasses.replace(model_config, remat_policy=p)
             mem = footprint(lowered(p, model_config, batch_size, plan).compile())
-            rows_out.append({'strategy': strategy, 'devices': count, 'policy': p, **mem})
-            runs[p] = runner(auto, count, 'transformer', batch_size, model_config=mc,
-                             strategy=strategy)  # fmt: skip
+            rows_out.append({'strategy': strategy, 'devices': count, 'policy': name, **mem})
+            runs[name] = runner(auto, count, 'transformer', batch_size, model_config=mc,
+                                strategy=strategy)  # fmt: skip
         t = per_step(interleaved(runs, rounds), runs)
-        for r in rows_out[-len(POLICIES):]:
+        for r in rows_out[-len(runs) :]:
             r['step_ms'] = 1e3 * t[r['policy']]
     return rows_out
 
 
 def markdown(rows_out: list[dict], config=NANOGPT) -> list[str]:
     out = [
-        '\n## Remat policies: the compiled train step per --remat_policy (XLA memory_analysis, '
-        'MiB per device; step time)\n',
-        f'The auto twin, transformer of width {config.embed_dim}, {config.num_layers} layers, '
-        f'seq_len {config.seq_len}, global batch {BATCH_SIZE}; docs/remat.md.\n',
+        (
+            '\n## Remat policies: the compiled train step per --remat_policy (XLA '
+            'memory_analysis, MiB per device; step time)\n'
+        ),
+        (
+            f'The auto twin, transformer of width {config.embed_dim}, {config.num_layers} '
+            f'layers, seq_len {config.seq_len}, global batch {BATCH_SIZE}; unset: as before '
+            'the flag (dp: the unrolled layers; fsdp: full); docs/remat.md.\n'
+        ),
         '| strategy | devices | policy | temp | peak | step ms |',
         '| --- | ---: | --- | ---: | ---: | ---: |',
     ]
@@ -221,7 +233,7 @@ def main(argv):  # python -m benchmarks.remat: the module docstring
     budget = F.hbm_gib * GiB if F.hbm_gib else (limit or 15.75 * GiB)
     start = [int(b) for b in F.fit_start]
     deadline = time.monotonic() + F.deadline_s
-    report = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    report = lambda line: print(line, file=sys.stderr, flush=True)
     policies = {p: p for p in POLICIES} | ({'default': None} if F.with_default else {})
     found = fit(model_config, budget, start, from_flags.batch_size(), F.timed_steps,
                 F.compile_workers, deadline, policies, report)  # fmt: skip

@@ -266,6 +266,10 @@ def markdown(r: dict) -> str:
         from benchmarks import memory
 
         out += memory.markdown(r['memory_101m'], 'The 101M-parameter transformer', memory.HEADLINE)
+    if 'remat' in r:
+        from benchmarks import remat
+
+        out += remat.markdown(r['remat'])
     return '\n'.join(out) + '\n'
 
 

@@ -141,6 +141,10 @@ def run_sections(names, rounds, platform: str, model_config, results: dict, runn
             from benchmarks.memory import headline
 
             results[name] = headline(TARGET.value)
+        elif name == 'remat':
+            from benchmarks.remat import remat_section
+
+            results[name] = remat_section(rounds)
         elif name == 'cli':
             from benchmarks.cli import cli
 
