@@ -33,7 +33,7 @@ import numpy as np
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.model.ops import varying, vary_like
+from shard_parity.model.ops import partitions, typed, varying, vary_like
 
 LANES = 128  # the kernel's key blocks are multiples of a vector register's 128 lanes
 BLOCK = 512  # block_q = block_kv (forward and both backward kernels): the largest of
@@ -126,11 +126,27 @@ def plan(q, k) -> tuple[str | None, tuple | None]:
     other = sorted(set(free) - set(ROWS) - {HEADS})
     if other:
         return f'the mesh axis {other[0]!r}, which splits what the kernel needs whole', None
+    if typed(q) is not None:  # Explicit mode: as q's type lays it out, if the kernel can take it
+        return explicit_spec(q, k, mesh)
     rows = tuple(a for a in mesh.axis_names if a in axes and a in ROWS)  # as placement.rows
     if b % int(np.prod([axes[a] for a in rows])):
         rows = ()  # rows that do not split evenly: whole on every device
     heads = HEADS if HEADS in axes and k.shape[2] % axes[HEADS] == 0 else None
     return None, P(rows or None, None, heads, None)
+
+
+def explicit_spec(q, k, mesh):
+    """(None, q's own spec) where the kernel takes it per device: rows and heads split, the
+    sequence and head_dim whole, and the key/value heads split as the query heads (GQA's groups
+    stay on one device); else a reason. The output then has q's type, as the model expects
+    (a size-1 'model' named on the heads would make the out-projection row-parallel)."""
+    rows, seq, heads, dim = partitions(q, typed(q))
+    if seq is not None or dim is not None:
+        return f'queries split along {"the sequence" if seq else "head_dim"}', None
+    split = int(np.prod([mesh.shape[a] for a in np.atleast_1d(heads or ())]))
+    if k.shape[2] % split:
+        return f'{k.shape[2]} key/value heads over {split} devices', None
+    return None, P(rows, None, heads, None)
 
 
 def sharded(q, k, v, spec):
