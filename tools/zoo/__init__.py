@@ -37,6 +37,12 @@ original's only in its BUG lines.
     adamw_bf16        explicit/dp.py with AdamW's moments stored in bf16 where the policy
                       keeps float32: within bf16's round-off, caught by the state's dtypes
                       (divergence.compare_step; test_numerics.py)
+    accum_per_microbatch_mean  explicit/dp.py under --gradient_accumulation_steps with each
+                      microbatch's loss divided by its own token count (docs/accumulation.md)
+    accum_partial_by_k  ...with a partial last window normalised as if all K were there
+    accum_carried_over  ...with the accumulator not reset: the last step's last microbatch in
+    accum_reduced_in_loop  ...with a pmean per microbatch: equal values, the inspector's to
+                      flag (test_accumulation_zoo.py tests the four)
     Small effects (docs/detection.md: each caught in float32, and in bf16 caught or within a
     detection limit above its effect; parity_tests/test_detection.py):
     gelu_tanh         explicit/dp.py with the transformer's GELU in its tanh approximation
