@@ -304,3 +304,16 @@ def test_checkpoints_move_between_zero1_dp_and_fsdp(tmp_path):
     assert len(want) == 4 and len(set(want)) == 4  # four different losses to compare
     assert losses(tmp_path / 'zero1') == want
     np.testing.assert_allclose(losses(tmp_path / 'fsdp'), want, **LOSS_TOL)
+
+
+@pytest.mark.slow
+def test_the_bisector_names_the_local_clip_at_step_0_in_the_update():
+    """tools/zoo/zero1_local_clip.py (the update in shard_map: each clip takes the norm of its
+    shard) with --grad_clip=0.01, clipped from the first step: step 0, phase update. Without the
+    clip it is the same update: the two agree."""
+    flags = ['--model=mlp', '--mesh=data:8', '--shard_optimizer_over_data', '--steps=2',
+             '--cpu_devices=8', '--twins=explicit,tools.zoo.zero1_local_clip']  # fmt: skip
+    clipped = run_cli('tools', *flags, '--grad_clip=0.01', program='bisect')
+    assert clipped.returncode == 1, clipped.stderr[-2000:]
+    assert 'diverge at step 0, phase update' in clipped.stdout, clipped.stdout
+    assert run_cli('tools', *flags, program='bisect').returncode == 0

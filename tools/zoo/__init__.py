@@ -28,6 +28,10 @@ original's only in its BUG lines.
                       too, whose devices hold different shards of them
     composed_data_only  explicit/composed.py, the gradients averaged over 'data' alone (not
                       over 'seq' nor the experts' rows)
+    zero1_wrong_shard explicit/composed.py under ZeRO-1, each reduce-scattered gradient shard
+                      handed to the neighbour: the update on the wrong shard (test_zero1.py)
+    zero1_local_clip  explicit/composed.py under ZeRO-1 with the update in shard_map: each
+                      device's clip takes its own shard's norm (--grad_clip; test_zero1.py)
     reduce_bf16       explicit/dp.py with the gradients all-reduced in bf16 whatever
                       --reduce_dtype says: within a bf16 round-off, caught by the inspector's
                       dtype audit (test_dtype_audit.py)

@@ -1,7 +1,7 @@
 """explicit/composed.py under ZeRO-1 (--shard_optimizer_over_data) with each device's
 reduce-scattered gradient shard handed on to its neighbour: device i updates its 1/n of every
-param and moment with shard i - 1's gradient, the update applied to the wrong shard (the bug
-zoo). Caught at the first step, phase gradients (test_zero1.py, test_bisect.py)."""
+param and moment with shard i - 1's gradient, the update applied to the wrong shard (the
+bug zoo). Caught at the first step, phase gradients (test_zero1.py)."""
 
 import jax
 
