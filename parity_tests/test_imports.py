@@ -29,7 +29,7 @@ FLOORS = (  # lowest first: (name, the top-level folders on that floor)
 FOLDER_FLOOR = {folder: i for i, (_, folders) in enumerate(FLOORS) for folder in folders}
 INSTALLED = {'auto', 'explicit', 'typed', 'tools', 'inspector', 'datasets'}  # shard_parity.<x>
 PLAN_FLAGS = {'MESH', 'STRATEGY', 'NUM_DEVICES', 'MICROBATCHES', 'PP_SCHEDULE', 'PP_VIRTUAL',
-              'CP_LAYOUT', 'REDUCE_DTYPE', 'MATMUL_PRECISION'}  # fmt: skip
+              'CP_LAYOUT', 'REDUCE_DTYPE', 'MATMUL_PRECISION', 'SHARD_OPTIMIZER'}  # fmt: skip
 
 
 def module_name(path: pathlib.Path) -> str:

@@ -278,6 +278,13 @@ SHARD_OPTIMIZER = flags.DEFINE_bool(
     'the gradients reduce-scattered, each device updates its 1/n, the parameters all-gathered '
     '(runs the composed step on the mesh; docs/zero1.md).',
 )
+SHARD_OPTIMIZER = flags.DEFINE_bool(
+    'shard_optimizer_over_data',
+    False,
+    "ZeRO-1 (MaxText's name): AdamW's moments split over the 'data' axis, the parameters whole; "
+    'the gradients reduce-scattered, each device updates its 1/n, the parameters all-gathered '
+    '(runs the composed step on the mesh; docs/zero1.md).',
+)
 SHOW_SHARDING = flags.DEFINE_bool(
     'show_sharding', False, 'Print where one batch and one weight live on the devices.'
 )
@@ -320,7 +327,7 @@ KV_CACHE = flags.DEFINE_bool('kv_cache', False, 'Decode with a KV cache (one pos
 # What each CLI's --help lists; --helpfull lists everything.
 TRAIN_CLI = [
     MODEL, STRATEGY, MESH, CP_LAYOUT, MICROBATCHES, PP_SCHEDULE, PP_VIRTUAL, *TRAIN.values(),
-    *TRANSFORMER_SHAPE, *PRECISION,
+    SHARD_OPTIMIZER, *TRANSFORMER_SHAPE, *PRECISION,
     CPU_DEVICES, CPU_FMA,
     NUM_DEVICES, DATA_DIR, DOWNLOAD, WORKDIR, CHECKPOINT_EVERY, SAVE_INITIAL, KEEP, DEBUG_NANS,
     VERBOSE, COORDINATOR, NUM_PROCESSES, PROCESS_ID, DISTRIBUTED_AUTO, HEARTBEAT_TIMEOUT,

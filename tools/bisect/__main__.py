@@ -13,6 +13,7 @@ __doc__ = cli.__doc__  # what --help prints: absl reads the __main__ module's do
 declare_key_flags(  # the train CLI's flags it reads: listed by --help, which exits 0
     [F.MODEL, F.STRATEGY, F.MESH, F.NUM_DEVICES, F.CP_LAYOUT, F.MICROBATCHES]
     + [F.PP_SCHEDULE, F.PP_VIRTUAL, *F.TRAIN.values(), *F.TRANSFORMER_SHAPE, *F.PRECISION]
+    + [F.SHARD_OPTIMIZER]
     + [F.CPU_DEVICES, F.CPU_FMA, F.DATA_DIR, F.DOWNLOAD, F.VERBOSE],
     cli.__name__,
 )
