@@ -278,13 +278,6 @@ SHARD_OPTIMIZER = flags.DEFINE_bool(
     'the gradients reduce-scattered, each device updates its 1/n, the parameters all-gathered '
     '(runs the composed step on the mesh; docs/zero1.md).',
 )
-SHARD_OPTIMIZER = flags.DEFINE_bool(
-    'shard_optimizer_over_data',
-    False,
-    "ZeRO-1 (MaxText's name): AdamW's moments split over the 'data' axis, the parameters whole; "
-    'the gradients reduce-scattered, each device updates its 1/n, the parameters all-gathered '
-    '(runs the composed step on the mesh; docs/zero1.md).',
-)
 SHOW_SHARDING = flags.DEFINE_bool(
     'show_sharding', False, 'Print where one batch and one weight live on the devices.'
 )
