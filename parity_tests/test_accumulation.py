@@ -38,6 +38,7 @@ from shard_parity.datasets.batches import loss_weights, partial_window
 from shard_parity.model.mlp import MLP
 from shard_parity.placement import place_batch, place_state
 from shard_parity.plan import Precision
+from shard_parity.runtime import tasks
 from shard_parity.step import (
     Accumulated,
     check_accumulation,
@@ -204,6 +205,12 @@ def test_a_pipeline_refuses_k_saying_why():
         check_accumulation(plan, 16, 2)
     check_accumulation(plan, 16, 1)  # K=1: nothing to refuse
     check_accumulation(plans.parse('data:4,model:2', None, 8), 16, 4)  # 4 rows per device
+
+
+def test_variable_length_is_the_transformers():
+    config = dataclasses.replace(cfg.TrainConfig(), variable_length=True)
+    with pytest.raises(UsageError, match='--variable_length cuts text into documents'):
+        tasks.mnist_task(config)
 
 
 TRANSFORMER = [*CLI_MODELS['transformer'], '--cpu_devices=8', '--log_every=1', '--eval_every=10']

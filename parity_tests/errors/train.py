@@ -115,4 +115,20 @@ ROWS = [
         '--remat_policy=dots checkpoints transformer blocks; --model=mlp has none',
         'test_bad_inputs.test_cli_row',
     ),
+    (
+        "--gradient_accumulation_steps not dividing a row device's rows",
+        "--gradient_accumulation_steps=3 does not divide the 8 rows each device of the mesh's row "
+        'axes takes',
+        'test_accumulation.test_a_bad_k_is_one_line_and_exit_2',
+    ),
+    (
+        '--gradient_accumulation_steps with a pipeline (a stage axis)',
+        'K windows of M would be the gradient of --microbatches=2 x M: raise that instead',
+        'test_accumulation.test_a_pipeline_refuses_k_saying_why',
+    ),
+    (
+        '--variable_length with the MLP',
+        '--variable_length cuts text into documents: --model=transformer only',
+        'test_accumulation.test_variable_length_is_the_transformers',
+    ),
 ]
