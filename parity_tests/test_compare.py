@@ -297,3 +297,33 @@ def test_a_reader_that_stops_early_ends_compare_quietly(tmp_path):
     proc.stdout.close()  # as `head -n 1` does
     err = proc.communicate(timeout=60)[1]
     assert proc.returncode == 141 and err == b'', err[-2000:]  # 128 + SIGPIPE, nothing said
+
+
+def on(path, platform, matmul='default'):
+    """Gives workdir `path` a one-device transformer run's config.json whose segment ran on
+    `platform` (what the train loop records) at --matmul_precision=`matmul`."""
+    segment = {'from_step': 0, 'twin': 'auto', 'strategy': 'dp', 'devices': 1,
+               'mesh': {'data': 1, 'model': 1}, 'platform': platform,
+               'device_kind': {'tpu': 'TPU v5 lite', 'cpu': 'cpu'}[platform],
+               'precision': {'param': 'float32', 'compute': 'float32', 'reduce': 'float32',
+                             'matmul': matmul}}  # fmt: skip
+    saved = {'model': 'transformer', 'model_config': {}, 'twin': 'auto', 'strategy': 'dp',
+             'mesh': segment['mesh'], 'devices': 1, 'segments': [segment],
+             'train': {'steps': 100, 'seed': 0}}  # fmt: skip
+    (path / 'config.json').write_text(json.dumps(saved))
+    return path
+
+
+def test_float32_on_a_tpu_at_default_precision_is_judged_as_bfloat16(tmp_path):
+    """A TPU's float32 dot at --matmul_precision=default is one bfloat16 pass: such a run is
+    judged by the bf16 band (0.0164 of the loss here), and says so; at highest, or on the CPU,
+    by float32's --max_loss_gap (0.01). The same two logs, 0.02 apart, get both verdicts."""
+    cpu = on(workdir(tmp_path, 'cpu', transformer_log(2.42)), 'cpu')
+    for matmul, code in (('default', 0), ('highest', 1)):
+        tpu = on(workdir(tmp_path, f'tpu_{matmul}', transformer_log(2.40)), 'tpu', matmul)
+        done = compare(tpu, cpu)
+        assert done.returncode == code, done.stdout + done.stderr
+        note = 'note: A ran float32 on a TPU at --matmul_precision=default'
+        assert (note in done.stdout) == (matmul == 'default')
+        assert done.stdout.splitlines()[0] == f'A {tpu}: auto dp on data:1,model:1 (TPU v5 lite)'
+    assert compare(cpu, on(workdir(tmp_path, 'cpu2', transformer_log(2.40)), 'cpu')).returncode == 1

@@ -27,10 +27,15 @@ from shard_parity import UsageError
 from shard_parity import plan as plans
 
 
-def new(twin: str, plan: plans.Plan, from_step: int) -> dict:
-    """The segment `twin` starts at `from_step` on `plan`."""
+def new(twin: str, plan: plans.Plan, from_step: int, device=None) -> dict:
+    """The segment `twin` starts at `from_step` on `plan`, on `device`'s platform and kind
+    where given (the train loop gives its mesh's first device): a TPU's float32 dot at
+    --matmul_precision=default is one bfloat16 pass, so compare judges such a stretch as
+    bfloat16 compute (tools/compare/pairing.py, `precision`)."""
     precision = dataclasses.asdict(plan.precision)
-    return {'from_step': from_step, 'twin': twin, **plan.to_config(), 'precision': precision}
+    where = {'platform': device.platform, 'device_kind': device.device_kind} if device else {}
+    return {'from_step': from_step, 'twin': twin, **plan.to_config(), 'precision': precision,
+            **where}  # fmt: skip
 
 
 def plan_of(segment: dict) -> plans.Plan:
@@ -57,8 +62,9 @@ def of(saved: dict) -> list[dict]:
 def same_plan(a: dict, b: dict) -> bool:
     """Whether two segments ran one twin on one plan (a mesh saved before named meshes, fsdp's
     axis then called 'data', is today's, and options the axes do not take are dropped)."""
+    moved = {a.get('platform'), b.get('platform')} - {None}  # a run saved before: the same
     try:
-        return a.get('twin') == b.get('twin') and plan_of(a) == plan_of(b)
+        return a.get('twin') == b.get('twin') and plan_of(a) == plan_of(b) and len(moved) < 2
     except UsageError:
         return False
 
@@ -87,7 +93,8 @@ def describe(s: dict) -> str:
         return f"{s.get('twin', '?')} (no plan recorded)"
     schedule = f' ({plan.schedule})' if plan.schedule != 'gpipe' else ''
     policy = f', {plan.precision.text()}' if plan.precision != plans.Precision() else ''
-    return f"{s.get('twin', '?')} {plan.strategy}{schedule} on {plan.text()}{policy}"
+    where = f" ({s['device_kind']})" if s.get('device_kind') else ''
+    return f"{s.get('twin', '?')} {plan.strategy}{schedule} on {plan.text()}{where}{policy}"
 
 
 def pairs(a: list[dict], b: list[dict]) -> list[tuple[int, int, int]]:

@@ -94,7 +94,7 @@ def run(twin, plan: Plan, task: tasks.Task, config: cfg.TrainConfig, workdir: pa
         if state is None:
             return None
         previous = checkpoint.read_config(mngr, start) if start else None
-        saved['segments'] = segments.extend(previous, segments.new(twin.NAME, plan, start))
+        saved['segments'] = segments.extend(previous, segments.new(twin.NAME, plan, start, mesh.devices.flat[0]))
         if outputs.save_initial and start == 0:  # step 0, for tools.bisect RUN_A RUN_B
             checkpoint.save(mngr, state, saved)
         text = json.dumps(saved, indent=2) + '\n'

@@ -208,6 +208,8 @@ def main(argv):
     a, b = logs.read(names[0]), logs.read(names[1])
     (va, since_a), (vb, since_b) = logs.figures(a), logs.figures(b)
     parts = pairing.Stretches(*map(settings.settings, names))  # each run's segments
+    for line in parts.platform_notes():
+        print(line)
     table = print_table(names, va, vb, since_a, since_b, parts)
     if problem := logs.non_finite(names, (a, b)):
         refuse(problem, DISAGREE)

@@ -108,6 +108,17 @@ class Stretches:
             found += [precision(s) for s in run if step is None or s['from_step'] < max(step, 1)]
         return numerics.coarsest(found)
 
+    def platform_notes(self) -> list[str]:
+        """A line for each run that trained float32 on a TPU at --matmul_precision=default."""
+        return [
+            f'note: {"AB"[k]} ran float32 on a TPU at --matmul_precision=default, where a float32 '
+            'dot is one bfloat16 pass: judged as bfloat16 compute (by the band); '
+            '--matmul_precision=highest keeps float32'
+            for k, run in enumerate(self.runs)
+            if any(bf16_dots(s) and (s.get('precision') or {}).get('compute', 'float32')
+                   == 'float32' for s in run)  # fmt: skip
+        ]
+
     def lines(self, k: int) -> list[str]:
         """Run k's segments as `history` prints them (none for a run that did not move)."""
         return described(self.runs[k], self.ends[k])
@@ -120,8 +131,21 @@ def last_step(saved: dict | None) -> int | str:
 
 
 def precision(segment: dict) -> tuple[str, str]:
+    """(compute, reduce) of a segment as its arithmetic was: float32 on a TPU at
+    --matmul_precision=default is bfloat16 compute, a TPU's float32 dot being one bfloat16 pass
+    over operands rounded to bfloat16 (`high` and `highest`: three and six passes, float32's)."""
     p = segment.get('precision') or {}
-    return p.get('compute', 'float32'), p.get('reduce', 'float32')
+    compute = p.get('compute', 'float32')
+    if bf16_dots(segment) and compute == 'float32':
+        compute = 'bfloat16'
+    return compute, p.get('reduce', 'float32')
+
+
+def bf16_dots(segment: dict) -> bool:
+    """Whether a segment ran on a TPU at --matmul_precision=default (float32 dots in bf16)."""
+    return segment.get('platform') == 'tpu' and (segment.get('precision') or {}).get(
+        'matmul', 'default'
+    ) == 'default'
 
 
 def changed(saved: dict | None) -> str | None:

@@ -65,7 +65,9 @@ def where(saved: dict) -> str | None:
         plan = plans.from_config(saved)
     except UsageError:
         return None
-    return f"{saved.get('twin', '?')} {plan.strategy} on {plan.text()}"
+    segments = saved.get('segments') if isinstance(saved.get('segments'), list) else [{}]
+    kind = segments[-1].get('device_kind') if isinstance(segments[-1], dict) else None
+    return f"{saved.get('twin', '?')} {plan.strategy} on {plan.text()}" + (f' ({kind})' if kind else '')
 
 
 def check_settings(names, allow: bool) -> None:
