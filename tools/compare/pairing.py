@@ -110,13 +110,16 @@ class Stretches:
 
     def platform_notes(self) -> list[str]:
         """A line for each run that trained float32 on a TPU at --matmul_precision=default."""
+
+        def float32(s):
+            return (s.get('precision') or {}).get('compute', 'float32') == 'float32'
+
         return [
             f'note: {"AB"[k]} ran float32 on a TPU at --matmul_precision=default, where a float32 '
             'dot is one bfloat16 pass: judged as bfloat16 compute (by the band); '
             '--matmul_precision=highest keeps float32'
             for k, run in enumerate(self.runs)
-            if any(bf16_dots(s) and (s.get('precision') or {}).get('compute', 'float32')
-                   == 'float32' for s in run)  # fmt: skip
+            if any(bf16_dots(s) and float32(s) for s in run)
         ]
 
     def lines(self, k: int) -> list[str]:
@@ -143,9 +146,10 @@ def precision(segment: dict) -> tuple[str, str]:
 
 def bf16_dots(segment: dict) -> bool:
     """Whether a segment ran on a TPU at --matmul_precision=default (float32 dots in bf16)."""
-    return segment.get('platform') == 'tpu' and (segment.get('precision') or {}).get(
-        'matmul', 'default'
-    ) == 'default'
+    return (
+        segment.get('platform') == 'tpu'
+        and (segment.get('precision') or {}).get('matmul', 'default') == 'default'
+    )
 
 
 def changed(saved: dict | None) -> str | None:

@@ -67,7 +67,8 @@ def where(saved: dict) -> str | None:
         return None
     segments = saved.get('segments') if isinstance(saved.get('segments'), list) else [{}]
     kind = segments[-1].get('device_kind') if isinstance(segments[-1], dict) else None
-    return f"{saved.get('twin', '?')} {plan.strategy} on {plan.text()}" + (f' ({kind})' if kind else '')
+    where = f' ({kind})' if kind else ''
+    return f"{saved.get('twin', '?')} {plan.strategy} on {plan.text()}{where}"
 
 
 def check_settings(names, allow: bool) -> None:
