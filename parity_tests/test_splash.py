@@ -92,7 +92,20 @@ def test_fused_takes_splash_on_a_tpu_and_says_when_it_cannot(interpret, monkeypa
         'blockwise attention instead'
 
 
-@pytest.mark.parametrize('axis_type', ['auto', 'explicit', 'typed', 'typed_one_device'])
+def remat(fn):
+    """fn as FSDP's layers run it: under jax.checkpoint, in a scan (JAX traces it again)."""
+
+    def layer(qkv, _):
+        q, k, v = qkv
+        return (fn(q, k, v), k, v), None
+
+    layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
+    return lambda q, k, v: jax.lax.scan(layer, (q, k, v), length=1)[0][0]
+
+
+@pytest.mark.parametrize(
+    'axis_type', ['auto', 'explicit', 'explicit_remat', 'typed', 'typed_one_device']
+)
 def test_splash_in_each_twins_sharding_equals_naive(axis_type, interpret):
     """On a data x model mesh (4 x 2), GQA: jit over an Auto mesh and an Explicit one (the
     kernel under its own shard_map), and inside the explicit twin's shard_map (the kernel on
@@ -105,8 +118,9 @@ def test_splash_in_each_twins_sharding_equals_naive(axis_type, interpret):
     shape = (1, 1) if 'one_device' in axis_type else (4, 2)
     mesh = jax.make_mesh(shape, ('data', 'model'), axis_types=types,
                          devices=jax.devices()[:shape[0] * shape[1]])  # fmt: skip
-    if axis_type == 'explicit':
-        fn = jax.shard_map(splash.splash, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
+    if axis_type.startswith('explicit'):
+        fn = remat(splash.splash) if axis_type == 'explicit_remat' else splash.splash
+        fn = jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
     else:
         fn = splash.splash
     args = [jax.device_put(x, NamedSharding(mesh, spec)) for x in (q, k, v, g)]

@@ -33,7 +33,7 @@ import numpy as np
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
-from shard_parity.model.ops import partitions, typed, varying, vary_like
+from shard_parity.model.ops import partitions, typed, vary_like, varying
 
 LANES = 128  # the kernel's key blocks are multiples of a vector register's 128 lanes
 BLOCK = 512  # block_q = block_kv (forward and both backward kernels): the largest of
@@ -182,39 +182,36 @@ def splash(q, k, v):
 def unchecked(q, k, v):
     """`local` inside a shard_map that checks varying axes (check_vma, the default): the
     kernel's pallas_call declares its outputs without them, which JAX refuses there. So the
-    kernel is traced with the check off, and its outputs and gradients are cast to vary as
-    the operands do (the values are each device's own already: the cast only says so)."""
+    kernel, forward and backward, runs in a nested shard_map over no further axes with the
+    check off (kept off wherever JAX traces it again: under jax.checkpoint, in a scan), on
+    operands that vary over no axis by type, as its outputs; the outputs and gradients are
+    cast back to vary as the operands do. Every value there is each device's own already:
+    the casts only say so."""
     return unchecked_fwd(q, k, v)[0]
 
 
-def _vma_off():
-    from jax._src import config  # jax 0.10 to 0.12: no public switch for this
+def _off(fn):
+    """fn in a shard_map over no further axes of the current mesh, with the check off."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return jax.shard_map(
+        fn, mesh=mesh, in_specs=P(), out_specs=P(), axis_names=frozenset(), check_vma=False
+    )
 
-    return config._check_vma(False)
+
+def _plain(x):
+    """x times 1: with the check off, a result that varies over no axis by type."""
+    return x * np.asarray(1, x.dtype)
 
 
 def unchecked_fwd(q, k, v):
-    with _vma_off():
-        out, back = jax.vjp(local, *map(_plain, (q, k, v)))
-    return _like(out, q, k, v), (back, q, k, v)
+    out, back = _off(lambda *qkv: jax.vjp(local, *map(_plain, qkv)))(q, k, v)
+    return vary_like(out, q), (back, q, k, v)
 
 
 def unchecked_bwd(saved, g):
     back, *primals = saved
-    with _vma_off():
-        grads = back(_plain(g))
-    return tuple(_like(d, x) for d, x in zip(grads, primals))
-
-
-def _plain(x):
-    """x times 1: with the check off, an operation's result varies over no axis by type."""
-    return x * np.asarray(1, x.dtype)
-
-
-def _like(x, *refs):
-    for ref in refs:
-        x = vary_like(x, ref)
-    return x
+    grads = _off(lambda back, g: back(_plain(g)))(back, g)
+    return tuple(vary_like(d, x) for d, x in zip(grads, primals))
 
 
 unchecked.defvjp(unchecked_fwd, unchecked_bwd)
