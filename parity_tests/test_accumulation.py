@@ -158,10 +158,11 @@ def test_each_strategy_equals_one_device_in_float32(twin, strategy):
 @pytest.mark.parametrize('strategy', ['dp', 'fsdp', 'composed'])
 @pytest.mark.parametrize('twin', TWINS, ids=lambda t: t.NAME)
 def test_each_strategy_equals_one_device_within_the_bf16_error_model(twin, strategy):
-    """A full window of K=2 and a partial one of 3 of 4 (K=1's bf16 parity is the twins' own
-    tests'): the bisector finds no divergence at the step's loss or any gradient leaf."""
+    """A partial window, 3 of K=4 microbatches (K=1's bf16 parity is the twins' own tests';
+    float32 above has every window): the bisector finds no divergence at the step's loss or
+    any gradient leaf."""
     case = mlp_case('bfloat16')
-    for k, present in [(2, 2), (4, 3)]:
+    for k, present in [(4, 3)]:
         report = bisect_in_bf16(twin, strategy, case, k, present)
         assert not report.diverged and report.tolerance == 'model', report
 
@@ -173,7 +174,7 @@ def test_documents_of_unequal_lengths_weigh_by_their_tokens(twin, strategy):
     """The transformer on variable-length documents: every microbatch a different count of
     real tokens, in full windows and a partial one; the loss a mean over the step's tokens."""
     case = documents_case()
-    for k, present in WINDOWS[1:]:
+    for k, present in WINDOWS[2:]:  # K=4: a full window and a partial one
         batch = window(case, k, present)
         want = one_device(case, batch)
         assert_equal_to_one_device(twin_call(twin, strategy, case, batch, k), want)

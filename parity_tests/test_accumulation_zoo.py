@@ -41,7 +41,7 @@ def bisect(bug, case, k, steps, batches=None):
 
 def documents():
     case = make_case('transformer')
-    case.batches.documents = True
+    case.batches.documents, case.batches.batch_size = True, 32  # 4 rows a device: K=4 splits
     return case
 
 
