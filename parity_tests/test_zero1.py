@@ -1,10 +1,10 @@
 """Claim: ZeRO-1 (--shard_optimizer_over_data, docs/zero1.md) trains as data parallelism does,
 in all three twins: AdamW's moments split over 'data' (1/n of each on every device, the arrays
 no split fits listed), the gradients reduce-scattered to them, each device updating its 1/n, the
-parameters all-gathered. On data:8 (the MLP), data:4,model:2 and data:2,model:2,stage:2 (the
-transformer), float32 and bfloat16 compute: every parameter and moment after K steps equal to
-the plan without ZeRO-1 (dp, tp, the composed step) to the bit, where the program sums in the
-same order (explicit and typed; auto on data:8 and with 'stage'), else within round-off: the
+parameters all-gathered. On data:8 (the MLP), data:4,model:2, data:2,model:2,stage:2,
+data:4,seq:2 and data:2,fsdp:2,model:2 (the transformer), float32 and bfloat16 compute: every
+parameter and moment after K steps equal to the plan without ZeRO-1 (dp, tp, cp, the composed
+step) to the bit where the program sums in the same order, else within round-off (ROUND_OFF); the
 same steps in float64 within X64_TOL, every twin, with the gradient clip (whose global norm
 sums each shard's squares first). A planted mistake, the update applied to the wrong shard
 (tools/zoo/zero1_wrong_shard.py), differs at its first step; checkpoints move between ZeRO-1,
@@ -43,12 +43,23 @@ from shard_parity.tools.zoo import zero1_wrong_shard
 TWINS = {'auto': auto, 'explicit': explicit, 'typed': typed}
 SLOW = pytest.mark.slow
 needs_libtpu = pytest.mark.skipif(not libtpu_installed(), reason='libtpu is not installed')
-MESHES = {'data:8': 'mlp', 'data:4,model:2': 'transformer', 'data:2,model:2,stage:2': 'transformer'}
+MESHES = {
+    'data:8': 'mlp',
+    'data:4,model:2': 'transformer',
+    'data:2,model:2,stage:2': 'transformer',
+    'data:4,seq:2': 'transformer',
+    'data:2,fsdp:2,model:2': 'transformer',  # HSDP: where fsdp and model leave a dimension free
+}
 K = 3  # steps: the first update's moments are the gradient itself; the rest use them
 # Where the ZeRO-1 program adds the same numbers in the same order as the plan without it
 # (measured): auto's partitioner, told the gradients' new layout, reorders some sums on
-# data:4,model:2 (3.7e-9 apart after 3 steps), which float64 then shows is round-off.
-ROUND_OFF = {('auto', 'data:4,model:2')}
+# data:4,model:2 and data:2,fsdp:2,model:2 (3.7e-9, 7.5e-9 apart after 3 steps).
+# explicit under 'seq' reduce-scatters over 'data', then averages over 'seq': two sums for one.
+ROUND_OFF = {
+    ('auto', 'data:4,model:2'),
+    ('explicit', 'data:4,seq:2'),
+    ('auto', 'data:2,fsdp:2,model:2'),
+}
 FAST = {('explicit', 'data:8', 'float32'), ('typed', 'data:4,model:2', 'bfloat16')}
 CASES = [
     pytest.param(t, m, d, marks=[] if (t, m, d) in FAST else [pytest.mark.slow])
