@@ -9,13 +9,14 @@ Its MHA form serves GQA and MQA too: query head h reads key/value head h // (H/K
 flash_attention for TPU refuses unequal head counts, hence splash. The causal mask is a
 CausalMask per head: blocks above the diagonal are skipped, not computed and masked.
 
-A custom call is opaque to XLA's partitioner: given operands split over devices it gathers
-them whole onto every device first. So the kernel runs inside `jax.shard_map` over the mesh's
-batch axes ('data', 'fsdp', 'expert') and 'model' (the heads), each device on its own rows
-and heads (`sharded`). Inside the explicit twin's shard_map every axis is already Manual and
-the kernel runs on the local shards as they are. A sequence split over devices (context
-parallelism's 'seq') or a stage axis under vmap (auto and typed pipelines) keeps the blockwise
-path: `plan` says why, and attention.py logs it once.
+A Mosaic kernel is a custom call XLA's partitioner cannot split (a custom call's sharded
+operands would be gathered whole onto every device; jax refuses to lower one unwrapped). So
+the kernel runs inside `jax.shard_map` over the mesh's row axes ('data', 'fsdp', 'expert')
+and 'model' (the heads), each device on its own rows and heads (`sharded`). Inside the explicit
+twin's shard_map every axis is already Manual: the kernel runs on the local shards as they are
+(`unchecked`). A sequence split over devices (context parallelism's 'seq') or a stage axis
+under vmap (auto and typed pipelines) keeps the blockwise path: `plan` says why, and
+attention.py logs it once.
 
 The kernel needs T a multiple of 128 (a vector register's lanes), equal query and key lengths
 (the training window; generation's KV cache keeps blockwise) and bf16 or float32 inputs.
@@ -30,7 +31,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shard_parity.model.ops import partitions, typed, vary_like, varying
@@ -89,7 +90,7 @@ def kernel(heads: int, t: int, block: int, interpret: bool, fused_backward: bool
 
 def local(q, k, v):
     """The kernel on whole arrays (or one device's shards): [B, T, H, D] in and out."""
-    b, t, h, d = q.shape
+    t, h, d = q.shape[1:]
     run = kernel(h, t, block_size(t), interpreted(), FUSED_BACKWARD)
     q = (q * np.asarray(1 / np.sqrt(d), q.dtype)).transpose(0, 2, 1, 3)  # [B, H, T, D]
     k, v = (x.transpose(0, 2, 1, 3) for x in (k, v))  # [B, K, T, D]
@@ -109,7 +110,7 @@ def plan(q, k) -> tuple[str | None, tuple | None]:
     """(why not, the shard_map's spec of q, k, v and out) for this call: (None, None) runs the
     kernel as it is (one device, or every axis already Manual); a reason (what the kernel
     does not take, a noun phrase), the blockwise path."""
-    b, t, h, d = q.shape
+    b, t = q.shape[:2]
     if t % LANES:
         return f'a sequence length of {t} (not a multiple of {LANES})', None
     if k.shape[1] != t:
@@ -154,10 +155,7 @@ def sharded(q, k, v, spec):
     mesh = mesh_of(q)
     manual = set(getattr(mesh, 'manual_axes', ()))
     free = frozenset(a for a in mesh.axis_names if a not in manual)
-    explicit = AxisType.Explicit in mesh.axis_types
-    if explicit:  # Explicit mode: q, k, v laid out as the kernel's shard_map takes them
-        from jax.sharding import NamedSharding
-
+    if AxisType.Explicit in mesh.axis_types:  # q, k, v laid out as the shard_map takes them
         q, k, v = (jax.reshard(x, NamedSharding(mesh, spec)) for x in (q, k, v))
     return jax.shard_map(
         local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, axis_names=free,
@@ -171,7 +169,7 @@ def splash(q, k, v):
     assert reason is None, reason
     if spec is not None:
         return sharded(q, k, v, spec)
-    manual = any(varying(x) for x in (q, k, v))
+    manual = mesh_of(q).manual_axes or any(varying(x) for x in (q, k, v))
     return unchecked(q, k, v) if manual else local(q, k, v)
 
 
