@@ -302,12 +302,14 @@ def test_checkpoints_move_between_zero1_dp_and_fsdp(tmp_path):
     def train(workdir, steps, *flags):
         result = run_cli('explicit', *common, f'--steps={steps}', f'--workdir={workdir}', *flags)
         assert result.returncode == 0, result.stderr[-2000:]
+        return result.stderr
 
     def losses(workdir):
         return [m['train_loss'] for m in read_metrics(workdir) if 'train_loss' in m]
 
     train(tmp_path / 'dp', 20, '--mesh=data:8')
-    train(tmp_path / 'zero1', 10, '--mesh=data:8', '--shard_optimizer_over_data')
+    said = train(tmp_path / 'zero1', 10, '--mesh=data:8', '--shard_optimizer_over_data')
+    assert "moments of 1 array(s) whole (no dimension data:8 divides): ['layers'][2]" in said
     train(tmp_path / 'zero1', 20, '--mesh=data:8')
     train(tmp_path / 'fsdp', 10, '--mesh=fsdp:8')
     train(tmp_path / 'fsdp', 20, '--mesh=data:8', '--shard_optimizer_over_data')

@@ -16,8 +16,8 @@ from flax import nnx
 from shard_parity import UsageError
 from shard_parity import config as cfg
 from shard_parity.mesh import mesh_for
-from shard_parity.placement import place_state, state_shardings
-from shard_parity.plan import SEQ, Plan
+from shard_parity.placement import place_state, state_shardings, unsplit
+from shard_parity.plan import DATA, SEQ, Plan
 from shard_parity.runtime import checkpoint, report, segments, tasks
 from shard_parity.runtime.loop import Loop
 from shard_parity.runtime.saved import check_compatible
@@ -78,6 +78,10 @@ def run(twin, plan: Plan, task: tasks.Task, config: cfg.TrainConfig, workdir: pa
     tx = make_optimizer(config)
     graphdef, state = create_state(task.make_model(nnx.Rngs(config.seed)), tx)
     state = place_state(state, mesh, plan)
+    whole = unsplit(state.params, plan)  # ZeRO-1's arrays with no dimension 'data' divides
+    if whole and jax.process_index() == 0:
+        print(f"note: ZeRO-1 keeps the moments of {len(whole)} array(s) whole (no dimension "
+              f"data:{plan.size(DATA)} divides): {', '.join(whole)}", file=sys.stderr)  # fmt: skip
     saved = {
         'model': task.name,
         'model_config': cfg.to_dict(task.model_config),
