@@ -3,6 +3,7 @@ as a fraction of its budget, every planted bug as a multiple of it, in bf16 comp
 
     SHARD_PARITY_DATA_DIR=... python -m benchmarks.numerics            # the table
     python -m benchmarks.numerics --only=explicit --json=out.json
+    python -m benchmarks.numerics --trained=1000 --warmup_steps=0   # on a trained state
 
 Each case runs the bisector's comparison (tools/bisect/divergence.py, --tolerance=model) for --steps
 steps from one initial state: a correct pair (one device against a twin, on a mesh) reports each
@@ -70,9 +71,10 @@ BUGS = [
 TRANSFORMER = dict(seq_len=16, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32)
 
 
-def case_inputs(model, strategy, axes, compute, reduce, extra):
+def case_inputs(model, strategy, axes, compute, reduce, extra, train=None):
     """(graphdef, loss_fn, tx, state, batches, plan, mesh) of one case, as the bisector's
-    from_flags builds them, with the policy (compute, reduce)."""
+    from_flags builds them, with the policy (compute, reduce); `train`: changes to the model's
+    training settings (learning_rate=1e-2, warmup_steps=0)."""
     from flax import nnx
     from jax.sharding import AxisType
 
@@ -87,11 +89,12 @@ def case_inputs(model, strategy, axes, compute, reduce, extra):
         'model_config': {'dtype': compute, 'reduce_dtype': reduce},
     })  # fmt: skip
     if model == 'mlp':
-        config = cfg.TRAIN_DEFAULTS['mlp']
+        config = dataclasses.replace(cfg.TRAIN_DEFAULTS['mlp'], **(train or {}))
         task = tasks.mnist_task(config, None, False, cfg.MLPConfig(dtype=compute,
                                                                    reduce_dtype=reduce))  # fmt: skip
     else:
-        config = dataclasses.replace(cfg.TRAIN_DEFAULTS['transformer'], batch_size=16)
+        config = dataclasses.replace(cfg.TRAIN_DEFAULTS['transformer'], batch_size=16,
+                                     **(train or {}))  # fmt: skip
         shape = cfg.TransformerConfig(**TRANSFORMER, **extra, dtype=compute, reduce_dtype=reduce)
         task = tasks.shakespeare_task(config, shape, None, False)
     tx = make_optimizer(config)
@@ -107,18 +110,45 @@ def case_inputs(model, strategy, axes, compute, reduce, extra):
     )
 
 
-def run(a, b, model, strategy, axes, compute, reduce, extra, steps):
+def run(a, b, model, strategy, axes, compute, reduce, extra, steps, train=None, trained=0,
+        tolerance='model'):  # fmt: skip
+    """The bisector's report of A against B for `steps` steps, from the initial state or from
+    A's state after `trained` steps of one device's training (the same policy and settings),
+    on the batches that run takes next."""
     import jax
     import numpy as np
 
     from tools.bisect import divergence as D
 
     graphdef, loss_fn, tx, state, batches, plan, mesh = case_inputs(
-        model, strategy, axes, compute, reduce, extra
+        model, strategy, axes, compute, reduce, extra, train
     )
     sides = [D.load_side(name, plan, mesh) for name in (a, b)]
     host = jax.tree.map(np.asarray, state)
-    return D.bisect(*sides, graphdef, loss_fn, tx, host, batches, steps, 'model')
+    if trained:
+        case = (model, compute, reduce, sorted(extra.items()), sorted((train or {}).items()))
+        host = train_one_device(graphdef, loss_fn, tx, host, batches, trained, repr(case))
+    return D.bisect(*sides, graphdef, loss_fn, tx, host, batches, steps, tolerance,
+                    start=trained)  # fmt: skip
+
+
+_TRAINED = {}
+
+
+def train_one_device(graphdef, loss_fn, tx, state, batches, steps, case=''):
+    """`state` after `steps` steps of one device's training on batches 0..steps-1 (kept per
+    process, by `case` and the steps: a trained state serves every test that asks again)."""
+    import jax
+
+    from shard_parity.step import one_device_train_step
+
+    key = (case, steps)
+    if key not in _TRAINED:
+        step = one_device_train_step(graphdef, loss_fn, tx)
+        for i in range(steps):
+            state, _ = step(state, batches.batch(i))
+        _TRAINED[key] = jax.device_get(state)
+    return _TRAINED[key]
 
 
 def correct_row(label, report) -> dict:
@@ -164,7 +194,15 @@ def main(argv=None) -> int:
     p.add_argument('--steps', type=int, default=2)
     p.add_argument('--only', default='', help='run the cases whose label contains this')
     p.add_argument('--json', default='', help='also write the rows to this file')
+    p.add_argument('--trained', type=int, default=0,
+                   help='judge the state after this many steps of one device\'s training')
+    p.add_argument('--learning_rate', type=float, default=None, help='the peak rate (default: '
+                   'the model\'s); with --warmup_steps=0 from the first step')
+    p.add_argument('--warmup_steps', type=int, default=None)
     args = p.parse_args(argv)
+    train = {k: v for k in ('learning_rate', 'warmup_steps')
+             if (v := getattr(args, k)) is not None}  # fmt: skip
+    more = {'train': train, 'trained': args.trained}
     from shard_parity.devices import configure_jax
 
     configure_jax(8)
@@ -175,7 +213,7 @@ def main(argv=None) -> int:
         if args.only not in label:
             continue
         row = correct_row(label, run(a, b, model, strategy, axes, compute, reduce, extra,
-                                     args.steps))  # fmt: skip
+                                     args.steps, **more))  # fmt: skip
         rows.append(row)
         cells = [f'{row[ph][0]:>8.3g} {row[ph][1]:>9.3g}' if ph in row else f'{"-":>18}'
                  for ph in phases]  # fmt: skip
@@ -191,7 +229,8 @@ def main(argv=None) -> int:
         if args.only not in label:
             continue
         try:
-            report = run(a, b, model, strategy, axes, 'bfloat16', 'float32', extra, args.steps)
+            report = run(a, b, model, strategy, axes, 'bfloat16', 'float32', extra, args.steps,
+                         **more)  # fmt: skip
         except Exception as e:  # noqa: BLE001  (a missing entry, a failure: a row that says so)
             print(f'{label:<22} failed: {str(e)[:80]}', flush=True)
             continue

@@ -224,7 +224,8 @@ SPREAD_NODES = 8  # Gauss-Hermite nodes of `spread`: one optimizer update each
 FLIP_Z = 4.0  # an element within FLIP_Z sigma of zero may flip (Gaussian: 6e-5 beyond)
 
 
-def spread(update, grads, other, nodes: int = SPREAD_NODES, flip_z: float = FLIP_Z) -> list[float]:
+def spread(update, grads, other, nodes: int = SPREAD_NODES, flip_z: float = FLIP_Z,
+           sigmas=None) -> list[float]:  # fmt: skip
     """How far the optimizer's step moves each leaf when the gradients carry the rounding the
     two sides measure: `update` maps a gradient tree to the parameters after the step, `grads`
     and `other` are the two sides' gradients. Each element's rounding is taken as Gaussian at
@@ -249,16 +250,21 @@ def spread(update, grads, other, nodes: int = SPREAD_NODES, flip_z: float = FLIP
     an MLP bias element summed to exactly 0 in bf16 on one side, -8.7e-5 on the other, 2.9
     sigma of its leaf, and its first AdamW step went from the learning rate to 0: 33 times
     the mean). So moved is at least the largest move one element makes when its gradient
-    turns, among the elements within `flip_z` sigma of zero (one more update)."""
+    turns, among the elements within `flip_z` sigma of zero (one more update).
+
+    `sigmas` (one per leaf), where given, are the elements' scales instead: the bisector's,
+    from side A's measured noise alone (tools/bisect/budgets.py); `other` is then unused."""
     leaves, treedef = jax.tree.flatten(grads)
     leaves = [np.asarray(g, np.float32) for g in leaves]
-    others = [np.asarray(o, np.float32) for o in jax.tree.leaves(other)]
+    others = [np.asarray(o, np.float32) for o in jax.tree.leaves(other if sigmas is None
+                                                                 else grads)]  # fmt: skip
     rng = np.random.default_rng(0)
-    sigmas, signs = [], []
-    for g, o in zip(leaves, others, strict=True):
+    given, sigmas, signs = sigmas, [], []
+    for i, (g, o) in enumerate(zip(leaves, others, strict=True)):
         summed = (g != 0) | (o != 0)  # an element no term reached (an unseen token's row) is 0
         n = int(summed.sum())  # on both sides, exactly: no rounding
-        sigmas.append(float(np.linalg.norm((g - o).astype(np.float64))) / math.sqrt(max(n, 1)))
+        sigma = float(np.linalg.norm((g - o).astype(np.float64))) / math.sqrt(max(n, 1))
+        sigmas.append(sigma if given is None else given[i])
         signs.append(rng.choice(np.array([-1, 1], np.float32), size=g.shape) * summed)
     base = [np.asarray(x, np.float64) for x in jax.tree.leaves(update(grads))]
     if not any(sigmas):

@@ -30,11 +30,11 @@ from absl import flags, logging
 
 from shard_parity import UsageError, exit_status, refuse
 from shard_parity.datasets.root import DataError
-from shard_parity.runtime import plain_warnings
 from shard_parity.runtime import flags as F
+from shard_parity.runtime import plain_warnings
 
 from . import trained
-from .report import as_dict, render  # noqa: F401 (render: the fuzzer's worker too)
+from .report import as_dict, render
 
 TWINS = flags.DEFINE_list(
     'twins',
@@ -65,6 +65,14 @@ FROM = flags.DEFINE_string(
     'batches the run takes next, on the flags\' mesh. With two run directories: RUN@STEP, the '
     'checkpoint both hold to replay from.',
 )
+SHADOW = flags.DEFINE_enum(
+    'shadow',
+    None,
+    ['float32'],
+    'float32: run the same comparison a second time with both sides computing and reducing in '
+    'float32, and report both verdicts (exit 1 if either diverges): bf16\'s round-off hides a '
+    'change below its detection limit, which the report states; float32\'s is far smaller.',
+)
 DEFAULT_STEPS = 20
 
 
@@ -83,6 +91,7 @@ def main(argv):
         if len(argv) not in (1, 3):
             raise UsageError(f'expected two run directories or none, got {argv[1:]}')
         report = from_runs(*argv[1:]) if len(argv) == 3 else from_flags()
+        shadow = shadowed() if SHADOW.value and len(argv) == 1 else None
     except (UsageError, DataError, OSError) as e:
         if F.VERBOSE.value:
             traceback.print_exc()
@@ -95,8 +104,26 @@ def main(argv):
         if F.VERBOSE.value:
             traceback.print_exc()
         refuse(str(e), 3)
+    if shadow is not None:  # both verdicts: the flags' precision, then float32's
+        out = {'report': as_dict(report), 'float32': as_dict(shadow)}
+        print(json.dumps(out) if JSON.value else f'{render(report)}\n\n--shadow=float32, the '
+              f'same comparison with both sides in float32:\n{render(shadow)}')  # fmt: skip
+        sys.exit(1 if report.diverged or shadow.diverged else 0)
     print(json.dumps(as_dict(report)) if JSON.value else render(report))
     sys.exit(1 if report.diverged else 0)
+
+
+def shadowed():
+    """The flags' comparison again with --dtype and --reduce_dtype float32 (--shadow)."""
+    dtypes = {n: flags.FLAGS[n].value for n in ('dtype', 'reduce_dtype')}
+    try:
+        for n in dtypes:
+            flags.FLAGS[n].value = 'float32'
+            flags.FLAGS[n].present = 1  # --from keeps it: the run's policy is not wanted here
+        return from_flags()
+    finally:
+        for n, v in dtypes.items():
+            flags.FLAGS[n].value = v
 
 
 def tolerance() -> str | None:
@@ -155,7 +182,6 @@ def started(saved: dict | None = None):
     import types
 
     from flax import nnx
-
     from jax.sharding import AxisType
 
     from shard_parity import config as cfg

@@ -33,7 +33,7 @@ from shard_parity.step import apply_gradients
 
 from .leaves import compare_trees, hints
 from .sides import Side, SideFailed, load_side  # noqa: F401 (its API: load, bisect)
-from .stepping import Runner, compare_step, spread_over  # noqa: F401 (the fuzzer's worker)
+from .stepping import Runner, compare_step, spread_over
 
 
 @dataclasses.dataclass
@@ -58,6 +58,10 @@ class Report:
     # [step, flips expected out of sight]: a forward output failed where flips may be the cause
     suspect: list | None = None
     identical: bool = False  # two run directories whose every shared figure is the same number
+    # phase -> {leaf: its detection limit}, at the last step compared: the smallest relative
+    # change of that leaf the comparison would have caught (its budget; tools/bisect/budgets.py)
+    limits: dict | None = None
+    first: int = 0  # the first step compared (--from's checkpoint step)
 
     @property
     def diverged(self) -> bool:
@@ -82,7 +86,7 @@ def bisect(
     checkpoint) on batches start..start+steps-1; stops at the first divergence. `tolerance`
     None: 'model' where either side's policy is not float32 throughout, else 'f32'."""
     report = new_report(a, b, tolerance)
-    tolerance = report.tolerance
+    tolerance, report.first = report.tolerance, start
     if state_b is not None:
         model = report.model  # two runs' checkpoints: their trajectories' band at `start`
         allowed = model and max(model.update(), model.along(start))

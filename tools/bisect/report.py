@@ -52,10 +52,10 @@ def render(r) -> str:
         return (
             f'A={a} and B={b} agree within {r.model.name} round-off for {r.steps} steps '
             f'(the error model, docs/numerics.md; each phase\'s largest error as a fraction of '
-            f'its budget: {worst}).' + notes
+            f'its budget: {worst}).' + unseen(r) + notes
         )
     if not r.diverged:
-        return f'A={a} and B={b} agree for {r.steps} steps ({how}).' + notes
+        return f'A={a} and B={b} agree for {r.steps} steps ({how}).' + unseen(r) + notes
     lines = [f'A={a} and B={b} diverge at step {r.step}, phase {r.phase} ({how}).']
     if r.layer:
         lines.append(f'first layer whose output differs: {r.layer}')
@@ -81,3 +81,29 @@ def render(r) -> str:
         lines.append(f'  ... and {len(r.leaves) - 12} more leaves')
     lines += [f'hint: {h}' for h in r.hints]
     return '\n'.join(lines) + notes
+
+
+LIMIT = 0.01  # a detection limit above this is said, with the float32 comparison that sees more
+
+
+def unseen(r) -> str:
+    """What an "agree" could not see: per phase, the smallest relative change of a leaf that
+    this comparison would have caught at the last step compared (its detection limit: the
+    leaf's budget), the range over the leaves and the leaf with the widest; above 1%, the
+    same comparison in float32 (--shadow=float32)."""
+    if not r.limits:
+        return ''
+    parts, wide = [], []
+    for phase, limits in r.limits.items():
+        if not limits:
+            continue
+        path, top = max(limits.items(), key=lambda kv: kv[1])
+        low = min(limits.values())
+        parts.append(f'{phase} {low:.2g}' + (f' to {top:.2g} ({path})' if top > low else ''))
+        wide += [phase] if top > LIMIT else []
+    out = (f'\nIt could not see (the detection limit, a relative change of one leaf at step '
+           f'{r.steps - 1 + r.first}, docs/bisect.md "Reading an agree"): ' + '; '.join(parts) + '.')
+    if wide and r.model:
+        out += (f'\nAbove 1% in {", ".join(wide)}: a bug smaller than that reads "agree" here; '
+                'compare the same twins in float32 too: --shadow=float32.')
+    return out

@@ -16,11 +16,14 @@ import numpy as np
 
 from shard_parity import numerics
 from shard_parity.mesh import SEQ
+from shard_parity.plan import DATA, FSDP
 from shard_parity.step import bind
 
+from . import budgets, probes
 from .intercept import ROUTER, recorded, sensitivities
 from .leaves import compare, compare_trees, named_leaves
 from .sides import Side, guarded, place
+
 
 class Runner:
     """One side's compiled functions, built on first use (a bug found in the forward pass never
@@ -86,6 +89,18 @@ def spread_over(a: Side, b: Side, axes: str) -> int:
     and positions)."""
     plans = [s.plan for s in (a, b) if s.mesh]
     return max((math.prod(p.size(x) for x in getattr(p, axes)) for p in plans), default=1)
+
+
+def beyond_rows(a: Side, b: Side) -> bool:
+    """Whether either side splits more than the batch's rows over 'data' and 'fsdp' (tensor,
+    sequence, pipeline or expert parallelism: each row's own arithmetic differs): then the
+    probes jitter every site, else they cut the rows into blocks (probes.measure)."""
+    for side in (a, b):
+        if side.mesh is not None and any(
+            side.mesh.shape[ax] > 1 for ax in side.mesh.axis_names if ax not in (DATA, FSDP)
+        ):
+            return True
+    return False
 
 
 class _Seen(list):
@@ -184,48 +199,55 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     leaves = compare_trees('', ma, mb, tolerance, model and metric, seen['loss'], model and ma)
     if leaves:
         return 'forward', None, leaves
-    grads = model and model.gradients()
-    leaves = compare_trees('', ga, gb, tolerance, grads, seen['gradients'])
+    grads = noise = None
+    if model:  # each leaf's budget from its own rounding noise at this state, A's alone
+        noise = probes.measure(ra.graphdef, ra.loss_fn, state.params, batch,
+                               rows=0 if beyond_rows(ra.side, rb.side) else max(n, 2))[1]
+        grads = dict(zip([p for p, _ in named_leaves(ga)], budgets.gradients(model, noise)))
+        report.limits = {
+            'forward': {p: model.forward(k) for k, (p, _) in enumerate(common, 1)},
+            'loss': {p: metric(x, mb[p], p) for p, x in ma.items()},
+            'gradients': grads,
+        }
+    leaves = []
+    for (path, x), (_, y) in zip(named_leaves(ga), named_leaves(gb), strict=True):
+        leaf = compare(path, x, y, tolerance, budget=grads and grads[path],
+                       seen=seen['gradients'])  # fmt: skip
+        leaves += [leaf] if leaf else []
     report.compared['gradients'] = len(leaves) or len(jax.tree.leaves(ga))
     if leaves:
         return 'gradients', None, leaves
-    # AdamW divides by sqrt(v): gradients equal to round-off can give updates that differ far
-    # more. So each side's train_step is held to what its own gradient makes of the state.
-    leaves = []
+    return _update(ra, rb, apply, state, batch, tolerance, report, (ga, gb, grads, model, noise), seen)
+
+
+def _update(ra, rb, apply, state, batch, tolerance, report, gradients, seen):
+    """The update phase: each side's step (new minus old, leaf by leaf) against the shared
+    optimizer's step from that side's own gradient (AdamW divides by sqrt(v): gradients equal
+    to round-off can give updates that differ far more), and under the error model the two
+    sides' steps against each other; relative to the step's own size (budgets.py)."""
     (sa, _), (sb, _) = ra.train_step(state, batch), rb.train_step(state, batch)
-    update = model and state_budget(model, ga, gb, lambda g: apply(state, g).params)
+    ga, gb, grads, model, noise = gradients
+    if tolerance == 'bitwise':  # the states themselves, exactly
+        leaves = []
+        for prefix, x, y in (('A: ', apply(state, ga), sa), ('B: ', apply(state, gb), sb)):
+            leaves += compare_trees(prefix, x, y, tolerance, dtypes=True)
+        return ('update', None, leaves) if leaves else (None, None, sa)
+    if grads:
+        budget = budgets.update(model, grads, lambda: numerics.spread(
+            lambda g: apply(state, g).params, ga, None, sigmas=budgets.sigmas(ga, noise)),
+            dict(named_leaves(ga)))
+    else:
+        budget = budgets.x64_step if tolerance == 'x64' else budgets.f32_step
+    limits, leaves = {}, []
     # the policy keeps the parameters and AdamW's state in float32 whatever --dtype says: a
     # leaf stored in another type is a bug even where its numbers are within round-off
     for prefix, x, y in (('A: ', apply(state, ga), sa), ('B: ', apply(state, gb), sb)):
-        leaves += compare_trees(prefix, x, y, tolerance, update, seen['update'], state, True)
-    if model:  # and the two sides' states, each leaf to the budget of its change this step
-        leaves += compare_trees('A vs B: ', sa, sb, tolerance, update, seen['update'], state)
-    report.compared['update'] = (3 if model else 2) * len(jax.tree.leaves(sa))
+        leaves += budgets.compare_steps(prefix, x, y, state, budget, seen['update'],
+                                        limits if prefix == 'B: ' else None)  # fmt: skip
+    if grads:  # and the two sides' steps, each leaf to the budget of its step
+        leaves += budgets.compare_steps('A vs B: ', sa, sb, state, budget, seen['update'])
+    report.limits = {**(report.limits or {}), 'update': limits}
+    report.compared['update'] = (3 if grads else 2) * len(jax.tree.leaves(sa))
     if leaves:
         return 'update', None, leaves
     return None, None, sa
-
-
-def state_budget(model: numerics.Budget, grads, other, update):
-    """budget(before, after, path) of a leaf of the state after the step: AdamW's moments
-    linear in the gradients' budget; a parameter by how far the optimizer's step moves it when
-    its gradient carries the rounding the two sides measure (`grads` and `other`, the two
-    sides'; `update` maps gradients to the parameters after the step from this state:
-    numerics.spread, computed once, at the first parameter compared); else the square-root
-    law."""
-    paths = ['params.' + p for p, _ in named_leaves(grads)]
-    moved = {}
-
-    def budget(before, after, path):
-        change = numerics.change(before, after)
-        for tag, order in (('.mu.', 1), ('.nu.', 2)):
-            if tag in f'.{path}.':
-                return model.moment(change, order)
-        if path in paths:
-            if not moved:
-                moved.update(zip(paths, numerics.spread(update, grads, other), strict=True))
-            norm = float(np.linalg.norm(np.asarray(after, np.float64)))
-            return model.parameters(moved[path] / norm if norm else 0.0)
-        return model.update(change)
-
-    return budget

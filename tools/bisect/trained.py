@@ -126,7 +126,7 @@ def shape(saved: dict, flagged):
     """The checkpoint's model configuration under the flags' policy (`flagged`, the flags'
     model configuration: its dtype and reduce_dtype)."""
     mine = tuples(saved['model_config'])
-    policy = {k: getattr(flagged, k) for k in POLICY}
+    policy = {k: getattr(flagged, k) for k in POLICY if hasattr(flagged, k)}  # the MLP: no remat
     return type(flagged)(**{**mine, **policy})
 
 

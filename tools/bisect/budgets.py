@@ -1,0 +1,151 @@
+"""The budgets of the gradients and of the update, leaf by leaf, at the state they judge
+(tools/bisect/stepping.py), and what each comparison could not see (its detection limits).
+
+Gradients: each leaf's rounding noise measured on side A's step (tools/bisect/probes.py),
+C_PROBE times it, above float32's own reordering floor and the collective's rounding
+(numerics.Budget). A leaf with little noise gets a tight budget; a trained model's leaf whose
+mean gradient cancels its terms gets the wide one its rounding makes.
+
+The update is judged as the update: each leaf's step (new minus old) against the other's,
+norm-wise, relative to the step's own size, so that a warm-up step that moves a parameter by
+1e-5 of itself is seen at 1% of that step, not of the parameter. The floor: two steps that
+differ by eps relative round to float32 values that differ by an ulp with probability
+eps |step| / ulp, so the norm-wise error of the stored steps is about eps + sqrt(eps q),
+q = ||ulp(new)|| / ||step||; eps = STEP_EPS (float32's own discrepancy of two programs'
+steps) plus, under the error model, the spread that the gradients' rounding makes of the
+step (numerics.spread: sign flips at AdamW's first steps and all).
+
+A detection limit is the budget itself: a change of relative size d planted in a leaf moves
+its norm-wise error by d, and correct pairs sit within a third of the budget, so a change of
+twice the limit is caught and one of half of it reads "agree"."""
+
+import math
+
+import numpy as np
+
+from shard_parity import numerics
+
+from .leaves import Leaf, compare, named_leaves
+
+C_EST = 0.75  # the error two correct sides reach, per unit of the probes' noise (measured)
+C_PROBE = 11.5  # a gradient leaf's budget: x that estimate (3 x the largest measured / estimate)
+STEP_EPS = 1e-5  # float32: two programs' steps of one state and gradient, relative
+C_STEP = 3.0  # the update's floor: x (eps + sqrt(eps q)) (the module docstring)
+
+
+def gradients(model: numerics.Budget, noise: list[float]) -> list[float]:
+    """Each gradient leaf's budget: C_PROBE x C_EST x its measured noise, above float32's floor (the
+    error model's own, at float32 compute) and the collective's rounding."""
+    import dataclasses
+
+    floor = dataclasses.replace(model, compute='float32', reduce='float32').gradients()
+    reduce = model.gradients() - dataclasses.replace(model, reduce='float32').gradients()
+    return [C_PROBE * C_EST * n + floor + max(reduce, 0.0) for n in noise]
+
+
+def step_floor(after, step, eps: float = STEP_EPS) -> float:
+    """The norm-wise error two correct steps of size `step` reach once stored as float32 next
+    to `after`: C_STEP (eps + sqrt(eps q)), q = ||ulp(after)|| / ||step||."""
+    size = float(np.linalg.norm(step))
+    if not size:
+        return 0.0
+    ulp = np.spacing(np.abs(np.asarray(after, np.float32))).astype(np.float64)
+    return C_STEP * (eps + math.sqrt(eps * float(np.linalg.norm(ulp)) / size))
+
+
+def compare_steps(prefix, a, b, before, budget, seen=None, limits=None) -> list[Leaf]:
+    """The leaves of the states a and b (after one step from `before`) whose steps differ:
+    each leaf's step (a - before against b - before), norm-wise against budget(before, b's
+    leaf, path, b's step) (a relative error of the step). An integer leaf (the step count)
+    differs at any difference; a leaf stored in another dtype is a difference whatever its
+    values. `limits`: {path: budget}, each leaf's detection limit."""
+    out = []
+    olds = [x for _, x in named_leaves(before)]
+    pairs = zip(named_leaves(a), named_leaves(b), olds, strict=True)
+    for (path, x), (_, y), old in pairs:
+        name = f'{prefix}{path}'
+        if np.dtype(x.dtype) != np.dtype(y.dtype):
+            kinds = (np.dtype(x.dtype).name, np.dtype(y.dtype).name)
+            out.append(Leaf(name, math.inf, math.inf, dtypes=kinds))
+            continue
+        if not np.issubdtype(np.dtype(x.dtype), np.floating):
+            leaf = compare(name, x, y, 'bitwise')
+            out += [leaf] if leaf else []
+            if seen is not None:
+                seen.append((name, math.inf if leaf else 0.0))
+            continue
+        old = np.asarray(old, np.float64)
+        sx, sy = np.asarray(x, np.float64) - old, np.asarray(y, np.float64) - old
+        allowed = budget(old, y, path, sy)
+        if limits is not None:
+            limits[path] = max(limits.get(path, 0.0), allowed)
+        leaf = compare(name, sx, sy, 'model', budget=allowed, seen=seen)
+        out += [leaf] if leaf else []
+    return out
+
+
+def f32_step(old, after, path, step) -> float:
+    """--tolerance=f32: a step within float32's discrepancy of two programs and its storing."""
+    return step_floor(after, step)
+
+
+def x64_step(old, after, path, step) -> float:
+    """--x64: the same at float64's (a step stored in float64)."""
+    size = float(np.linalg.norm(step))
+    ulp = np.spacing(np.abs(np.asarray(after, np.float64)))
+    eps = 1e-12
+    return C_STEP * (eps + math.sqrt(eps * float(np.linalg.norm(ulp)) / size)) if size else 0.0
+
+
+def sigmas(grads, noise: list[float]) -> list[float]:
+    """Each gradient leaf's per-element rounding scale, from A's gradients and their measured
+    noise (C_EST x noise x ||g|| / sqrt(the elements any term reached)): numerics.spread's."""
+    out = []
+    for (_, g), n in zip(named_leaves(grads), noise, strict=True):
+        g = np.asarray(g, np.float64)
+        count = max(int(np.count_nonzero(g)), 1)
+        out.append(C_EST * n * float(np.linalg.norm(g)) / math.sqrt(count))
+    return out
+
+
+def carried(step, term, old) -> float:
+    """||the gradient's term in a moment's step|| / ||step||: AdamW's step of a moment is
+    beta' term - alpha old (term = g or g^2, the clip's factor and 1 - beta in beta'; alpha = 1 -
+    beta), solved for both by least squares, so a step in which the new term nearly cancels the
+    old moment (a trained state's steady gradient) carries the term's rounding at its size."""
+    size = float(np.linalg.norm(step))
+    if not size:
+        return 1.0
+    basis = np.stack([np.ravel(term), -np.ravel(old)], 1)
+    (beta, _), *_ = np.linalg.lstsq(basis, np.ravel(step), rcond=None)
+    return max(1.0, abs(beta) * float(np.linalg.norm(term)) / size)
+
+
+def update(model: numerics.Budget, grads: dict, apply, values: dict):
+    """budget(before, after, path, step) of a leaf's step under the error model: a parameter's
+    C_MOVE x how far the optimizer's step moves it when its gradient carries the rounding the
+    probes measure on A (`apply()`: numerics.spread of A's gradients at budgets.sigmas, computed
+    once, at the first parameter), over
+    the step's size; AdamW's moment of order k, k x C_MOMENT x its gradient's budget
+    (`grads` {path: budget}) x the share of the step its gradient's term carries (`carried`,
+    `values` {path: A's gradient}); a leaf without a gradient the square-root law (numerics'
+    Budget.update); each above the storing floor."""
+    budgets, moved = grads, {}
+    paths = ['params.' + p for p in budgets]
+
+    def budget(before, after, path, step):
+        floor = step_floor(after, step)
+        size = float(np.linalg.norm(step))
+        base = path.split('.', 1)[1] if '.' in path else path
+        key = max((k for k in budgets if f'.{base}'.endswith(f'.{k}')), key=len, default=None)
+        for tag, order in (('.mu.', 1), ('.nu.', 2)):
+            if tag in f'.{path}.' and key is not None:
+                share = carried(step, np.asarray(values[key], np.float64) ** order, before)
+                return numerics.C_MOMENT * order * budgets[key] * share + floor
+        if path in paths:
+            if not moved:
+                moved.update(zip(paths, apply(), strict=True))
+            return numerics.C_MOVE * moved[path] / size + floor if size else floor
+        return numerics.C_UPDATE * math.sqrt(max(budgets.values(), default=0.0)) + floor
+
+    return budget
