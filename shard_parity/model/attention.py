@@ -51,7 +51,7 @@ def fused(q, k, v, offset=0, valid=None):
     """A kernel where the platform has one: cuDNN's flash attention on an NVIDIA GPU (bf16/fp16),
     Pallas' splash attention on a TPU (shard_parity/model/splash.py: the training window);
     else `blockwise`, saying why once. Memory linear in the sequence length on every platform
-    (benchmarks, section 3; docs/attention.md)."""
+    (benchmarks, section 3; docs/transformer.md, Attention)."""
     kind = implementation(q.dtype, splash.platform(q))
     if kind == 'cudnn':
         if _whole_window(offset, valid) and q.shape[1] == k.shape[1]:
