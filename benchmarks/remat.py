@@ -137,15 +137,17 @@ def timed(compiled, host, plan, steps: int) -> dict:
 
 
 def fit(model_config, budget: float, start, batch_size: int, steps: int, workers: int,
-        deadline: float, policies: dict, report=print) -> dict:  # fmt: skip
+        deadline: float, policies: dict, report=print, known=None) -> dict:  # fmt: skip
     """Per policy (`policies`: name -> remat_policy): the largest batch whose step fits
-    `budget` bytes, every compile's footprint, and the timing at `batch_size`. Starts no
-    round of compiles that the last round's length would take past `deadline`
-    (time.monotonic()), and reports what it has."""
+    `budget` bytes, every compile's footprint, and the timing at `batch_size` (none with
+    `steps` 0). Starts no round of compiles that the last round's length would take past
+    `deadline` (time.monotonic()), and reports what it has. `known`: {name: {batch:
+    footprint}} of an earlier run, where the search goes on from (no `start`)."""
     plan = plans.parse(None, 'dp', 1)
-    seen = {p: {} for p in policies}
+    seen = {p: dict((known or {}).get(p, {})) for p in policies}
     out = {p: {'remat_policy': v, 'compiles': seen[p]} for p, v in policies.items()}
-    todo = {p: sorted(set(start) | {batch_size}) for p in policies}
+    first = sorted(set(start) | ({batch_size} if steps else set()))
+    todo = {p: next_batches(seen[p], budget) if seen[p] else first for p in policies}
     at_batch, last = {}, 0.0
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         while any(todo.values()) and time.monotonic() + last < deadline:
@@ -156,7 +158,7 @@ def fit(model_config, budget: float, start, batch_size: int, steps: int, workers
             for (p, b), job in jobs.items():
                 compiled, seen[p][b] = job.result()
                 report(f'{p} batch {b}: {json.dumps(seen[p][b])}')
-                if b == batch_size and compiled is not None and not last:
+                if steps and b == batch_size and compiled is not None and not last:
                     at_batch[p] = compiled
             last = time.monotonic() - began
             if at_batch:  # the step times, after the first round, before the rest
@@ -171,8 +173,9 @@ def fit(model_config, budget: float, start, batch_size: int, steps: int, workers
                     report(f"{p} timed: {json.dumps(out[p]['timed'])}")
                 at_batch = {}
             todo = {p: next_batches(seen[p], budget) for p in policies}
-    for p in policies:
-        out[p] |= largest(seen[p], budget)
+            for p in policies:
+                out[p] |= largest(seen[p], budget)
+            report(out)  # each round's state: what a run stopped later still has
     return out
 
 
@@ -233,22 +236,25 @@ def main(argv):  # python -m benchmarks.remat: the module docstring
     budget = F.hbm_gib * GiB if F.hbm_gib else (limit or 15.75 * GiB)
     start = [int(b) for b in F.fit_start]
     deadline = time.monotonic() + F.deadline_s
-    report = lambda line: print(line, file=sys.stderr, flush=True)
+    info = {'device': jax.devices()[0].device_kind, 'jax': jax.__version__, 'budget_bytes': budget,
+            'device_bytes_limit': limit, 'model_config': dataclasses.asdict(model_config)}  # fmt: skip
+
+    def report(what):  # a line to stderr; the results so far to --out
+        if isinstance(what, str):
+            print(what, file=sys.stderr, flush=True)
+        elif F.out:
+            with open(F.out, 'w') as f:
+                f.write(json.dumps(info | {'policies': what}, indent=1, default=str))
+
     policies = {p: p for p in POLICIES} | ({'default': None} if F.with_default else {})
+    known = None
+    if F.fit_known:  # {policy: {batch: footprint}}, from an earlier run's --out
+        with open(F.fit_known) as f:
+            earlier = json.load(f)['policies']
+        known = {p: {int(b): v for b, v in r['compiles'].items()} for p, r in earlier.items()}
     found = fit(model_config, budget, start, from_flags.batch_size(), F.timed_steps,
-                F.compile_workers, deadline, policies, report)  # fmt: skip
-    result = {
-        'device': jax.devices()[0].device_kind,
-        'jax': jax.__version__,
-        'budget_bytes': budget,
-        'device_bytes_limit': limit,
-        'model_config': dataclasses.asdict(model_config),
-        'policies': found,
-    }
-    text = json.dumps(result, indent=1, default=str)
-    if F.out:
-        with open(F.out, 'w') as f:
-            f.write(text)
+                F.compile_workers, deadline, policies, report, known)  # fmt: skip
+    report(found)
     for p, r in found.items():
         t = r.get('timed', {})
         print(f"{p}: largest batch {r['largest_fitting']} (next {r['smallest_not']}, exact "
@@ -260,12 +266,13 @@ def define_flags():
     from absl import flags
 
     flags.DEFINE_list('fit_start', ['16', '32'], 'The first batches compiled per policy.')
-    flags.DEFINE_integer('timed_steps', 30, 'Steps timed per policy at --batch_size.')
+    flags.DEFINE_integer('timed_steps', 30, 'Steps timed per policy at --batch_size (0: none).')
     flags.DEFINE_integer('compile_workers', 8, 'Compiles at once (threads).')
     flags.DEFINE_float('deadline_s', 300, 'Start no round of compiles that would end later.')
     flags.DEFINE_bool('with_default', True, 'Also the unset policy (as before the flag).')
     flags.DEFINE_float('hbm_gib', None, "Device memory (default: the device's bytes_limit).")
     flags.DEFINE_string('out', None, 'Write the results as JSON here.')
+    flags.DEFINE_string('fit_known', None, "An earlier --out's compiles to search on from.")
 
 
 if __name__ == '__main__':

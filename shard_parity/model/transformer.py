@@ -12,12 +12,13 @@ blocks would be, so a given seed gives the same values. Layer i is a static slic
 blocks run under one `lax.scan` instead, each layer under `jax.checkpoint`: one layer's weights
 are live at a time, and the backward calls `layer_weights` again rather than keep its output.
 
---remat_policy (`TransformerConfig.remat_policy`, docs/remat.md) runs the blocks under that scan
-(in a pipeline, each stage's) with every layer under `jax.checkpoint` with one of
-`REMAT_POLICIES`: in a scan the backward's loop recomputes what the policy did not save, where
-XLA:CPU's CSE merged an unrolled layer's recomputation back into its forward (the same temp
-memory under every policy). Unset, each path keeps what it did before the flag: FSDP's scan
-`full`, the unrolled layers and the pipelines' scans `none`.
+--remat_policy (`TransformerConfig.remat_policy`, docs/remat.md): full, dots and dots_no_batch
+run the blocks under that scan (in a pipeline, each stage's) with every layer under
+`jax.checkpoint` with that jax.checkpoint_policies policy: in a scan the backward's loop
+recomputes what the policy did not save (on each unrolled layer the checkpoint left XLA:CPU's
+temp memory unchanged, to the byte); none takes no checkpoint on the path the strategy runs
+anyway (unrolled; FSDP's and the pipelines' scans). Unset, each path keeps what it did before
+the flag: FSDP's scan `full`, every other path `none`.
 """
 
 import dataclasses
@@ -54,6 +55,7 @@ REMAT_POLICIES = {
     'dots_no_batch': 'dots_with_no_batch_dims_saveable',  # the dots without batch dimensions:
     # the weight matmuls' outputs, not attention's batched (per-head) scores and mix
 }
+REMAT = ('full', 'dots', 'dots_no_batch')  # the policies that checkpoint: they run in the scan
 
 
 def remat(body, policy: str):
@@ -284,8 +286,8 @@ class Transformer(nnx.Module):
             x, stats = pipeline(x, run, nnx.split(self.blocks)[1])
             if moe_stats is not None and stats:
                 moe_stats.append(stats)
-        elif layer_weights is not None or (caches is None and self.cfg.remat_policy):
-            # FSDP: one layer's weights whole at a time; --remat_policy: the scan's checkpoint
+        elif layer_weights is not None or (caches is None and self.cfg.remat_policy in REMAT):
+            # FSDP: one layer's weights whole at a time; a remat policy: the scan's checkpoint
             weights = nnx.split(self.blocks)[1]
             x, stats = self.run_stack(weights, x, index, layer_weights, **hooks)
             if moe_stats is not None and stats:
