@@ -43,12 +43,13 @@ INSPECTOR_FLAGS = {  # the same programs as `python -m inspector` flags (benchma
 }
 
 
-def mfu(rounds: int, model_config=GPT2_SMALL, batch_size: int = GPT2_BATCH) -> list[dict]:
+def mfu(rounds: int, model_config=None, batch_size: int | None = None) -> list[dict]:
     """One row per twin: the median step (one step per round, `rounds` rounds after two of
     warm-up, the twins interleaved), tokens/s, model TFLOP/s (PaLM's 6N + 12LDT a token,
     attention counted in full: runtime/flops.py), MFU against the device's peak in the compute
     dtype, and XLA's own count of the compiled step (hardware FLOPs: recomputation in, a loop
-    body once)."""
+    body once). Default: GPT2_SMALL at GPT2_BATCH."""
+    model_config, batch_size = model_config or GPT2_SMALL, batch_size or GPT2_BATCH
     runs = {
         twin.NAME: runner(twin, 1, 'transformer', batch_size, steps=1, model_config=model_config)
         for twin in TWINS

@@ -167,6 +167,17 @@ def run_sections(names, rounds, platform: str, model_config, results: dict, runn
         print(f'[{name}] {time.perf_counter() - start:.0f} s', file=sys.stderr, flush=True)
 
 
+def check_platform(asked: str, found: str) -> None:
+    """--platform=gpu or tpu where JAX finds none: one line naming what it found, exit 2."""
+    if asked == 'gpu' and found != 'gpu':
+        refuse('--platform=gpu, but JAX finds no GPU (pip install -e ".[gpu]")')
+    if asked == 'tpu' and found != 'tpu':
+        refuse(
+            f'--platform=tpu, but JAX finds no TPU (its devices: {found}; on a TPU host: pip '
+            'install -e ".[tpu]")'
+        )
+
+
 def start() -> tuple[output.Output, dict]:
     """Every check a run makes before its first section (bad input: one line, exit 2): the
     flags, the outputs, the meshes, the platform, section cli's data. Returns where the
@@ -181,13 +192,7 @@ def start() -> tuple[output.Output, dict]:
         refuse(str(e))
     configure_jax(CPU_DEVICES.value if PLATFORM.value == 'cpu' else None, cpu_fma=CPU_FMA.value)
     check_meshes(MESHES.value, min(8, jax.device_count()))
-    if PLATFORM.value == 'gpu' and jax.devices()[0].platform != 'gpu':
-        refuse('--platform=gpu, but JAX finds no GPU (pip install -e ".[gpu]")')
-    if PLATFORM.value == 'tpu' and jax.devices()[0].platform != 'tpu':
-        refuse(
-            f'--platform=tpu, but JAX finds no TPU (its devices: {jax.devices()[0].platform}; '
-            'on a TPU host: pip install -e ".[tpu]")'
-        )
+    check_platform(PLATFORM.value, jax.devices()[0].platform)
     if 'cli' in sections():
         check_data()
     config = transformer_config(PLATFORM.value)

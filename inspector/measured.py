@@ -71,3 +71,36 @@ def one_device_peak(model: str, config, model_config, device=None, stats=None) -
         'rose': after['peak_bytes_in_use'] > before.get('peak_bytes_in_use', 0),
         'difference': after['peak_bytes_in_use'] - m.peak_memory_in_bytes,
     }
+
+
+FIELDS = ('arguments', 'outputs', 'aliased', 'temp', 'compiler_peak')
+
+
+def figures(report: dict) -> dict:
+    """What a target report says of each program that the chip's own compile can be held
+    against: memory_analysis()'s fields (bytes) and the collectives (kind and group size, in
+    order); with --measure_memory, the runtime's peak beside them (`measured`)."""
+    out = {
+        name: {k: m[k] for k in FIELDS}
+        | {'collectives': [[op['kind'], op['group_size']] for op in report['programs'][name]]}
+        for name, m in report['memory'].items()
+    }
+    for name, m in report.get('measured_memory', {}).items():
+        out[name]['measured'] = {k: m[k] for k in ('peak', 'rose', 'in_use_before')}
+    return out
+
+
+def disagreements(chip: dict, shapes: dict) -> list[str]:
+    """Each figure where the compile on the chip and the compile from shapes differ, in a line."""
+    out = []
+    for name in sorted(set(chip) | set(shapes)):
+        a, b = chip.get(name), shapes.get(name)
+        if a is None or b is None:
+            out.append(f'{name}: compiled only {"from shapes" if a is None else "on the chip"}')
+            continue
+        out += [
+            f'{name} {k}: {a[k]} on the chip, {b[k]} from shapes'
+            for k in (*FIELDS, 'collectives')
+            if a[k] != b[k]
+        ]
+    return out

@@ -118,6 +118,19 @@ def test_measure_memory_without_memory_stats_is_refused():
         one_device_peak('mlp', None, None, device=jax.devices()[0])
 
 
+def test_one_chip_says_its_twins_have_no_collectives():
+    from benchmarks import report
+
+    machine = {'platform': 'tpu', 'devices': 1, 'device_kind': 'TPU v5 lite', 'cpu_count': 13,
+               'jax': '0.10.2', 'libtpu': '0.0.42.1', 'date': 'd'}  # fmt: skip
+    md = report.markdown({'machine': machine, 'command': 'c', 'twins': []})
+    assert md.startswith('Machine: 1 tpu devices (TPU v5 lite) on 13 cores, jax 0.10.2, libtpu '
+                         '0.0.42.1, d.')  # fmt: skip
+    assert "One device: the twins' programs have no collectives here" in md
+    cpu = report.markdown({'machine': machine | {'platform': 'cpu'}, 'command': 'c', 'twins': []})
+    assert 'no collectives' not in cpu
+
+
 def test_twins_rows_carry_each_candidates_rates():
     """Every timed row carries model TFLOP/s (and MFU where there is a peak): section 1's."""
     from benchmarks import sections
@@ -128,3 +141,54 @@ def test_twins_rows_carry_each_candidates_rates():
         'auto_model_tflops_per_sec': per / 0.001 / 1e12, 'auto_mfu': None,
         'explicit_model_tflops_per_sec': per / 0.002 / 1e12, 'explicit_mfu': None,
     }  # fmt: skip
+
+
+DRIVER = '''
+import dataclasses, functools, sys
+from absl import app
+import benchmarks.chip as chip
+from benchmarks import run
+from shard_parity.runtime import declare_key_flags, parse_flags
+
+run.check_platform = lambda asked, found: None  # the CPU stands in for the chip
+chip.GPT2_SMALL = dataclasses.replace(chip.GPT2_SMALL, embed_dim=32, num_layers=2, num_heads=2,
+                                      num_kv_heads=2, seq_len=16)
+chip.GPT2_BATCH = 2
+readings = iter([{'bytes_in_use': 0}, {'bytes_in_use': 1, 'peak_bytes_in_use': 2},
+                 {'bytes_in_use': 1, 'peak_bytes_in_use': 3 * 2**20}])
+chip.chip_memory = functools.partial(chip.chip_memory, ['mlp'], stats=lambda: next(readings))
+declare_key_flags(run.KEY_FLAGS)
+app.run(run.main, flags_parser=parse_flags)
+'''
+
+
+@pytest.mark.slow
+def test_a_tpu_run_end_to_end_on_the_cpu(tmp_path):
+    """`python -m benchmarks.run --platform=tpu` with the CPU standing in for the chip (its
+    platform check off, GPT-2 small shrunk, memory_stats faked): the TPU sections run in their
+    order, in-process, into results_tpu.{json,md}, and a second run of mfu alone merges into
+    them, as benchmarks/tpu.sh runs them."""
+    import json
+
+    def tpu(*flags):
+        return subprocess.run(
+            [sys.executable, '-c', DRIVER, '--platform=tpu', f'--out={tmp_path}', *flags],
+            cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+
+    first = tpu('--sections=chip_memory,twins,nanogpt', '--rounds=1')
+    assert first.returncode == 0, first.stderr[-3000:]
+    ran = [ln for ln in first.stderr.splitlines() if ln.endswith('running ...')]
+    assert ran == ['[chip_memory] running ...', '[twins] running ...', '[nanogpt] running ...']
+    second = tpu('--sections=mfu', '--mfu_steps=2')
+    assert second.returncode == 0, second.stderr[-3000:]
+    results = json.loads((tmp_path / 'results_tpu.json').read_text())
+    assert set(results) >= {'chip_memory', 'twins', 'nanogpt', 'mfu', 'merged'}
+    assert results['machine']['transformer_dtype'] == 'bfloat16'
+    (row,) = [r for r in results['twins'] if r['model'] == 'transformer']
+    assert 'processes_ms' not in row  # section 1 ran once, in this process, not in children
+    assert row['auto_model_tflops_per_sec'] > 0 and row['auto_mfu'] is None  # no CPU peak
+    assert [r['twin'] for r in results['mfu']] == ['auto', 'explicit', 'typed']
+    assert results['chip_memory'][0]['peak'] == 3 * 2**20
+    md = (tmp_path / 'results_tpu.md').read_text()
+    assert '**MFU: the GPT-2-small shape** (2 layers' in md and 'Section(s) mfu, rerun' in md
