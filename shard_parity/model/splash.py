@@ -88,11 +88,14 @@ def kernel(heads: int, t: int, block: int, interpret: bool, fused_backward: bool
         )
 
 
-def local(q, k, v):
-    """The kernel on whole arrays (or one device's shards): [B, T, H, D] in and out."""
+def local(q, k, v, scaled: bool = False):
+    """The kernel on whole arrays (or one device's shards): [B, T, H, D] in and out; q scaled
+    by 1/sqrt(D) here unless `scaled` already."""
     t, h, d = q.shape[1:]
     run = kernel(h, t, block_size(t), interpreted(), FUSED_BACKWARD)
-    q = (q * np.asarray(1 / np.sqrt(d), q.dtype)).transpose(0, 2, 1, 3)  # [B, H, T, D]
+    if not scaled:
+        q = q * np.asarray(1 / np.sqrt(d), q.dtype)
+    q = q.transpose(0, 2, 1, 3)  # [B, H, T, D]
     k, v = (x.transpose(0, 2, 1, 3) for x in (k, v))  # [B, K, T, D]
     return jax.vmap(run)(q, k, v).transpose(0, 2, 1, 3)
 
@@ -176,40 +179,59 @@ def splash(q, k, v):
 # --- inside the explicit twin's shard_map, where JAX checks which axes each array varies over
 
 
-@jax.custom_vjp
 def unchecked(q, k, v):
     """`local` inside a shard_map that checks varying axes (check_vma, the default): the
     kernel's pallas_call declares its outputs without them, which JAX refuses there. So the
-    kernel, forward and backward, runs in a nested shard_map over no further axes with the
-    check off (kept off wherever JAX traces it again: under jax.checkpoint, in a scan), on
-    operands that vary over no axis by type, as its outputs; the outputs and gradients are
-    cast back to vary as the operands do. Every value there is each device's own already:
-    the casts only say so."""
-    return unchecked_fwd(q, k, v)[0]
+    kernel, forward and backward, is traced with the check off, on operands that vary over no
+    axis by type (as its outputs), and the outputs and gradients are cast back to vary as the
+    operands do: every value there is each device's own already, the casts only say so. JAX
+    may trace that region again with the check on (jax.checkpoint in a scan: explicit/fsdp's
+    layers), where an operation on two operands that vary differently fails: q is scaled
+    before the region, and the operands are made plain by a product with a 1 made before it,
+    which varies as they do. (jax 0.12 refuses the cleaner nested shard_map over no axes.)"""
+    d = q.shape[-1]
+    return _unchecked(q * np.asarray(1 / np.sqrt(d), q.dtype), k, v)
 
 
-def _off(fn):
-    """fn in a shard_map over no further axes of the current mesh, with the check off."""
-    mesh = jax.sharding.get_abstract_mesh()
-    return jax.shard_map(
-        fn, mesh=mesh, in_specs=P(), out_specs=P(), axis_names=frozenset(), check_vma=False
-    )
+@jax.custom_vjp
+def _unchecked(q, k, v):
+    return _unchecked_fwd(q, k, v)[0]
 
 
-def _plain(x):
-    """x times 1: with the check off, a result that varies over no axis by type."""
-    return x * np.asarray(1, x.dtype)
+def _vma_off():
+    from jax._src import config  # jax 0.10 to 0.12: no public switch
+
+    return config._check_vma(False)
 
 
-def unchecked_fwd(q, k, v):
-    out, back = _off(lambda *qkv: jax.vjp(local, *map(_plain, qkv)))(q, k, v)
+def _ones(*refs):
+    """A 1 for each of `refs`, varying as it does: made with the check on, before the region."""
+    return [vary_like(jnp.ones((), x.dtype), x) for x in refs]
+
+
+def _plain(x, one):
+    """x times 1: with the check off, a result that varies over no axis by type; traced again
+    with the check on, a product of two operands that vary alike."""
+    return x * one
+
+
+def _scaled(q, k, v):
+    return local(q, k, v, scaled=True)
+
+
+def _unchecked_fwd(q, k, v):
+    ones = _ones(q, k, v)
+    with _vma_off():
+        out, back = jax.vjp(_scaled, *map(_plain, (q, k, v), ones))
     return vary_like(out, q), (back, q, k, v)
 
 
-def unchecked_bwd(saved, g):
+def _unchecked_bwd(saved, g):
     back, *primals = saved
-    grads = _off(lambda back, g: back(_plain(g)))(back, g)
+    ones = _ones(g)
+    with _vma_off():
+        grads = back(_plain(g, *ones))
     return tuple(vary_like(d, x) for d, x in zip(grads, primals))
 
 
-unchecked.defvjp(unchecked_fwd, unchecked_bwd)
+_unchecked.defvjp(_unchecked_fwd, _unchecked_bwd)
