@@ -13,11 +13,11 @@ compare auto/zero1.py, where a placement says the same, and typed/zero1.py.
 import jax
 
 from shard_parity.mesh import DATA
-from shard_parity.placement import state_specs, update_specs
+from shard_parity.placement import splits, state_specs, update_specs
 
 
 def scatter(g, to, plan):  # g: f32[..., d, ...], this device's gradient of its rows
-    d = list(to).index(DATA)  # the dimension the moments split over 'data'
+    d = splits(to, DATA)  # the dimension the moments split over 'data' (under HSDP, fsdp's too)
     # the reduce-scatter: the sum of every device's g, of which this device keeps [.., d/n, ..]
     return jax.lax.psum_scatter(g, DATA, scatter_dimension=d, tiled=True) / plan.size(DATA)
 
@@ -26,7 +26,7 @@ def gather(params, mesh, plan):
     """The all-gather of the params: each 'data' device's updated shard, concatenated."""
 
     def whole(w, spec):  # w: f32[..., d/n, ...] -> f32[..., d, ...]; a param kept whole as it is
-        d = list(spec).index(DATA) if DATA in spec else None
+        d = splits(spec, DATA)
         return w if d is None else jax.lax.all_gather(w, DATA, axis=d, tiled=True)
 
     shards = update_specs(params, plan, mesh)

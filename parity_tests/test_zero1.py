@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from parity_tests.helpers import (
     LOSS_TOL,
@@ -35,7 +36,7 @@ from shard_parity import plan as plans
 from shard_parity.model.mlp import MLP
 from shard_parity.model.transformer import Transformer
 from shard_parity.devices import libtpu_installed
-from shard_parity.placement import place_batch, place_state, rows, unsplit
+from shard_parity.placement import place_batch, place_state, rows, unsplit, update_specs
 from shard_parity.runtime.tasks import classification_loss
 from shard_parity.step import make_optimizer, strategy_file
 from shard_parity.tools.zoo import zero1_wrong_shard
@@ -133,6 +134,13 @@ def test_the_moments_are_split_and_the_rest_listed():
         assert m.addressable_shards[0].data.shape[0] == m.shape[0] // (8 if split else 1)
     assert unsplit(params, plan) == ["['layers'][2]['bias'].value"]
     assert unsplit(params, plan_for('data:8', False)) == []
+    # HSDP: a block's kernel [L, C, 4C] has fsdp and model on both dimensions; 'data' joins
+    # fsdp's, so that its moments are split over all 8 devices
+    _, blocks = nnx_split(case_in('transformer', 'float32'))
+    hsdp = 'data:2,fsdp:2,model:2'
+    specs = update_specs(blocks, plan_for(hsdp, True), mesh_of(hsdp))
+    assert specs['blocks']['ffn']['up']['kernel'].value == P(None, ('fsdp', 'data'), 'model')
+    assert unsplit(blocks, plan_for(hsdp, True)) == []
 
 
 @pytest.mark.parametrize('twin, text, dtype', CASES)

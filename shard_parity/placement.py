@@ -116,8 +116,23 @@ def spec(path, shape, plan, moment=False) -> P:
         if plan.uses(axis):
             rule(path, shape, dims, plan.size(axis))
     if moment and plan.zero1:  # ZeRO-1: each 'data' device updates 1/n of it (docs/zero1.md)
-        by_fsdp(path, shape, dims, plan.size(DATA), DATA)
+        by_data(path, shape, dims, plan.size(DATA), plan.size(FSDP))
     return P(*dims)
+
+
+def by_data(path, shape, dims, n, f):
+    """ZeRO-1's 'data' on a moment: on the first free dimension it divides, as fsdp's rule;
+    else (HSDP: a block's [L, C, 4C] with fsdp and model on both) beside 'fsdp' on its
+    dimension, ('fsdp', 'data'), where f x n divides it."""
+    by_fsdp(path, shape, dims, n, DATA)
+    if DATA not in dims and FSDP in dims and shape[dims.index(FSDP)] % (f * n) == 0:
+        dims[dims.index(FSDP)] = (FSDP, DATA)
+
+
+def splits(spec: P, axis: str) -> int | None:
+    """The dimension `spec` splits over `axis` (alone or in a tuple), else None."""
+    named = [d if isinstance(d, tuple) else (d,) for d in spec]
+    return next((i for i, d in enumerate(named) if axis in d), None)
 
 
 def in_opt_state(path) -> bool:
@@ -154,7 +169,7 @@ def unsplit(params, plan: Plan) -> list[str]:
     return [
         jax.tree_util.keystr(path)
         for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
-        if DATA not in spec(path, x.shape, plan, True)
+        if splits(spec(path, x.shape, plan, True), DATA) is None
     ]
 
 
