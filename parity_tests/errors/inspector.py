@@ -131,4 +131,19 @@ ROWS = [
         'nothing written (the tables follow)',
         'test_benchmark_run.test_a_target_run_leaves_the_checkout_alone_and_names_its_target',
     ),
+    (
+        'benchmarks: --platform=tpu where JAX finds no TPU',
+        '--platform=tpu, but JAX finds no TPU (its devices: cpu',
+        'test_benchmark_tpu.test_platform_tpu_without_a_tpu_is_one_line_and_exit_2',
+    ),
+    (
+        'benchmarks: section mfu or chip_memory with --platform=cpu',
+        'which need a chip',
+        'test_benchmark_tpu.test_the_chip_sections_are_refused_on_the_cpu',
+    ),
+    (
+        'inspector: --measure_memory off a chip, or beside --target or --program',
+        "--measure_memory reads the device's memory_stats(), which cpu devices do not keep",
+        'test_inspector_chip.test_measure_memory_is_refused_off_a_chip_and_beside_a_target',
+    ),
 ]
