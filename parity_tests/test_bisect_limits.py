@@ -127,3 +127,33 @@ def test_no_false_alarm_over_200_steps_at_the_peak_rate_without_warm_up(trained)
     print(f'from step {trained}: {report.worst}')
     assert not report.diverged and report.steps == 200, (report.step, report.phase, report.leaves)
     assert max(f for _, _, f in report.seen) <= 1 / 3, report.worst
+
+
+@pytest.mark.slow
+def test_an_agree_states_its_limits_and_shadow_runs_float32_too():
+    """The MLP, one device against explicit dp, bf16, one step: the verdict names each phase's
+    detection limits, says which are above 1% and offers --shadow=float32, which runs the same
+    comparison in float32 and reports it too (exit 0: both agree)."""
+    import json
+    import subprocess
+    import sys
+
+    from parity_tests.helpers import REPO
+
+    flags = ['--model=mlp', '--twins=one_device,explicit', '--dtype=bfloat16', '--steps=1',
+             '--cpu_devices=8', '--shadow=float32']  # fmt: skip
+    out = subprocess.run([sys.executable, '-m', 'tools.bisect', *flags], cwd=REPO,
+                         capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    print(out.stdout)
+    bf16, f32 = out.stdout.split('--shadow=float32, the same comparison')
+    assert 'agree within bf16 round-off' in bf16 and 'It could not see' in bf16
+    for phase in ('forward', 'loss', 'gradients', 'update'):
+        assert f'{phase} ' in bf16.split('It could not see')[1], phase
+    assert 'Above 1% in ' in bf16 and 'agree for 1 steps (f32)' in f32
+    report = json.loads(subprocess.run([sys.executable, '-m', 'tools.bisect', *flags, '--json'],
+                                       cwd=REPO, capture_output=True, text=True,
+                                       timeout=600, check=True).stdout)  # fmt: skip
+    limits = report['report']['limits']
+    assert set(limits) == {'forward', 'loss', 'gradients', 'update'}
+    assert report['float32']['tolerance'] == 'f32' and not report['float32']['diverged']

@@ -97,17 +97,6 @@ def x64_step(old, after, path, step) -> float:
     return C_STEP * (eps + math.sqrt(eps * float(np.linalg.norm(ulp)) / size)) if size else 0.0
 
 
-def sigmas(grads, noise: list[float]) -> list[float]:
-    """Each gradient leaf's per-element rounding scale, from A's gradients and their measured
-    noise (C_EST x noise x ||g|| / sqrt(the elements any term reached)): numerics.spread's."""
-    out = []
-    for (_, g), n in zip(named_leaves(grads), noise, strict=True):
-        g = np.asarray(g, np.float64)
-        count = max(int(np.count_nonzero(g)), 1)
-        out.append(C_EST * n * float(np.linalg.norm(g)) / math.sqrt(count))
-    return out
-
-
 def carried(step, term, old) -> float:
     """||the gradient's term in a moment's step|| / ||step||: AdamW's step of a moment is
     beta' term - alpha old (term = g or g^2, the clip's factor and 1 - beta in beta'; alpha = 1 -
@@ -124,7 +113,8 @@ def carried(step, term, old) -> float:
 def update(model: numerics.Budget, grads: dict, apply, values: dict):
     """budget(before, after, path, step) of a leaf's step under the error model: a parameter's
     C_MOVE x how far the optimizer's step moves it when its gradient carries the rounding the
-    probes measure on A (`apply()`: numerics.spread of A's gradients at budgets.sigmas, computed
+    probes measure on A (`apply()`: numerics.spread of A's gradients at the probes' spread of each
+    element, C_EST x it, computed
     once, at the first parameter), over
     the step's size; AdamW's moment of order k, k x C_MOMENT x its gradient's budget
     (`grads` {path: budget}) x the share of the step its gradient's term carries (`carried`,

@@ -188,7 +188,8 @@ def _split(graphdef, loss_fn, blocks: int):
 
 
 def measure(graphdef, loss_fn, params, batch, probes: int = PROBES, seed: int = 0, rows=0):
-    """({metric: noise}, [noise per gradient leaf, in tree order]): each quantity's spread
+    """({metric: noise}, [noise per gradient leaf, in tree order], [each leaf's elements' RMS
+    spread, an array of its shape: numerics.spread's scale per element]): each quantity's spread
     under `probes` runs of side A's step, relative to its clean value (0 where the clean value
     is 0 and no probe moved it; inf where it is 0 and a probe did). `rows` 0: every site
     jittered (a side that splits more than the rows: 'model', 'seq', 'stage', 'expert', where
@@ -213,12 +214,12 @@ def measure(graphdef, loss_fn, params, batch, probes: int = PROBES, seed: int = 
             key = jax.random.key(seed * 1000 + p + 1)
             m, g = jax.device_get(step(params, batch, key, 1.0))
         for i, (x, c) in enumerate(zip(jax.tree.leaves(g), flat, strict=True)):
-            sq_g[i] += float(np.sum((np.asarray(x, np.float64) - c) ** 2)) / probes
+            sq_g[i] = sq_g[i] + (np.asarray(x, np.float64) - c) ** 2 / probes  # per element
         for k in sq_m:
             sq_m[k] += (float(np.asarray(m[k], np.float64)) - float(clean_m[k])) ** 2 / probes
-    grads = [_relative(s, float(np.linalg.norm(c))) for s, c in zip(sq_g, flat)]
+    grads = [_relative(float(np.sum(s)), float(np.linalg.norm(c))) for s, c in zip(sq_g, flat)]
     metrics = {k: _relative(s, abs(float(clean_m[k]))) for k, s in sq_m.items()}
-    return metrics, grads
+    return metrics, grads, [np.sqrt(s) for s in sq_g]
 
 
 def _relative(square: float, size: float) -> float:

@@ -199,10 +199,10 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     leaves = compare_trees('', ma, mb, tolerance, model and metric, seen['loss'], model and ma)
     if leaves:
         return 'forward', None, leaves
-    grads = noise = None
+    grads = elements = None
     if model:  # each leaf's budget from its own rounding noise at this state, A's alone
-        noise = probes.measure(ra.graphdef, ra.loss_fn, state.params, batch,
-                               rows=0 if beyond_rows(ra.side, rb.side) else max(n, 2))[1]
+        _, noise, elements = probes.measure(ra.graphdef, ra.loss_fn, state.params, batch,
+                                            rows=0 if beyond_rows(ra.side, rb.side) else max(n, 2))
         grads = dict(zip([p for p, _ in named_leaves(ga)], budgets.gradients(model, noise)))
         report.limits = {
             'forward': {p: model.forward(k) for k, (p, _) in enumerate(common, 1)},
@@ -217,7 +217,7 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     report.compared['gradients'] = len(leaves) or len(jax.tree.leaves(ga))
     if leaves:
         return 'gradients', None, leaves
-    return _update(ra, rb, apply, state, batch, tolerance, report, (ga, gb, grads, model, noise), seen)
+    return _update(ra, rb, apply, state, batch, tolerance, report, (ga, gb, grads, model, elements), seen)
 
 
 def _update(ra, rb, apply, state, batch, tolerance, report, gradients, seen):
@@ -226,7 +226,7 @@ def _update(ra, rb, apply, state, batch, tolerance, report, gradients, seen):
     to round-off can give updates that differ far more), and under the error model the two
     sides' steps against each other; relative to the step's own size (budgets.py)."""
     (sa, _), (sb, _) = ra.train_step(state, batch), rb.train_step(state, batch)
-    ga, gb, grads, model, noise = gradients
+    ga, gb, grads, model, elements = gradients
     if tolerance == 'bitwise':  # the states themselves, exactly
         leaves = []
         for prefix, x, y in (('A: ', apply(state, ga), sa), ('B: ', apply(state, gb), sb)):
@@ -234,7 +234,8 @@ def _update(ra, rb, apply, state, batch, tolerance, report, gradients, seen):
         return ('update', None, leaves) if leaves else (None, None, sa)
     if grads:
         budget = budgets.update(model, grads, lambda: numerics.spread(
-            lambda g: apply(state, g).params, ga, None, sigmas=budgets.sigmas(ga, noise)),
+            lambda g: apply(state, g).params, ga, None,
+            sigmas=[budgets.C_EST * e for e in elements]),
             dict(named_leaves(ga)))
     else:
         budget = budgets.x64_step if tolerance == 'x64' else budgets.f32_step
