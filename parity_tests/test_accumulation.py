@@ -266,3 +266,26 @@ def test_the_default_loss_is_the_plain_mean_without_a_mask():
     ones = one_device(case, {**batch, 'weight': loss_weights(np.ones(len(batch['label'])))})
     np.testing.assert_array_equal(plain[0]['loss'], ones[0]['loss'])
     assert dataclasses.replace(cfg.TrainConfig()).gradient_accumulation_steps == 1
+
+
+def test_typed_holds_the_accumulator_unreduced(monkeypatch):
+    """typed/dp.py's accumulator, read while the step is traced (nothing compiles): the weights'
+    gradients enter the loop `unreduced` over 'data' (each device's partial sum), so the add
+    over the K microbatches is local and the twin's reshard reduces once, after the loop."""
+    carried = []
+    fori_loop = jax.lax.fori_loop
+
+    def spy(lower, upper, body, init):
+        carried.extend(str(jax.typeof(x)) for x in jax.tree.leaves(init[1]))
+        return fori_loop(lower, upper, body, init)
+
+    monkeypatch.setattr(jax.lax, 'fori_loop', spy)
+    case = mlp_case()
+    mesh = strategy_mesh('dp', twin=typed)
+    plan = plan_of(mesh, 'dp')
+    graphdef, state = create_state(case.make_model(nnx.Rngs(0)), make_optimizer(case.config))
+    fn = typed.dp.loss_and_grads(graphdef, Accumulated(case.loss_fn, 2), mesh, plan)
+    placed = place_state(jax.tree.map(np.array, state), mesh, plan)
+    fn.trace(placed.params, place_batch(case.batches.batch(0), mesh, plan))
+    kernels = [t for t in carried if t.startswith('float32[784,512]')]
+    assert kernels and all('U:data' in t for t in kernels), carried
