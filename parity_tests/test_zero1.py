@@ -49,12 +49,12 @@ MESHES = {
     'data:4,model:2': 'transformer',
     'data:2,model:2,stage:2': 'transformer',
     'data:4,seq:2': 'transformer',
-    'data:2,fsdp:2,model:2': 'transformer',  # HSDP: where fsdp and model leave a dimension free
+    'data:2,fsdp:2,model:2': 'transformer',  # HSDP: 'data' beside 'fsdp' on its dimension
 }
 K = 3  # steps: the first update's moments are the gradient itself; the rest use them
 # Where the ZeRO-1 program adds the same numbers in the same order as the plan without it
 # (measured): auto's partitioner, told the gradients' new layout, reorders some sums on
-# data:4,model:2 and data:2,fsdp:2,model:2 (3.7e-9, 7.5e-9 apart after 3 steps).
+# data:4,model:2 and data:2,fsdp:2,model:2 (3.7e-9 apart after 3 steps).
 # explicit under 'seq' reduce-scatters over 'data', then averages over 'seq': two sums for one.
 ROUND_OFF = {
     ('auto', 'data:4,model:2'),
@@ -134,8 +134,8 @@ def test_the_moments_are_split_and_the_rest_listed():
         assert m.addressable_shards[0].data.shape[0] == m.shape[0] // (8 if split else 1)
     assert unsplit(params, plan) == ["['layers'][2]['bias'].value"]
     assert unsplit(params, plan_for('data:8', False)) == []
-    # HSDP: a block's kernel [L, C, 4C] has fsdp and model on both dimensions; 'data' joins
-    # fsdp's, so that its moments are split over all 8 devices
+    # HSDP: 'data' joins fsdp's dimension (a block's kernel [L, C, 4C] has fsdp and model on
+    # both), so that its moments are split over all 8 devices
     _, blocks = nnx_split(case_in('transformer', 'float32'))
     hsdp = 'data:2,fsdp:2,model:2'
     specs = update_specs(blocks, plan_for(hsdp, True), mesh_of(hsdp))

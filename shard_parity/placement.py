@@ -121,12 +121,14 @@ def spec(path, shape, plan, moment=False) -> P:
 
 
 def by_data(path, shape, dims, n, f):
-    """ZeRO-1's 'data' on a moment: on the first free dimension it divides, as fsdp's rule;
-    else (HSDP: a block's [L, C, 4C] with fsdp and model on both) beside 'fsdp' on its
-    dimension, ('fsdp', 'data'), where f x n divides it."""
-    by_fsdp(path, shape, dims, n, DATA)
-    if DATA not in dims and FSDP in dims and shape[dims.index(FSDP)] % (f * n) == 0:
+    """ZeRO-1's 'data' on a moment: under fsdp beside it on its dimension, ('fsdp', 'data'),
+    where f x n divides it (each fsdp shard split again: an embedding's gradient constrained to
+    P('fsdp', 'data') instead had auto's partitioner replicate an activation to reshard it);
+    else on the first free dimension it divides, as fsdp's rule."""
+    if FSDP in dims and shape[dims.index(FSDP)] % (f * n) == 0:
         dims[dims.index(FSDP)] = (FSDP, DATA)
+    else:
+        by_fsdp(path, shape, dims, n, DATA)
 
 
 def splits(spec: P, axis: str) -> int | None:
