@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every TPU benchmark in one short run (about 8 minutes with the compiles, on one v5e chip), as
-# gpu.sh is for GPUs: what the machine is, then `python -m benchmarks.run --platform=tpu`: the
+# Every TPU benchmark in one short run (estimated 6-8 minutes with the compiles on one v5e chip;
+# not yet timed there), as gpu.sh is for GPUs: what the machine is, then `python -m
+# benchmarks.run --platform=tpu`: the
 # one-device step's memory on the chip against its compiler's figure (chip_memory), the twins
 # side by side with the one-device reference (the MLP, and the transformer at nanoGPT's
 # configuration in bf16), the attention sweep, the nanoGPT configuration, and the GPT-2-small
