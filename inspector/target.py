@@ -146,7 +146,7 @@ def here() -> Target | None:
     if not same:
         return None
     exact = next((t for t in same if t.devices == n), None)
-    # a count the table has not got: named as Cloud would name it, priced and held alike
+    # a device count the table has not got: named by that count, priced and held alike
     base = exact or dataclasses.replace(same[0], name=f'{same[0].name.rsplit("-", 1)[0]}-{n}',
                                         devices=n)  # fmt: skip
     limit = (found[0].memory_stats() or {}).get('bytes_limit')
