@@ -235,7 +235,7 @@ def test_adamw_runs_on_one_eighth_of_each_array(twin):
     assert sqrt(True) == ['f32[10]', 'f32[64,10]', 'f32[64,512]', 'f32[64]', 'f32[98,512]']
 
 
-def zero1_report(target=None, model='mlp', text='data:8') -> dict:
+def zero1_report(target=None, model='mlp', text='data:8', zero1=True) -> dict:
     """`python -m inspector --model=MODEL --mesh=TEXT --shard_optimizer_over_data [--target]
     --json` (the transformer: TINY_TRANSFORMER's shape), computed in this process."""
     import json
@@ -245,7 +245,7 @@ def zero1_report(target=None, model='mlp', text='data:8') -> dict:
     from shard_parity.mesh import mesh_for
 
     devices = targets.devices(target) if target else jax.devices()
-    plan = plans.parse(text, None, len(devices), zero1=True)
+    plan = plans.parse(text, None, len(devices), zero1=zero1)
     mesh = mesh_for(plan, AxisType.Auto, devices=devices)
     config = cfg.TRAIN_DEFAULTS[model]
     r = inspect(model, config, mesh, plan, TINY_TRANSFORMER, target=target)
