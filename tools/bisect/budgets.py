@@ -118,10 +118,16 @@ def update(model: numerics.Budget, grads: dict, apply, values: dict):
     once, at the first parameter), over
     the step's size; AdamW's moment of order k, k x C_MOMENT x its gradient's budget
     (`grads` {path: budget}) x the share of the step its gradient's term carries (`carried`,
-    `values` {path: A's gradient}); a leaf without a gradient the square-root law (numerics'
+    `values` {path: A's gradient}), its budget widened by the global norm's (the clip's factor:
+    every leaf's budget, weighted by its size); a leaf without a gradient the square-root law (numerics'
     Budget.update); each above the storing floor."""
     budgets, moved = grads, {}
     paths = ['params.' + p for p in budgets]
+    # the clip scales every leaf by one factor, from the global norm: its rounding is every
+    # leaf's, weighted by their sizes, and a leaf with little noise of its own carries it too
+    sizes = {p: float(np.linalg.norm(np.asarray(g, np.float64))) for p, g in values.items()}
+    total = math.sqrt(sum(x * x for x in sizes.values())) or 1.0
+    overall = math.sqrt(sum((budgets[p] * sizes[p]) ** 2 for p in sizes)) / total
 
     def budget(before, after, path, step):
         floor = step_floor(after, step)
@@ -131,11 +137,12 @@ def update(model: numerics.Budget, grads: dict, apply, values: dict):
         for tag, order in (('.mu.', 1), ('.nu.', 2)):
             if tag in f'.{path}.' and key is not None:
                 share = carried(step, np.asarray(values[key], np.float64) ** order, before)
-                return numerics.C_MOMENT * order * budgets[key] * share + floor
+                return numerics.C_MOMENT * order * (budgets[key] + overall) * share + floor
         if path in paths:
             if not moved:
                 moved.update(zip(paths, apply(), strict=True))
-            return numerics.C_MOVE * moved[path] / size + floor if size else floor
+            # ...and the clip's factor, which the spread's random signs barely move
+            return numerics.C_MOVE * moved[path] / size + overall + floor if size else floor
         return numerics.C_UPDATE * math.sqrt(max(budgets.values(), default=0.0)) + floor
 
     return budget
