@@ -9,7 +9,9 @@ project accepts; an odd size, a stray axis or a batch off by one are drawn now a
 that its refusals are tested too (tools/fuzz/table.py). Under --bf16 one draw in four starts
 from a short trained run (`trained`: TRAINED steps of one device from the seed, as the
 bisector's `--steps=TRAINED+1` walks them), where the gradients are mostly noise and the error
-model's budgets are tested where a bug in a long run is found (docs/detection.md).
+model's budgets are tested where a bug in a long run is found (docs/detection.md). After every
+other choice (`step_options`): --gradient_accumulation_steps (K), --shard_optimizer_over_data
+(ZeRO-1) and --remat_policy, their defaults mostly.
 """
 
 import dataclasses
@@ -45,6 +47,9 @@ class Draw:
     reduce_dtype: str = 'float32'
     matmul: str = 'default'
     trained: int = 0  # steps of one device from the seed before the step compared
+    accumulation: int = 1  # --gradient_accumulation_steps: K microbatches per optimizer step
+    zero1: bool = False  # --shard_optimizer_over_data: AdamW's moments split over 'data'
+    remat: str | None = None  # --remat_policy (None: unset, each path's default)
 
     @property
     def devices(self) -> int:
@@ -80,6 +85,12 @@ class Draw:
                 out.append(f'--{flag}={value}')
         if self.matmul != 'default':
             out.append(f'--matmul_precision={self.matmul}')
+        if self.accumulation != 1:
+            out.append(f'--gradient_accumulation_steps={self.accumulation}')
+        if self.zero1:
+            out.append('--shard_optimizer_over_data')
+        if self.remat is not None:
+            out.append(f'--remat_policy={self.remat}')
         return out
 
     def to_json(self) -> dict:
@@ -144,7 +155,7 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
     """One Draw over `devices` devices; `required`: the axes a strategy module of yours (a zoo
     entry) needs on every mesh (then only those are drawn); `models`, `schedules` (those a
     'stage' axis takes; default all, GPipe mostly): what a module of yours can run."""
-    model = draw(st.sampled_from(models))
+    model, own = draw(st.sampled_from(models)), required  # own: a strategy module's axes
     t = model == 'transformer'
     only_1f1b = bool(schedules) and not {'gpipe'} & set(schedules)  # a data x stage pipeline
     experts = draw(st.sampled_from([0, 2, 4, 8, 3])) if t and not only_1f1b else 0
@@ -186,8 +197,9 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
     rows = 1
     for a in ('data', 'fsdp', 'expert'):
         rows *= axes.get(a, 1)
-    batch = rows * (m if 'stage' in axes else 1) * draw(st.integers(1, 2))
-    batch += draw(st.integers(0, 15)) == 15  # now and then a batch that does not split
+    per = draw(st.integers(1, 2))
+    odd = int(draw(st.integers(0, 15)) == 15)  # now and then a batch that does not split
+    batch = rows * (m if 'stage' in axes else 1) * per + odd
     dtypes = ['float32', 'bfloat16'] if bf16 else ['float32']
     out = Draw(
         model=model, mesh=mesh, batch=batch, layers=layers, heads=heads, kv_heads=kv,
@@ -199,9 +211,33 @@ def draws(draw, devices: int = 8, required=(), bf16: bool = False, models=('mlp'
         dtype=draw(st.sampled_from(dtypes)), reduce_dtype=draw(st.sampled_from(dtypes)),
         matmul=draw(st.sampled_from(['default', 'high', 'highest'])),
     )  # fmt: skip
-    if not bf16:  # (drawn last, and only here: the float32 search's draws are as they were)
-        return out
-    return dataclasses.replace(out, trained=draw(st.sampled_from([0, 0, 0, TRAINED])))
+    if bf16:  # (drawn after the rest, and only here: the float32 search's choices as they were)
+        out = dataclasses.replace(out, trained=draw(st.sampled_from([0, 0, 0, TRAINED])))
+    return step_options(draw, out, rows * (m if 'stage' in axes else 1) * per, odd, own)
+
+
+ACCUMULATION = (1,) * 22 + (2,) * 4 + (4,) * 4 + (3, 0)  # K: 1 mostly; 3 and 0 refused
+REMAT = (None,) * 8 + ('none', 'full', 'dots', 'dots_no_batch')  # unset mostly
+
+
+def step_options(draw, out: Draw, rows: int, odd: int, required=()) -> Draw:
+    """The draw with K, ZeRO-1 and the remat policy, drawn after every other choice (a seed's
+    first draws stay as they were; docs/fuzzing.md). K of 2 or 4 makes each row device's rows
+    (`rows`: the batch's whole multiple of the row devices, and of M under 'stage'; `odd`: the
+    stray row) K times as many, so that K divides them; 3 never does, and 0 is no count. A
+    mixture of experts keeps K = 1: each microbatch routes its own tokens, which one device's
+    pass over the whole batch does not (docs/accumulation.md). ZeRO-1 on a mesh with 'data'
+    one time in four (not for a module of yours that runs one strategy, `required`: ZeRO-1
+    runs the composed step); a remat policy on the transformer."""
+    k = draw(st.sampled_from(ACCUMULATION))
+    if k in (2, 4) and out.model == 'transformer' and out.experts:
+        k = 1  # not one device's step under K (docs/accumulation.md): not drawn
+    batch = rows * k + odd if k in (2, 4) else out.batch
+    # (drawn on every mesh: shrinking prefers fewer choices, and a mesh without 'data' must
+    # not be simpler for it)
+    zero1 = draw(st.integers(0, 3)) == 3 and 'data' in dict(out.mesh) and not required
+    remat = draw(st.sampled_from(REMAT)) if out.model == 'transformer' else None
+    return dataclasses.replace(out, accumulation=k, zero1=zero1, remat=remat, batch=batch)
 
 
 def other_mesh(draw: Draw, rng) -> tuple:
@@ -216,7 +252,9 @@ def other_mesh(draw: Draw, rng) -> tuple:
         owners = [rng.randrange(len(names)) for _ in range(draw.devices.bit_length() - 1)]
         mesh = tuple((a, 2 ** owners.count(i)) for i, a in enumerate(names))
         m = draw.microbatches if 'stage' in names else 1
-        placed = dataclasses.replace(draw, mesh=mesh, schedule='gpipe', batch=draw.devices * m)
+        placed = dataclasses.replace(
+            draw, mesh=mesh, schedule='gpipe', batch=draw.devices * m, accumulation=1
+        )  # (K: the run's, not the checkpoint's)
         if mesh != draw.mesh and not violations(placed):
             return mesh
     data = (('data', draw.devices),)

@@ -3,7 +3,8 @@ edited by hand (an entry is marked fixed there), read against one schema, ENTRY 
 which both loading and the tests use: a file that breaks it is refused in one line naming the
 file and the field (exit 2), before anything runs.
 
-    {"draw": {<every field of tools/fuzz/draws.py's Draw; "trained" may be left out: 0>},
+    {"draw": {<every field of tools/fuzz/draws.py's Draw; "trained", "accumulation", "zero1"
+              and "remat" may be left out: 0, 1, false, null>},
      "twins": ["typed"],                  # of auto, explicit, typed: those it concerns
      "status": "fixed",                   # fixed: must pass now; known: an open bug
      "reason": "what failed, and why",
@@ -52,6 +53,12 @@ def positive(v):
     return v
 
 
+def boolean(v):
+    if type(v) is not bool:
+        raise ValueError('expected true or false')
+    return v
+
+
 def text(v):
     if not isinstance(v, str) or not v.strip():
         raise ValueError('expected a non-empty string')
@@ -95,7 +102,12 @@ DRAW = {  # Draw's fields, each required: what the draw's flags are built from
     'layout': choice('zigzag', 'contiguous'), 'dtype': choice('float32', 'bfloat16'),
     'reduce_dtype': choice('float32', 'bfloat16'), 'matmul': choice('default', 'high', 'highest'),
 }  # fmt: skip
-DRAW_OPTIONAL = {'trained': (whole(0), OPTIONAL)}  # a draw from a trained run's state: 0 if absent
+DRAW_OPTIONAL = {  # absent in entries written before them: their defaults
+    'trained': (whole(0), OPTIONAL),  # a draw from a trained run's state: 0 if absent
+    'accumulation': (whole(0), OPTIONAL),  # K (0: the flag's refusal); 1 if absent
+    'zero1': (boolean, OPTIONAL),  # ZeRO-1; false if absent
+    'remat': (choice(None, 'none', 'full', 'dots', 'dots_no_batch'), OPTIONAL),  # null: unset
+}
 ENTRY = {  # field: (check, required)
     'draw': (anything, REQUIRED),  # an object of DRAW's fields
     'twins': (twins, REQUIRED),

@@ -16,6 +16,7 @@ from typing import NamedTuple
 ROWS = ('data', 'fsdp', 'expert')  # each device of these takes its own rows of the batch
 REDUCED = (*ROWS, 'seq')  # a gradient is a mean over these: --reduce_dtype needs one of 2+
 MLP_HIDDEN = 512  # the MLP's hidden width, which 'model' splits
+POLICIES = ('none', 'full', 'dots', 'dots_no_batch')  # --remat_policy's (docs/remat.md)
 
 
 class Broken(NamedTuple):
@@ -58,7 +59,27 @@ def violations(d) -> list[Broken]:
         need(d.batch % (rows * d.microbatches) == 0, '--batch_size', 'equal microbatches')
     reduced = math.prod(axes.get(a, 1) for a in REDUCED)
     need(d.reduce_dtype == 'float32' or reduced > 1, '--reduce_dtype', 'nothing is reduced')
+    step_options(d, axes, rows, need)
     return out
+
+
+def step_options(d, axes, rows: int, need) -> None:
+    """K (--gradient_accumulation_steps) cuts each row device's rows into K equal microbatches,
+    which a pipeline does already (its M); ZeRO-1 splits AdamW's moments over 'data' (2+), in
+    the composed step, whose pipeline is GPipe; a remat policy checkpoints transformer blocks,
+    which the MLP has none of ('none' checkpoints nothing)."""
+    k, flag = d.accumulation, '--gradient_accumulation_steps'
+    need(k >= 1, flag, 'K microbatches: a count of 1 or more')
+    if k > 1:
+        need('stage' not in axes, flag, "a pipeline's M microbatches are its accumulation")
+        need((d.batch // rows) % k == 0, flag, f'K ({k}) equal parts of each row device\'s rows')
+    if d.zero1:
+        flag = '--shard_optimizer_over_data'
+        need(axes.get('data', 1) >= 2, flag, "AdamW's moments split over a 'data' axis of 2+")
+        need('stage' not in axes or d.schedule == 'gpipe', flag, "the composed step's GPipe")
+    need(d.remat in (None, *POLICIES), '--remat_policy', f'one of {", ".join(POLICIES)}')
+    need(d.remat in (None, 'none') or d.model == 'transformer', '--remat_policy',
+         'the MLP has no blocks to checkpoint')  # fmt: skip
 
 
 def twin_refusals(d, twin: str) -> list[Broken]:
