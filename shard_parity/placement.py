@@ -5,7 +5,7 @@
     model   Megatron's plan (below)                              P(None, 'model'), P('model', None)
     fsdp    the first dimension still free that it divides       P('fsdp'), P('model', 'fsdp')
     data, seq: no array is split; they split the batch (rows, positions); with ZeRO-1
-            (--shard_optimizer_over_data) 'data' splits AdamW's moments as fsdp would
+            (--shard_optimizer_over_data) 'data' splits AdamW's moments (`by_data`)
 
 The rules apply in that order to each array (`spec`), each only where the plan uses its axis
 (shard_parity/plan.py): dp uses none (every array whole, P()), fsdp only fsdp's, fsdp_tp
