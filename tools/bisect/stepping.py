@@ -91,12 +91,13 @@ def spread_over(a: Side, b: Side, axes: str) -> int:
     return max((math.prod(p.size(x) for x in getattr(p, axes)) for p in plans), default=1)
 
 
-def beyond_rows(a: Side, b: Side) -> bool:
+def beyond_rows(a: Side, b: Side, stacked: bool) -> bool:
     """Whether a row's own arithmetic may differ between the sides: either splits more than the
-    batch's rows over 'data' and 'fsdp' (tensor, sequence, pipeline or expert parallelism), or
-    is not one device or an explicit/ file (or a module planted on one, tools/zoo): the
-    compiler's partitioner (auto/, typed/) fuses each row's ops its own way, which put the
-    transformer's final norm scale 67 budgets over under dp at row-only budgets. Then the
+    batch's rows over 'data', or 'fsdp' where the model has no `stacked` layers (fsdp runs the
+    transformer's stacked blocks under a scan with remat; tensor, sequence, pipeline or expert parallelism), or is not one device or an
+    explicit/ file (or a module planted on one, tools/zoo): the compiler's partitioner (auto/,
+    typed/) fuses each row's ops its own way. Each put the transformer's final norm scale
+    64-67 budgets over at row-only budgets (auto and typed dp, explicit fsdp). Then the
     probes jitter every site, else they cut the rows into blocks (probes.measure)."""
     for side in (a, b):
         if side.mesh is None:
@@ -104,7 +105,8 @@ def beyond_rows(a: Side, b: Side) -> bool:
         module = getattr(side.module, 'ORIGINAL', side.module)
         if not getattr(module, '__name__', '').startswith(('explicit.', 'shard_parity.explicit')):
             return True
-        if any(side.mesh.shape[ax] > 1 for ax in side.mesh.axis_names if ax not in (DATA, FSDP)):
+        rows = (DATA,) if stacked else (DATA, FSDP)
+        if any(side.mesh.shape[ax] > 1 for ax in side.mesh.axis_names if ax not in rows):
             return True
     return False
 
@@ -198,7 +200,8 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     sensitivity = model and ra.sensitivity(state, batch)
     grads = elements = None
     if model:
-        rows = 0 if beyond_rows(ra.side, rb.side) else max(n, 2)
+        stacked = any(p.startswith('blocks.') for p, _ in named_leaves(ga))
+        rows = 0 if beyond_rows(ra.side, rb.side, stacked) else max(n, 2)
         spread, noise, elements = probes.measure(ra.graphdef, ra.loss_fn, state.params, batch,
                                                  rows=rows)  # fmt: skip
         grads = dict(zip([p for p, _ in named_leaves(ga)], budgets.gradients(model, noise)))
