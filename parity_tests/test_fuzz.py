@@ -903,6 +903,40 @@ def test_a_short_seeded_run_has_no_unexplained_failure():
     assert ' 0 failed' in result.stdout and '6 draws' in result.stdout, result.stdout
 
 
+@pytest.mark.slow  # ~2 min on 2 loaded cores (load ~19, 2026-12-06): 4 MLP draws, 3 twins each
+def test_a_seeded_run_with_k_and_zero1_has_no_unexplained_failure():
+    """Seed 24's first four MLP draws (no corpus) include K=4 with ZeRO-1 on model:1,data:8 and
+    K=2 on model:8: each twin's step equals one device's at the full batch."""
+    result = fuzz('--nocorpus', '--draws=4', '--seed=24', '--models=mlp', '--verbose')
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert ' 0 failed' in result.stdout and '4 draws' in result.stdout, result.stdout
+    passed = [ln for ln in result.stdout.splitlines() if ln.startswith('passed: ')]
+    assert any(ln.endswith(f'--gradient_accumulation_steps=4 {ZERO1}') for ln in passed), passed
+    assert any(ln.endswith('--gradient_accumulation_steps=2') for ln in passed), passed
+
+
+@pytest.mark.slow  # ~35 s and the replay's ~20 s: the second draw is ZeRO-1's, already simplest
+def test_zero1_wrong_shard_is_found_where_zero1_is_drawn():
+    """tools.zoo.zero1_wrong_shard (each device's reduce-scattered gradient shard handed to its
+    neighbour) agrees where ZeRO-1 is not drawn and diverges where it is (seed 38: data:8, the
+    second draw), printed as the bisect command, which says the same."""
+    result = fuzz('--draws=6', '--seed=38', '--models=mlp', '--shrink_minutes=1',
+                  '--checkpoint_every=0', '--twins=one_device,tools.zoo.zero1_wrong_shard',
+                  '--verbose')  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    assert 'FAILURE (diverges of tools.zoo.zero1_wrong_shard)' in result.stdout, result.stdout
+    ran = [ln for ln in result.stdout.splitlines() if ln.startswith(('passed: ', 'failed: '))]
+    assert all(ln.startswith('failed: ') == ln.endswith(ZERO1) for ln in ran), ran
+    assert any(ln.startswith('passed: ') for ln in ran), ran  # not drawn: it agrees
+    line = result.stdout.strip().splitlines()[-1]
+    assert line.startswith('reproduce: python -m tools.bisect --twins=one_device,tools.zoo.zero1')
+    assert line.endswith(f'{ZERO1} --steps=1') and '--mesh=data:8 ' in line, line
+    argv = [sys.executable, *line.removeprefix('reproduce: ').split()[1:]]
+    replay = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert replay.returncode == 1, replay.stdout + replay.stderr[-2000:]
+    assert 'diverge at step 0, phase gradients' in replay.stdout, replay.stdout
+
+
 ZOO = [  # (entry, the axis its bug needs above 1, what else it needs drawn)
     ('tp_pmean', 'model', ()),
     ('dp_psum', 'data', ()),
