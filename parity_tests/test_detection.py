@@ -90,7 +90,8 @@ def test_a_small_effect_is_caught_in_float32_and_in_bf16_caught_or_under_the_lim
         assert row['f32'] == phase and row['phase'] == phase, row
         assert row['effect'] > 0 and math.isfinite(row['effect']), row
         model = found[state]['model']
-        if model.phase is not None:  # caught in bf16: where float32 catches it, or before
+        if model.phase is not None:  # caught in bf16, in any phase (a forward bug within the
+            # forward's bf16 budget may show in gradients held to float32-sized budgets)
             assert model.budgets is None or model.budgets > 1, row
             record_model(model.report)
         else:  # within bf16's budgets: the limit at that leaf is above the effect
