@@ -205,9 +205,6 @@ CLI_ROWS = {  # row -> (module, flags); {tmp} is a fresh folder
     '--shard_optimizer_over_data without a data axis of 2 or more': (
         'explicit.train', ['--cpu_devices=8', '--mesh=fsdp:8', '--shard_optimizer_over_data']
     ),
-    '--shard_optimizer_over_data without a data axis of 2 or more': (
-        'explicit.train', ['--cpu_devices=8', '--mesh=fsdp:8', '--shard_optimizer_over_data']
-    ),
     'layers not divisible by the stage axis x --pp_virtual on a named mesh': (
         'explicit.train',
         [*TINY, '--num_layers=6', '--mesh=fsdp:2,model:2,stage:2', '--pp_schedule=interleaved'],
