@@ -88,7 +88,7 @@ def loss_and_grads(graphdef, loss_fn, mesh, plan):
             if plan.uses(FSDP) else grads
         )  # fmt: skip
         # the all-reduce over 'data' (and the other batch axes of a named mesh)
-        return jax.lax.pmean(metrics, plan.batch_axes), composed.reduce(grads, specs, plan)
+        return jax.lax.pmean(metrics, plan.batch_axes), composed.reduce(grads, specs, specs, plan)
 
     def fn(params, batch):  # shard_map's body on each device (the specs from the global shapes)
         specs = state_specs(params, plan, mesh)  # P('stage') for the blocks' layer dimension
