@@ -101,8 +101,7 @@ def chip_memory(names=tuple(MEMORY_CONFIGS), stats=None) -> list[dict]:
 
 def markdown(r: dict) -> list[str]:
     """The mfu and chip_memory tables (benchmarks/report.py)."""
-    from benchmarks.report import RATES, rate
-    from benchmarks.tables import markdown_table
+    from benchmarks.tables import RATES, markdown_table, rate
 
     out = []
     if 'mfu' in r:

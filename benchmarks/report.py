@@ -4,26 +4,9 @@ benchmarks/tables.py as these are)."""
 
 import statistics
 
-from benchmarks.tables import markdown_table
+from benchmarks.tables import RATES, markdown_table, rate
 
 NANOGPT_MS = 45.0  # nanoGPT's PyTorch step, same configuration and machine type
-RATES = (
-    'model TFLOP/s by PaLM\'s count (6N + 12LDT a token, attention counted in full; '
-    'shard_parity/runtime/flops.py), with MFU against the devices\' peak in the compute dtype '
-    'in brackets where the table of peaks has one (none on the CPU, none for float32)'
-)
-
-
-def rate(x: dict, name: str = '') -> str:
-    """'69.7 (35.4%)': a candidate's model TFLOP/s and MFU; '-' in a run from before them."""
-    key = f'{name}_' if name else ''
-    tflops = x.get(f'{key}model_tflops_per_sec')
-    if tflops is None:
-        return '-'
-    mfu = x.get(f'{key}mfu')
-    return f'{tflops:.3g}' + (f' ({100 * mfu:.1f}%)' if mfu is not None else '')
-
-
 def _ratio(x: dict, key: str = 'explicit_over_auto') -> str:
     """The ratio; with several processes, the median over them (the lower middle one of an even
     count) and their range: '0.994 (0.975–1.001)'. Missing (a run from before the control

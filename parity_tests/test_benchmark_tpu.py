@@ -62,7 +62,7 @@ TINY = dataclasses.replace(
 def test_mfu_rows_count_the_model_flops_and_time_the_median(monkeypatch):
     """The mfu section at a tiny shape on the CPU: one row per twin, model FLOP/s = PaLM's count
     x tokens / the median step; no peak on the CPU, so MFU is None and the table says '-'."""
-    from benchmarks import chip, report
+    from benchmarks import chip, tables
 
     rows = chip.mfu(3, TINY, batch_size=2)
     assert [r['twin'] for r in rows] == ['auto', 'explicit', 'typed']
@@ -74,7 +74,7 @@ def test_mfu_rows_count_the_model_flops_and_time_the_median(monkeypatch):
         assert r['hardware_tflops_per_sec'] > 0  # XLA's count of the compiled step
     text = '\n'.join(chip.markdown({'mfu': rows}))
     assert '| auto |' in text and 'the median of 3 steps' in text
-    assert report.rate(rows[0]) == f"{rows[0]['model_tflops_per_sec']:.3g}"
+    assert tables.rate(rows[0]) == f"{rows[0]['model_tflops_per_sec']:.3g}"
 
 
 def test_mfu_against_a_tpu_peak():
@@ -83,9 +83,9 @@ def test_mfu_against_a_tpu_peak():
     r = flops.rates(197e12 * 0.35, 1.0, v5e, 'bfloat16')
     assert r['mfu'] == pytest.approx(0.35) and r['model_tflops_per_sec'] == pytest.approx(68.95)
     assert flops.rates(1e12, 1.0, v5e, 'float32')['mfu'] is None  # no float32 peak
-    from benchmarks import report
+    from benchmarks import tables
 
-    assert report.rate({'auto_model_tflops_per_sec': 69.67, 'auto_mfu': 0.3537}, 'auto') == (
+    assert tables.rate({'auto_model_tflops_per_sec': 69.67, 'auto_mfu': 0.3537}, 'auto') == (
         '69.7 (35.4%)'
     )
 

@@ -163,7 +163,7 @@ REMAT_POLICY = flags.DEFINE_enum(
     '(jax.checkpoint per block, docs/remat.md): '
     + '; '.join(f'{k}: {v or "no jax.checkpoint"}' for k, v in REMAT_POLICIES.items())
     + ' (jax.checkpoint_policies). Default: full under fsdp\'s per-layer gather, none elsewhere, '
-    'as before the flag. --model=mlp takes none or no value.',
+    'what each path kept before the flag. --model=mlp takes none or no value.',
 )
 
 # Devices, data and outputs.
