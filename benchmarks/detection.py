@@ -25,6 +25,7 @@ import sys
 import time
 
 from benchmarks.judging import Case, Pair, inputs, trained
+from shard_parity import refuse
 
 FAMILIES = {  # a planted effect of relative size s: (zoo entry, module constant, its value)
     'grads_scaled': ('SCALE', lambda s: 1 - s),  # every gradient leaf (1 - s) x the right one
@@ -108,7 +109,7 @@ def main(argv):
 
     f = flags.FLAGS
     if len(argv) > 1:
-        raise SystemExit(f'error: unexpected arguments {argv[1:]}: every setting is a --flag')
+        refuse(f'unexpected arguments {argv[1:]}: every setting is a --flag')
     logging.set_verbosity(logging.WARNING)  # optax's schedule notes at INFO
     if f.merge:
         result = merged([json.load(open(path)) for path in f.merge])
@@ -181,7 +182,7 @@ def define_flags():
         'first_seed', 0, 'The first seed (runs side by side: --merge).', lower_bound=0
     )
     flags.DEFINE_integer(
-        'devices', 2, "Emulated CPU devices: the pair's mesh is data:N (8 run several times slower).",
+        'devices', 2, "Emulated CPU devices: the pair's mesh is data:N (8 run several times slower)",
         lower_bound=1,
     )  # fmt: skip
     flags.DEFINE_integer('steps', 200, 'Steps of the correct pair from each state.', lower_bound=1)

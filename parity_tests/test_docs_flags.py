@@ -51,6 +51,8 @@ def missing(text: str, known: dict[str, set[str]]) -> list[str]:
 def every_flag_defined() -> set[str]:
     files = [p for p in pathlib.Path(REPO).rglob('*.py') if '.venv' not in p.parts]
     names = {n for p in files for n in re.findall(r"DEFINE_\w+\(\s*'(\w+)'", p.read_text())}
+    # and argparse's (tools.margins, benchmarks.numerics)
+    names |= {n for p in files for n in re.findall(r"add_argument\(\s*'--(\w+)'", p.read_text())}
     # the test suite's own options (conftest.py: --exhaustive, --margins) are flags of it too
     tests = re.findall(r"addoption\(\s*'--(\w+)'", (pathlib.Path(REPO) / 'parity_tests/conftest.py').read_text())
     return names | set(F.TRAIN) | set(tests)  # the training flags: one per config field
