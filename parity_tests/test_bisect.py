@@ -382,10 +382,12 @@ def test_runs_on_a_composed_mesh_and_on_one_device_compare_bisect_and_generate(t
     (single / 'metrics.jsonl').write_text(''.join(json.dumps(x) + '\n' for x in lines))
     bisected = tool('tools.bisect', composed, single, '--cpu_devices=8')
     assert bisected.returncode == 0, bisected.stderr[-2000:]
-    assert bisected.stdout == (
+    verdict, limits = bisected.stdout.splitlines()  # every verdict says what it could not see
+    assert verdict == (
         f'A={composed} (explicit composed data:2,fsdp:2,model:2) and '
-        f'B={single} (explicit dp data:1,model:1) agree for 1 steps (f32).\n'
+        f'B={single} (explicit dp data:1,model:1) agree for 1 steps (f32).'
     )
+    assert limits.startswith('It could not see (the detection limit, a relative change of one leaf')
 
     generated = run_cli('explicit', f'--workdir={composed}', '--max_new_bytes=8',
                         '--temperature=0', program='generate')  # fmt: skip

@@ -93,7 +93,7 @@ def describe(s: dict) -> str:
         return f"{s.get('twin', '?')} (no plan recorded)"
     schedule = f' ({plan.schedule})' if plan.schedule != 'gpipe' else ''
     policy = f', {plan.precision.text()}' if plan.precision != plans.Precision() else ''
-    where = f" ({s['device_kind']})" if s.get('device_kind') else ''
+    where = f" ({s['device_kind']})" if s.get('platform') not in (None, 'cpu') else ''
     return f"{s.get('twin', '?')} {plan.strategy}{schedule} on {plan.text()}{where}{policy}"
 
 

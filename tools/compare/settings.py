@@ -66,7 +66,8 @@ def where(saved: dict) -> str | None:
     except UsageError:
         return None
     segments = saved.get('segments') if isinstance(saved.get('segments'), list) else [{}]
-    kind = segments[-1].get('device_kind') if isinstance(segments[-1], dict) else None
+    last = segments[-1] if isinstance(segments[-1], dict) else {}
+    kind = last.get('device_kind') if last.get('platform') not in (None, 'cpu') else None
     where = f' ({kind})' if kind else ''
     return f"{saved.get('twin', '?')} {plan.strategy} on {plan.text()}{where}"
 
