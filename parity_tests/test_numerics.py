@@ -549,9 +549,12 @@ def test_adamw_state_in_bf16_is_caught_by_its_dtypes(compute):
     assert (report.step, report.phase) == (0, 'update'), report.leaves
     typed = [leaf for leaf in report.leaves if leaf.dtypes]  # (float32 runs: numbers too)
     assert {leaf.path.split('.')[3] for leaf in typed} == {'mu', 'nu'} and all(
-        leaf.dtypes == ('float32', 'bfloat16') and leaf.path.startswith('B: opt_state')
+        leaf.dtypes == ('float32', 'bfloat16')
+        and leaf.path.startswith(('B: opt_state', 'A vs B: opt_state'))
         for leaf in typed
-    ), report.leaves  # B's own state, against the shared optimizer applied to B's gradient
+    ), report.leaves  # B's own state against the shared optimizer applied to B's gradient,
+    # and (the update judged as the step, b72b9c6) A's state against B's
+    assert any(leaf.path.startswith('B: opt_state') for leaf in typed), report.leaves
 
 
 @pytest.mark.slow

@@ -33,14 +33,16 @@ STEP_EPS = 1e-5  # float32: two programs' steps of one state and gradient, relat
 C_STEP = 3.0  # the update's floor: x (eps + sqrt(eps q)) (the module docstring)
 
 
-def gradients(model: numerics.Budget, noise: list[float]) -> list[float]:
+def gradients(model: numerics.Budget, noise: list[float], flat: bool = False) -> list[float]:
     """Each gradient leaf's budget: C_PROBE x C_EST x its measured noise, above float32's floor (the
-    error model's own, at float32 compute) and the collective's rounding."""
+    error model's own, at float32 compute) and the collective's rounding; with `flat`, at
+    least the error model's flat budget of the policy (tools/bisect/stepping.py, ROWS_FLOOR)."""
     import dataclasses
 
     floor = dataclasses.replace(model, compute='float32', reduce='float32').gradients()
     reduce = model.gradients() - dataclasses.replace(model, reduce='float32').gradients()
-    return [C_PROBE * C_EST * n + floor + max(reduce, 0.0) for n in noise]
+    least = model.gradients() if flat else 0.0
+    return [max(C_PROBE * C_EST * n + floor + max(reduce, 0.0), least) for n in noise]
 
 
 def step_floor(after, step, eps: float = STEP_EPS) -> float:
