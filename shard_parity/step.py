@@ -20,6 +20,7 @@ import optax
 from flax import nnx
 
 from shard_parity import UsageError
+from shard_parity.model.ops import split
 from shard_parity.placement import layer_dims, state_shardings, update_shardings
 from shard_parity.plan import STAGE
 from shard_parity.config import TrainConfig
@@ -218,8 +219,11 @@ class Accumulated:
 def microbatches(batch, k: int):
     """[B, ...] -> [K, B/K, ...], row r in microbatch r % K: a device's block of rows (B/n of
     them, K dividing B/n) splits into K strided parts on that device, so the split moves no
-    data in any twin and gives the same microbatches whether the rows are global or local."""
-    return jax.tree.map(lambda x: jnp.swapaxes(x.reshape(-1, k, *x.shape[1:]), 0, 1), batch)
+    data in any twin and gives the same microbatches whether the rows are global or local.
+    In Explicit mode the rows' split stays on B/K (ops.split, as pipeline.split): JAX's reshape
+    rule dropped an fsdp of 1 from rows split over data x fsdp, and typed/composed.py's
+    contraction then refused its unreduced axes (fuzzer, typed_composed_accumulation_fsdp1)."""
+    return jax.tree.map(lambda x: jnp.swapaxes(split(x, 0, (-1, k)), 0, 1), batch)
 
 
 def accumulate(grad_fn: Callable, params, batch, loss_fn):
