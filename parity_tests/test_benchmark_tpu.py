@@ -47,7 +47,8 @@ def test_the_tpu_sections_default_and_order(monkeypatch):
 
     monkeypatch.setattr(options, 'PLATFORM', types.SimpleNamespace(value='tpu'))
     flag = types.SimpleNamespace(present=False)
-    monkeypatch.setattr(options.flags, 'FLAGS', {options.SECTION.name: flag})
+    # options' own reference to absl's flags, not absl's FLAGS itself (every module's)
+    monkeypatch.setattr(options, 'flags', types.SimpleNamespace(FLAGS={options.SECTION.name: flag}))
     assert options.sections() == TPU_SECTIONS == [
         'chip_memory', 'twins', 'attention', 'nanogpt', 'mfu'
     ]
