@@ -22,6 +22,23 @@ def benchmark(*flags):
     )  # fmt: skip
 
 
+@pytest.fixture(autouse=True, scope='module')
+def _benchmark_flags():
+    """benchmarks/options.py defines absl flags (--mesh among them) when a test here imports it
+    in this process; the in-process inspector of other modules defines the train CLIs' --mesh
+    (DuplicateFlagError in a shared xdist worker): the benchmark modules imported here, and
+    their flags, go when this module's last test ends (as test_bisect_from does for the bisector)."""
+    from absl import flags
+
+    before = set(sys.modules)
+    yield
+    for name in sorted(set(sys.modules) - before):
+        if name.startswith('benchmarks'):
+            for flag in flags.FLAGS.get_flags_for_module(name):
+                delattr(flags.FLAGS, flag.name)
+            sys.modules.pop(name, None)
+
+
 def test_platform_tpu_without_a_tpu_is_one_line_and_exit_2():
     result = benchmark('--platform=tpu')
     assert result.returncode == 2
