@@ -27,7 +27,7 @@ def _benchmark_flags():
     """benchmarks/options.py defines absl flags (--mesh among them) when a test here imports it
     in this process; the in-process inspector of other modules defines the train CLIs' --mesh
     (DuplicateFlagError in a shared xdist worker): the benchmark modules imported here, and
-    their flags, go when this module's last test ends (as test_bisect_from does for the bisector)."""
+    their flags, go when this module's last test ends (as test_bisect_from does)."""
     from absl import flags
 
     before = set(sys.modules)
