@@ -214,8 +214,6 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
         try:
             spread, noise, elements = probes.measure(ra.graphdef, ra.loss_fn, state.params, batch,
                                                      rows=rows)  # fmt: skip
-            # rows cut: at least the error model's own budget (ROWS_FLOOR)
-            found = budgets.gradients(model, noise, flat=bool(rows) and ROWS_FLOOR)
         except Exception as e:  # a program the op-by-op probe cannot evaluate: the flat model
             note = (f'step {step}: the probes could not run A\'s step ({type(e).__name__}: '
                     f'{str(e).splitlines()[0][:120]}); the error model\'s flat budgets instead')
@@ -223,6 +221,8 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
                 report.notes.append(note)
             spread, elements = {}, None
             found = [model.gradients()] * len(named_leaves(ga))
+        else:  # rows cut: at least the error model's own budget (ROWS_FLOOR)
+            found = budgets.gradients(model, noise, flat=bool(rows) and ROWS_FLOOR)
         grads = dict(zip([p for p, _ in named_leaves(ga)], found))
 
     def metric(a, b, path):
