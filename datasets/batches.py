@@ -23,19 +23,29 @@ def _check_int(name: str, value, minimum: int = 1) -> None:
 
 
 class ClassificationBatches:
-    """Shuffled epochs without replacement; the remainder of each epoch is dropped."""
+    """Shuffled epochs without replacement; the remainder of each epoch is dropped, except, with
+    `microbatches` K > 1, the whole microbatches of batch_size / K rows it still holds: they
+    make the epoch's last step a partial window (`partial_window`: the missing microbatches
+    weigh zero, the step counts by its rows, not by K). Every batch then carries 'weight', so
+    that one program takes both (weights of 1 leave the mean as it was, to the bit)."""
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int):
+    def __init__(
+        self, images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int, microbatches=1
+    ):
         n = len(images)
         _check_int('batch_size', batch_size)
         _check_int('seed', seed, 0)  # default_rng takes non-negative seeds only
+        _check_int('microbatches', microbatches)
         if len(labels) != n:
             raise ValueError(f'{n} images but {len(labels)} labels')
         if batch_size > n:
             raise ValueError(f'batch_size {batch_size} exceeds the {n} examples in the set')
         self.images, self.labels = images, labels
-        self.batch_size, self.seed = batch_size, seed
-        self.steps_per_epoch = n // batch_size
+        self.batch_size, self.seed, self.k = batch_size, seed, microbatches
+        self.full = n // batch_size  # whole steps per epoch
+        divides = microbatches > 1 and batch_size % microbatches == 0
+        self.present = (n % batch_size) // (batch_size // microbatches) if divides else 0
+        self.steps_per_epoch = self.full + (self.present > 0)
         self._epoch, self._perm = -1, None
 
     def permutation(self, epoch: int) -> np.ndarray:
@@ -49,7 +59,18 @@ class ClassificationBatches:
         """The global batch of `step`, or only its `rows` (a process's part of it)."""
         _check_int('step', step, 0)
         epoch, i = divmod(step, self.steps_per_epoch)
-        idx = self.permutation(epoch)[i * self.batch_size : (i + 1) * self.batch_size][rows]
+        b, order = self.batch_size, self.permutation(epoch)
+        if i < self.full:
+            out = self._examples(order[i * b : (i + 1) * b][rows])
+            return {**out, 'weight': np.ones(len(out['label']), np.float32)} if self.present else out
+        # the partial window: row r is in microbatch r % K; the first `present` hold the rest
+        held = np.flatnonzero(np.arange(b) % self.k < self.present)
+        idx = np.zeros(b, np.int64)  # the missing microbatches: example 0, weighing zero
+        idx[held] = order[self.full * b : self.full * b + len(held)]
+        window = partial_window(self._examples(idx), self.k, self.present)
+        return {name: v[rows] for name, v in window.items()}
+
+    def _examples(self, idx: np.ndarray) -> dict:
         return dict(
             image=np.asarray(self.images[idx], np.float32),
             label=np.asarray(self.labels[idx], np.int32),

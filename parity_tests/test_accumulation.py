@@ -235,6 +235,32 @@ def test_a_run_with_k_follows_the_run_without(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_run_ends_each_epoch_on_its_partial_window(tmp_path):
+    """The MLP's 8,000 examples at batch 1,024 and K=2: 7 whole steps, then the 832 left hold one
+    whole microbatch of 512, so step 7 is a partial window (datasets/batches.py). The train CLI
+    runs through it on data:8 in two twins as on one device (float32 round-off), and its loss
+    is the mean over its 512 examples: weighted by K instead, it would read about half."""
+    losses = {}
+    for twin, where in (('explicit', '--cpu_devices=8'), ('auto', '--cpu_devices=8'),
+                        ('auto', '--cpu_devices=1')):  # fmt: skip
+        workdir = tmp_path / f'{twin}{where[-1]}'
+        flags = ['--model=mlp', '--batch_size=1024', '--steps=9', '--log_every=1', where]
+        out = run_cli(twin, *flags, '--gradient_accumulation_steps=2', f'--workdir={workdir}')
+        assert out.returncode == 0, out.stderr[-2000:]
+        losses[twin, where] = [m['train_loss'] for m in read_metrics(workdir) if 'train_loss' in m]
+    one = losses['auto', '--cpu_devices=1']
+    assert len(one) == 9 and 0.6 < one[7] / one[6] < 1.5 and 0.6 < one[8] / one[6] < 1.5
+    k1 = tmp_path / 'k1'  # K=1 drops the remainder: the same steps 0-6, then another step 7
+    assert run_cli('auto', '--model=mlp', '--batch_size=1024', '--steps=8', '--log_every=1',
+                   '--cpu_devices=1', f'--workdir={k1}').returncode == 0  # fmt: skip
+    dropped = [m['train_loss'] for m in read_metrics(k1) if 'train_loss' in m]
+    assert_close(dropped[:7], one[:7], 'K=1, steps 0-6', rtol=1e-5, atol=0)
+    assert abs(dropped[7] - one[7]) > 1e-3 * one[7]
+    for key, got in losses.items():
+        assert_close(got, one, f'{key}', rtol=1e-5, atol=0)
+
+
+@pytest.mark.slow
 def test_a_sigterm_inside_a_window_resumes_to_an_undisturbed_run(tmp_path):
     """The K microbatches are one jitted step: a signal lands between optimizer steps, the
     checkpoint is a step boundary, and the resumed run ends bitwise where the straight one does."""

@@ -93,3 +93,27 @@ def test_a_process_draws_exactly_its_rows_of_the_global_batch():
         for key in whole:
             np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), whole[key])
         assert not np.array_equal(source.batch(4)[key], whole[key])
+
+
+def test_with_k_an_epochs_remainder_ends_it_on_a_partial_window():
+    """108 examples, batch 10, K=2 (microbatches of 5): 10 whole steps, then the 8 left hold one
+    whole microbatch, so step 10 is a partial window: its microbatch 0 (rows 0, 2, .., 8) holds 5
+    examples not seen in the epoch, weighing 10/5 each (the step's mean is over its 5 rows, not
+    over K x 5), microbatch 1 weighs zero. K=1 and a remainder under one microbatch drop it."""
+    ids = np.arange(108)
+    data = np.repeat(ids[:, None], 784, 1), ids
+    assert batches.ClassificationBatches(*data, 10, 0).steps_per_epoch == 10
+    assert batches.ClassificationBatches(*data, 10, 0, microbatches=4).steps_per_epoch == 10
+    a = batches.ClassificationBatches(*data, 10, 0, microbatches=2)
+    assert a.steps_per_epoch == 11
+    full, last = a.batch(3), a.batch(10)
+    np.testing.assert_array_equal(full['weight'], np.ones(10))  # one program: weights of 1
+    np.testing.assert_array_equal(last['weight'], np.tile([2.0, 0.0], 5))
+    seen = np.concatenate([a.batch(i)['label'] for i in range(10)] + [last['label'][::2]])
+    assert len(np.unique(seen)) == 105  # each example at most once: 3 of 108 dropped
+    for step in (3, 10):  # a process's rows are its part of the same global batch
+        whole = a.batch(step)
+        parts = [a.batch(step, slice(r, r + 5)) for r in (0, 5)]
+        for name in whole:
+            np.testing.assert_array_equal(np.concatenate([p[name] for p in parts]), whole[name])
+    assert a.batch(11)['weight'].sum() == 10 and a.batch(21)['weight'][1] == 0  # epoch 2 likewise

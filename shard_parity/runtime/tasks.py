@@ -91,7 +91,9 @@ def mnist_task(config: cfg.TrainConfig, data_dir: str | None = None, download=Tr
         make_model=lambda rngs: MLP(model_config, rngs=rngs),
         loss_fn=Accumulated(classification_loss, config.gradient_accumulation_steps),
         eval_fn=classification_eval,
-        train_batches=batches.ClassificationBatches(*data['train'], config.batch_size, config.seed),
+        train_batches=batches.ClassificationBatches(
+            *data['train'], config.batch_size, config.seed, config.gradient_accumulation_steps
+        ),
         eval_batches=eval_batches,
         summarize=summarize,
         write_report=write_report,
