@@ -25,18 +25,7 @@ runs=$(mktemp -d)  # checkpoints stay here; only the metrics are copied out
 trap 'rm -rf "$runs"' EXIT
 failed=()
 
-step() {  # step SECONDS COMMAND...: run it under a time limit, log it, remember a failure
-  local limit=$1
-  shift
-  echo "== $* (limit ${limit}s)" | tee -a "$log"
-  local start=$SECONDS
-  timeout "$limit" "$@" 2>&1 | tee -a "$log"
-  local status=${PIPESTATUS[0]}
-  echo "== exit $status after $((SECONDS - start)) s" | tee -a "$log"
-  local name=$1  # the program, or the module of `python -m`
-  [ "${2:-}" = -m ] && name=$3
-  [ "$status" = 0 ] || failed+=("$name")
-}
+source benchmarks/steps.sh  # step SECONDS COMMAND...: timed, logged, failures kept
 
 step 60 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm \
   --format=csv

@@ -27,18 +27,7 @@ export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 failed=()
 
-step() {  # step SECONDS COMMAND...: run it under a time limit, log it, remember a failure
-  local limit=$1
-  shift
-  echo "== $* (limit ${limit}s)" | tee -a "$log"
-  local start=$SECONDS
-  timeout "$limit" "$@" 2>&1 | tee -a "$log"
-  local status=${PIPESTATUS[0]}
-  echo "== exit $status after $((SECONDS - start)) s" | tee -a "$log"
-  local name=$1
-  [ "${2:-}" = -m ] && name=$3
-  [ "$status" = 0 ] || failed+=("$name")
-}
+source benchmarks/steps.sh  # step SECONDS COMMAND...: timed, logged, failures kept
 
 step 120 "$py" -c 'import importlib.metadata as md, sys, jax
 def v(name):
