@@ -184,4 +184,34 @@ ROWS = [
         'step 4 was not saved by both runs; saved steps both hold: [2, 6]',
         'test_bisect_from.test_with_two_run_directories_from_picks_the_checkpoint_to_replay_from',
     ),
+    (
+        'bisect: `--recorded` other than A or B (exit 2)',
+        'flag --recorded=C: value should be one of <A|B>',
+        'test_bisect_recorded.test_bad_input_about_a_recorded_run_is_one_line_exit_2',
+    ),
+    (
+        'bisect: `--recorded` without two run directories (exit 2)',
+        'names which of two run directories is read from its checkpoints: give RUN_A RUN_B',
+        'test_bisect_recorded.test_bad_input_about_a_recorded_run_is_one_line_exit_2',
+    ),
+    (
+        'bisect: a recorded run (another platform, or `--recorded`) without checkpoint s+1 (exit 2; its saved steps named)',
+        'is recorded, its steps read from its checkpoints: step 2 -> 3 needs checkpoints 2..3, and it saved [0, 1, 2]',
+        'test_bisect_recorded.test_bad_input_about_a_recorded_run_is_one_line_exit_2',
+    ),
+    (
+        'bisect: a recorded run with `--from=RUN` and no step (exit 2)',
+        'with a recorded run --from picks the step it judges',
+        'test_bisect_recorded.test_bad_input_about_a_recorded_run_is_one_line_exit_2',
+    ),
+    (
+        'bisect: a recorded run with `--tolerance=f32` or `--x64` (exit 2)',
+        'a recorded run saved its steps, not its gradients, in its own precision',
+        'test_bisect_recorded.test_bad_input_about_a_recorded_run_is_one_line_exit_2',
+    ),
+    (
+        'bisect: both runs trained on another platform than this host (a note; both replayed here)',
+        'both runs trained on another platform than this host',
+        'test_bisect_recorded.test_bad_input_about_a_recorded_run_is_one_line_exit_2',
+    ),
 ]

@@ -7,6 +7,7 @@ layer, the leaves, and what a constant ratio between them points to.
     python -m tools.bisect --twins=one_device,typed --mesh=data:2,fsdp:2,model:2
     python -m tools.bisect --twins=auto,explicit --from=runs/a@1000   # from a checkpoint
     python -m tools.bisect RUN_A RUN_B      # two train runs' workdirs, on any two meshes
+    python -m tools.bisect RUN_TPU RUN_CPU  # a run from another machine: its steps as saved
 
 Each of --twins is a twin (auto, explicit, typed: its STRATEGIES[--strategy]; a named --mesh
 runs the file that covers its axes, else composed.py, as the train CLI), one_device, or the
@@ -73,6 +74,14 @@ SHADOW = flags.DEFINE_enum(
     'float32, and report both verdicts (exit 1 if either diverges): bf16\'s round-off hides a '
     'change below its detection limit, which the report states; float32\'s is far smaller.',
 )
+RECORDED = flags.DEFINE_enum(
+    'recorded',
+    None,
+    ['A', 'B'],
+    'With two run directories: that run\'s steps are read from its checkpoints s and s+1, not '
+    'replayed here, and the other runs step s live from its state s (tools/bisect/recorded.py). '
+    'Default: a run whose config.json says it trained on another platform than this host.',
+)
 DEFAULT_STEPS = 20
 
 
@@ -90,6 +99,11 @@ def main(argv):
         jax.config.update('jax_enable_x64', X64.value)  # before any array is made
         if len(argv) not in (1, 3):
             raise UsageError(f'expected two run directories or none, got {argv[1:]}')
+        if RECORDED.value and len(argv) != 3:
+            raise UsageError(
+                f'--recorded={RECORDED.value} names which of two run directories is read from '
+                'its checkpoints: give RUN_A RUN_B'
+            )
         report = from_runs(*argv[1:]) if len(argv) == 3 else from_flags()
         shadow = shadowed() if SHADOW.value and len(argv) == 1 else None
     except (UsageError, DataError, OSError) as e:
@@ -243,4 +257,4 @@ def from_runs(run_a: str, run_b: str):
     from . import runs
 
     steps = F.TRAIN['steps'].value
-    return runs.bisect_runs(run_a, run_b, tolerance(), widen, steps, FROM.value)
+    return runs.bisect_runs(run_a, run_b, tolerance(), widen, steps, FROM.value, RECORDED.value)

@@ -4,7 +4,9 @@ Finds the first logged step where the two metrics.jsonl differ (train_loss, trai
 with --log_grad_norm, the eval figures), restores the newest checkpoint both runs have before
 it (or the one --from=RUN@STEP names), each with its own twin, strategy and mesh from its
 config.json, and replays step by step from there (tools/bisect/divergence.py). A step-0
-checkpoint (train with --save_initial) lets it start from the beginning.
+checkpoint (train with --save_initial) lets it start from the beginning. A run that trained on
+another platform (a TPU chip beside this CPU), or the one --recorded names, is not replayed:
+tools/bisect/recorded.py.
 """
 
 import json
@@ -112,24 +114,34 @@ def first_difference(lines_a: dict, lines_b: dict, tolerance: str, policy=None):
 
 
 def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None,
-                begin: str | None = None):  # fmt: skip
+                begin: str | None = None, recorded: str | None = None):  # fmt: skip
     """`begin`: --from=RUN@STEP, the checkpoint both runs hold that the replay starts from
-    (default: the newest one before their logs part)."""
+    (default: the newest one before their logs part). A run that trained on another platform
+    than this host, or the one `recorded` (--recorded=A|B) names, is not replayed: its steps
+    are read from its checkpoints (tools/bisect/recorded.py)."""
+    from . import recorded as R
+
     if pathlib.Path(run_a).resolve() == pathlib.Path(run_b).resolve():
         raise UsageError(f'{run_a} and {run_b} are the same directory: give two different runs')
     (saved_a, lines_a), (saved_b, lines_b) = read_run(run_a), read_run(run_b)
     check_same_settings(run_a, run_b, saved_a, saved_b)
+    which, away = R.which(saved_a, saved_b, recorded)
+    given = tolerance
     # the coarsest policy of any segment (a run back in float32 after bf16 keeps its rounding)
     policy = pairing.Stretches(saved_a, saved_b).policy()
     if tolerance is None:  # the error model where either run is not float32 throughout
         tolerance = 'model' if numerics.coarser(*policy) != 'float32' else 'f32'
     policy = policy if tolerance == 'model' else None
     step, agreed, skipped = first_difference(lines_a, lines_b, tolerance, policy)
+    if which is not None:  # one side's steps from its checkpoints, the other's live here
+        runs, saved = (run_a, run_b), (saved_a, saved_b)
+        return R.bisect(runs, saved, step, which, given, steps, begin)
     if step is None and not begin:
         report = D.Report((run_a, run_b), tolerance, 0, identical=identical(lines_a, lines_b))
         if policy:
             report.model = numerics.Budget(*policy)
         report.notes = window_notes(skipped) + segment_notes(pairing.Stretches(saved_a, saved_b))
+        report.notes += away
         return report
     common = sorted(set(checkpoint.steps(run_a)) & set(checkpoint.steps(run_b)))
     if begin:
@@ -167,7 +179,7 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
         state_b=widen(state_b),
     )
     said = segment_notes(parts, start, step) if step is not None else segment_notes(parts)
-    report.notes = window_notes(skipped) + said
+    report.notes = window_notes(skipped) + said + away
     if begin:
         agree = '' if step is not None else 'their logs agree at every step both logged; '
         report.notes.insert(0, f'{agree}replayed from checkpoint {start}, as --from={begin} asks')
