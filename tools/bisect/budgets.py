@@ -35,14 +35,42 @@ C_STEP = 3.0  # the update's floor: x (eps + sqrt(eps q)) (the module docstring)
 
 def gradients(model: numerics.Budget, noise: list[float], flat: bool = False) -> list[float]:
     """Each gradient leaf's budget: C_PROBE x C_EST x its measured noise, above float32's floor (the
-    error model's own, at float32 compute) and the collective's rounding; with `flat`, at
-    least the error model's flat budget of the policy (tools/bisect/stepping.py, ROWS_FLOOR)."""
+    error model's own, at float32 compute) and the collective's rounding. Where the probes cut
+    the rows (`flat`: the sides split only the batch's rows), at least the error model's flat
+    budget: those probes see only the sums over rows, and the sides' compilers also round
+    inside a row where the other does not (one device against explicit/dp.py on data:2, bf16,
+    seed 1, step 0: blocks.attn.query.kernel 6.6e-5 apart, where the rows cut in A's blocks
+    reproduce B's gradient to 1e-7 on every other leaf and to 6.6e-5 there; jittering each
+    narrow elementwise result instead reads 0.5-1.9% of noise on every leaf, 10^3-10^6 times
+    their error: docs/numerics.md)."""
     import dataclasses
 
     floor = dataclasses.replace(model, compute='float32', reduce='float32').gradients()
     reduce = model.gradients() - dataclasses.replace(model, reduce='float32').gradients()
     least = model.gradients() if flat else 0.0
     return [max(C_PROBE * C_EST * n + floor + max(reduce, 0.0), least) for n in noise]
+
+
+def cast(grads, params, dtype: str) -> float:
+    """How far a loss moves, to first order, where one side uses the float32 parameters that
+    the other rounds to `dtype` first: sum over leaves of |g . (p - p in dtype)|, g the loss's
+    gradient (A's). XLA may keep a cast parameter in float32 (excess precision) in one program
+    and not in another: after the first AdamW step the parameters are no longer bf16 numbers,
+    and a step smaller than bf16's spacing is exactly what the cast drops, against the
+    gradient, so the terms add up rather than cancel (one device against explicit on
+    data:2,fsdp:2,model:2 at 3e-3: the loss 1.1e-4 to 2.3e-4 apart over steps 1-7, that
+    first-order sum 1.0e-4 to 2.3e-4, the sides 2e-6 to 6e-6 apart once both are given the
+    rounded parameters). Per leaf in absolute value: a program keeps or rounds a leaf's cast."""
+    import jax.numpy as jnp
+
+    total = 0.0
+    for (_, g), (_, p) in zip(named_leaves(grads), named_leaves(params), strict=True):
+        p = np.asarray(p)
+        if jnp.dtype(dtype).itemsize >= p.dtype.itemsize or not np.issubdtype(p.dtype, np.floating):
+            continue
+        dropped = p.astype(np.float64) - np.asarray(jnp.asarray(p).astype(dtype), np.float64)
+        total += abs(float(np.sum(np.asarray(g, np.float64) * dropped)))
+    return total
 
 
 def step_floor(after, step, eps: float = STEP_EPS) -> float:

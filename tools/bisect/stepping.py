@@ -91,15 +91,6 @@ def spread_over(a: Side, b: Side, axes: str) -> int:
     return max((math.prod(p.size(x) for x in getattr(p, axes)) for p in plans), default=1)
 
 
-# Where the sides split only the rows, the probes' estimate is floored at the error model's
-# flat budget: the rows-cut probes measured float32-sized noise for the transformer's query
-# kernel under dp in bf16, where two correct sides differ by bf16's (one device against
-# explicit/dp.py on data:2 read 24.6 budgets over at step 0; 125 of 600 steps called divergent
-# from the seed, 52 of 600 from a trained state: docs/detection.md), while every site jittered
-# is far wider there (dp_psum on the MLP read 2.5 budgets over).
-ROWS_FLOOR = True
-
-
 def beyond_rows(a: Side, b: Side, stacked: bool) -> bool:
     """Whether a row's own arithmetic may differ between the sides: either splits more than the
     batch's rows over 'data', or 'fsdp' where the model has no `stacked` layers (fsdp runs the
@@ -221,16 +212,21 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
                 report.notes.append(note)
             spread, elements = {}, None
             found = [model.gradients()] * len(named_leaves(ga))
-        else:  # rows cut: at least the error model's own budget (ROWS_FLOOR)
-            found = budgets.gradients(model, noise, flat=bool(rows) and ROWS_FLOOR)
+        else:  # rows cut: at least the error model's own budget (budgets.gradients)
+            found = budgets.gradients(model, noise, flat=bool(rows))
         grads = dict(zip([p for p, _ in named_leaves(ga)], found))
+
+    # the differentiated loss also moves where one side keeps a cast parameter in float32 (XLA's
+    # excess precision) and the other rounds it: that first-order move, from A's own gradient
+    dropped = model and budgets.cast(ga, state.params, model.compute)
 
     def metric(a, b, path):
         size = max(abs(float(np.asarray(a))), abs(float(np.asarray(b))))
         if not sensitivity[path]:  # a count (the experts' dropped share): a term per flip
             return model.loss(0.0, size)
         probed = spread.get(path, 0.0) if math.isfinite(spread.get(path, 0.0)) else 0.0
-        return max(model.loss(sensitivity[path] / size if size else 0.0),
+        cast = numerics.C_LOSS * dropped / size if path == 'loss' and size else 0.0
+        return max(model.loss(sensitivity[path] / size if size else 0.0) + cast,
                    budgets.C_PROBE * budgets.C_EST * probed)  # fmt: skip
 
     leaves = compare_trees('', ma, mb, tolerance, model and metric, seen['loss'], model and ma)
