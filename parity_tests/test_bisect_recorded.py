@@ -122,6 +122,7 @@ def test_a_run_from_a_tpu_is_recorded_and_says_the_precision_it_assumed(pair, tm
     )
     assert report['twins'][1].endswith('live on cpu)')
     assert report['model']['compute'] == 'bfloat16'  # the bf16 band
+    assert any('train A again with --matmul_precision=highest' in n for n in report['notes'])
     assert report['first'] == STEPS - 1  # the logs never part: the newest pair of checkpoints
 
     highest = on_tpu(recorded, tmp_path / 'highest', matmul='highest')
@@ -133,6 +134,7 @@ def test_a_run_from_a_tpu_is_recorded_and_says_the_precision_it_assumed(pair, tm
         'compute)'
     )
     assert report['twins'][0].endswith('live on cpu)') and report['model']['compute'] == 'float32'
+    assert not any('--matmul_precision=highest' in n for n in report['notes'])
 
 
 @pytest.mark.slow  # the runs of the fixture; each refusal comes before anything compiles

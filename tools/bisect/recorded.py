@@ -196,6 +196,12 @@ def prepared(runs_given, saved, rec, start, tolerance):
             f'{LABELS[rec]} judged as {policy[0]} compute (tools/compare/pairing.py): the '
             f'gradients\' budgets probed on the model in {coarsest[0]} here'
         )
+    declared = (segs[rec].get('precision') or {}).get('compute', 'float32')
+    if report.model and pairing.bf16_dots(segs[rec]) and declared == 'float32':
+        report.notes.append(
+            f'--shadow=float32 cannot re-run a recorded side: for float32\'s detection limits '
+            f'train {LABELS[rec]} again with --matmul_precision=highest'
+        )
     tx = make_optimizer(config)
     _, graphdef, _ = checkpoint.read_numpy(runs_given[rec], start)
     runner = Runner(live_side, graphdef, task.loss_fn, tx, LABELS[live])
