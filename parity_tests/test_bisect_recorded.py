@@ -212,3 +212,31 @@ def test_the_recorded_side_is_the_run_from_another_platform_and_its_precision_is
     )
     bf16 = run('tpu', compute='bfloat16')['segments'][0]
     assert recorded.assumed(bf16) == (('bfloat16', 'float32'), 'assumed bfloat16 compute')
+
+
+def test_the_step_judged_is_the_newest_pair_of_checkpoints_before_the_logs_part(monkeypatch):
+    """recorded.chosen: the newest s whose checkpoints s and s+1 were both saved, before the
+    first logged step where the logs differ (the newest of all where they never do, the first
+    after it where none is before); --steps=N needs s..s+N; no pair at all is one line."""
+    from shard_parity import UsageError
+    from shard_parity.tools.bisect import recorded
+
+    saved = {'r': [0, 1, 2, 5, 6, 9], 'lone': [0, 2, 4], 'late': [5, 6]}
+    monkeypatch.setattr(recorded.checkpoint, 'steps', lambda run: saved[run])
+
+    def chosen(part, steps=None, run='r', begin=None):
+        return recorded.chosen(run, 'A', (run, 'live'), begin, part, steps)
+
+    assert chosen(None) == (5, 1)
+    assert chosen(3) == (1, 1)  # logged step 3 differs: step 2 -> 3 made it; 1 -> 2 is saved
+    assert chosen(1) == (0, 1)
+    assert chosen(1, steps=2) == (0, 2)  # each of steps 0 and 1 from its own checkpoint
+    assert chosen(None, begin='r@0') == (0, 1)
+    assert chosen(2, run='late') == (5, 1)  # none before the logs part: the nearest after
+    with pytest.raises(UsageError, match=r'step 5 -> 7 needs checkpoints 5..7, and it saved '
+                       r'\[0, 1, 2, 5, 6, 9\] \(not 7\)'):  # fmt: skip
+        chosen(None, steps=2)
+    with pytest.raises(UsageError, match=r'two in a row \(s and s\+1\), and it saved \[0, 2, 4\]'):
+        chosen(None, run='lone')
+    with pytest.raises(UsageError, match='give --from=r@STEP, STEP one of'):
+        chosen(None, begin='elsewhere@1')

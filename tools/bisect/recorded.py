@@ -99,7 +99,8 @@ def assumed(segment: dict) -> tuple[tuple[str, str], str]:
 def chosen(run: str, label: str, others: tuple, begin, part, steps) -> tuple[int, int]:
     """(s, how many steps) of the recorded run `run`: --from=RUN@s, else the newest s with
     checkpoints s and s+1 before the logs part at `part` (the newest of all where they do
-    not); each step s..s+n-1 needs both its checkpoints, refused in one line otherwise."""
+    not, the first after it where none is before); each step s..s+n-1 needs both its
+    checkpoints, refused in one line otherwise."""
     saved = checkpoint.steps(run)
     what = f'{label}={run} is recorded, its steps read from its checkpoints'
     train = 'train it with --checkpoint_every=1 (--save_initial saves step 0)'
@@ -118,7 +119,7 @@ def chosen(run: str, label: str, others: tuple, begin, part, steps) -> tuple[int
         )
     else:
         before = [s for s in pairs if part is None or s < part]
-        start = (before or pairs)[-1]
+        start = before[-1] if before else pairs[0]  # none before: the nearest after
     n = steps or 1
     missing = [s for s in range(start, start + n + 1) if s not in saved]
     if missing:
