@@ -73,7 +73,7 @@ def on_tpu(src, dst, matmul='default'):
     return dst
 
 
-@pytest.mark.slow  # four bisects of the MLP, each compiling its probes: about 2 min
+@pytest.mark.slow  # five bisects of the MLP, each compiling its probes: about 2 min
 def test_a_recorded_run_agrees_with_a_live_one_and_a_planted_step_is_caught(pair, tmp_path):
     recorded, live = pair
     clean = tool(recorded, live, '--recorded=A', '--cpu_devices=1', f'--from={recorded}@0',
@@ -94,6 +94,7 @@ def test_a_recorded_run_agrees_with_a_live_one_and_a_planted_step_is_caught(pair
     verdict, limits, *_ = agreed.stdout.splitlines()
     assert 'agree within f32 round-off for 1 steps' in verdict, verdict
     assert 'A vs B: params.layers.1.kernel at 0.' in verdict, verdict
+    assert 'loss loss at 0' in verdict, verdict  # the loss A logged for step 0, held to B's
     assert limits.startswith('It could not see (the detection limit, a relative change of one '
                              'leaf at step 0'), limits  # fmt: skip
     assert "note: A's step 0 -> 1 read from its checkpoints 0..1" in agreed.stdout
@@ -107,6 +108,23 @@ def test_a_recorded_run_agrees_with_a_live_one_and_a_planted_step_is_caught(pair
     assert first.startswith(f'  A vs B: params.{LEAF}: '), caught.stdout
     assert 'B/A = 0.952381' in first, first  # 1 / 1.05: the planted scale, read back
     assert len([x for x in lines if x.startswith('  ')]) == 1, caught.stdout  # that leaf alone
+
+    # the loss the recorded run logged for step 0 (its train line at step 1), 1% off
+    logged = tmp_path / 'logged'
+    shutil.copytree(recorded, logged)
+    records = [json.loads(x) for x in (logged / 'metrics.jsonl').read_text().splitlines()]
+    for record in records:
+        if record['step'] == 1 and 'train_loss' in record:
+            record['train_loss'] *= 1.01
+    (logged / 'metrics.jsonl').write_text(''.join(json.dumps(x) + '\n' for x in records))
+    caught = tool(logged, live, '--recorded=A', '--cpu_devices=1', f'--from={logged}@0')
+    assert caught.returncode == 1, caught.stdout + caught.stderr[-2000:]
+    lines = caught.stdout.splitlines()
+    assert 'diverge at step 0, phase forward (f32 error model)' in lines[0], lines[0]
+    assert lines[1].startswith('  loss: ') and 'B/A = 0.990099' in lines[1], caught.stdout
+    assert "hint: A's loss of step 0 is the train_loss its metrics.jsonl logged at step 1" in (
+        caught.stdout
+    )
 
 
 @pytest.mark.slow  # two bisects of the MLP: about 1 min

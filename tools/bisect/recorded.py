@@ -17,6 +17,10 @@ run on the model at that coarser compute dtype with every site jittered (another
 compiler fuses each row's ops its own way) and floored at the error model's flat budget. The
 live side's own step is also held to the shared optimizer applied to its own gradient, as in
 every bisect. Each step starts again from the recorded side's checkpoint, so no drift adds up.
+Where the recorded run's metrics.jsonl logged step s's loss alone (a train line at s+1 over
+that one step: --log_every=1), that loss is held first to the live loss at the loss phase's
+budget (the error model's carried rounding, or the probes' spread of the loss): the recorded
+machine's forward pass, seen through its one logged figure.
 """
 
 import dataclasses
@@ -36,7 +40,7 @@ from shard_parity.step import make_optimizer
 from ..compare import pairing
 from . import budgets, probes, trained
 from . import divergence as D
-from .leaves import compare_trees, named_leaves
+from .leaves import compare, compare_trees, named_leaves
 from .stepping import Runner
 
 LABELS = 'AB'
@@ -130,9 +134,10 @@ def chosen(run: str, label: str, others: tuple, begin, part, steps) -> tuple[int
     return start, n
 
 
-def bisect(runs_given, saved, part, which_side, tolerance, steps, begin) -> D.Report:
+def bisect(runs_given, saved, lines, part, which_side, tolerance, steps, begin) -> D.Report:
     """The report of the recorded side `which_side` (0: A, 1: B) against the other, live, from
-    the step `chosen` picks; `part`: the first logged step where the logs differ, or None."""
+    the step `chosen` picks; `lines`: each run's metrics by step (runs.read_run); `part`: the
+    first logged step where the logs differ, or None."""
     if tolerance not in (None, 'model', 'bitwise'):
         given = '--x64' if tolerance == 'x64' else f'--tolerance={tolerance}'
         raise UsageError(
@@ -151,18 +156,22 @@ def bisect(runs_given, saved, part, which_side, tolerance, steps, begin) -> D.Re
     for i in range(start, start + n):
         _, _, state = checkpoint.read_numpy(runs_given[rec], i)
         _, _, after = checkpoint.read_numpy(runs_given[rec], i + 1)
-        batch = task.train_batches.batch(i)
-        leaves = judge(runner, probed, apply, state, after, batch, report, rec)
+        batch, logged = task.train_batches.batch(i), logged_loss(lines[rec], i)
+        phase, leaves = judge(runner, probed, apply, state, after, batch, report, rec, logged)
         report.steps += 1
         if leaves:
-            report.step, report.phase, report.leaves = i, 'update', leaves
+            report.step, report.phase, report.leaves = i, phase, leaves
             report.ratio = leaves[0].ratio
             report.hints = [
+                f'{LABELS[rec]}\'s loss of step {i} is the train_loss its metrics.jsonl logged '
+                f'at step {i + 1}; {LABELS[live]}\'s was computed here from {LABELS[rec]}\'s '
+                f'state {i} on the same batch'
+                if phase == 'forward' else
                 f'{LABELS[rec]}\'s step {i} -> {i + 1} is read from its checkpoints {i} and '
                 f'{i + 1}; {LABELS[live]} ran step {i} here from {LABELS[rec]}\'s state {i}: '
                 f'"A vs B" is the two steps, "{LABELS[live]}:" the live step against the shared '
                 'optimizer applied to its own gradient'
-            ]
+            ]  # fmt: skip
             break
     return report
 
@@ -223,41 +232,71 @@ def probe_graphdef(saved: dict, compute: str):
 
 
 class _Seen(list):
-    def __init__(self, report):
+    """The (leaf, error / budget) pairs of one phase, into the report's worst and seen."""
+
+    def __init__(self, report, phase):
         super().__init__()
-        self.report = report
+        self.report, self.phase = report, phase
 
     def append(self, item):
         path, fraction = item
-        self.report.seen.append(('update', path, fraction))
-        worst = self.report.worst.get('update')
+        self.report.seen.append((self.phase, path, fraction))
+        worst = self.report.worst.get(self.phase)
         if worst is None or not fraction <= worst[1]:
-            self.report.worst['update'] = [path, fraction]
+            self.report.worst[self.phase] = [path, fraction]
 
 
-def judge(runner, probed, apply, state, after, batch, report, rec) -> list:
-    """The leaves of one step that differ: the live step from `state` against the recorded
-    `after`, and against the shared optimizer applied to the live side's own gradient."""
+def logged_loss(lines: dict, step: int) -> float | None:
+    """The recorded run's train_loss of `step` (the loss of the step that made it, at the state
+    before it), where its metrics.jsonl has a train line at step + 1 over that step alone
+    (--log_every=1, or a line right after another); None otherwise."""
+    since = pairing.window_starts(lines[s] for s in sorted(lines))
+    line = lines.get(step + 1, {})
+    return line.get('train_loss') if since.get(step + 1) == step else None
+
+
+def judge(runner, probed, apply, state, after, batch, report, rec, logged=None):
+    """(phase, the leaves that differ) of one step, (None, []) where none does: the loss the
+    recorded run logged for it (`logged`, if any) against the live side's, then the live step
+    from `state` against the recorded `after`, and against the shared optimizer applied to the
+    live side's own gradient."""
     new = runner.train_step(state, batch)[0]
     sides = (after, new) if rec == 0 else (new, after)
+    metrics, grads = runner.loss_and_grads(state, batch)
+    loss = float(np.asarray(metrics['loss']))
+    losses = (logged, loss) if rec == 0 else (loss, logged)
     if report.tolerance == 'bitwise':
-        return compare_trees('A vs B: ', *sides, 'bitwise', dtypes=True)
-    _, grads = runner.loss_and_grads(state, batch)
-    budget = step_budget(runner, probed, apply, state, batch, grads, report)
-    seen, limits = _Seen(report), {}
+        leaf = logged is not None and compare('loss', *losses, 'bitwise')
+        if leaf:
+            return 'forward', [leaf]
+        return 'update', compare_trees('A vs B: ', *sides, 'bitwise', dtypes=True)
+    budget, model, spread = step_budget(runner, probed, apply, state, batch, grads, report)
+    report.limits = {}
+    if logged is not None:  # the metric's budget as the bisector's loss phase sets it
+        size = max(abs(loss), abs(logged))
+        sensitivity = runner.sensitivity(state, batch)['loss']
+        allowed = max(model.loss(sensitivity / size if size else 0.0),
+                      budgets.C_PROBE * budgets.C_EST * spread)  # fmt: skip
+        report.limits['loss'] = {'loss': allowed}
+        report.compared['loss'] = 1
+        leaf = compare('loss', *losses, 'model', budget=allowed, seen=_Seen(report, 'loss'))
+        if leaf:
+            return 'forward', [leaf]
+    seen, limits = _Seen(report, 'update'), {}
     label = runner.label
     leaves = budgets.compare_steps(f'{label}: ', apply(state, grads), new, state, budget, seen)
     leaves += budgets.compare_steps('A vs B: ', *sides, state, budget, seen, limits)
-    report.limits = {'update': limits}
+    report.limits['update'] = limits
     report.compared['update'] = 2 * len(jax.tree.leaves(new))
-    return leaves
+    return 'update', leaves
 
 
 def step_budget(runner, probed, apply, state, batch, grads, report):
-    """budgets.update's budget of each leaf's step at `state`: the gradients' budgets from the
-    live side's probes at the model's compute dtype (`probed`), every site jittered, floored
-    at the error model's flat budget; the elements' spreads, with a narrow reduce's rounding
-    (which a one-device probe cannot see) added as that share of each element."""
+    """(budgets.update's budget of each leaf's step at `state`, the error model at this step,
+    the probes' spread of the loss): the gradients' budgets from the live side's probes at the
+    model's compute dtype (`probed`), every site jittered, floored at the error model's flat
+    budget; the elements' spreads, with a narrow reduce's rounding (which a one-device probe
+    cannot see) added as that share of each element."""
     model = dataclasses.replace(
         report.model, modules=runner.modules(state, batch),
         terms=min(np.size(x) for x in jax.tree.leaves(batch)),
@@ -266,23 +305,25 @@ def step_budget(runner, probed, apply, state, batch, grads, report):
     named = named_leaves(grads)
     reduce = max(model.gradients() - dataclasses.replace(model, reduce='float32').gradients(), 0)
     try:
-        _, noise, elements = probes.measure(probed, runner.loss_fn, state.params, batch, rows=0)
+        spread, noise, elements = probes.measure(probed, runner.loss_fn, state.params, batch)
     except Exception as e:  # a program the op-by-op probe cannot evaluate: the flat model
         note = (
             f'the probes could not run the live step ({type(e).__name__}: '
             f'{str(e).splitlines()[0][:120]}); the error model\'s flat budgets instead'
         )
         report.notes += [note] if note not in report.notes else []
-        found = [model.gradients()] * len(named)
+        spread, found = {}, [model.gradients()] * len(named)
         elements = [model.gradients() * np.abs(np.asarray(g, np.float64)) for _, g in named]
     else:
         found = budgets.gradients(model, noise, flat=True)
         elements = [budgets.C_EST * e for e in elements]
     sigmas = [e + reduce * np.abs(np.asarray(g, np.float64)) for e, (_, g) in zip(elements, named)]
     limits = dict(zip([p for p, _ in named], found))
-    return budgets.update(
+    budget = budgets.update(
         model,
         limits,
         lambda: numerics.spread(lambda g: apply(state, g).params, grads, None, sigmas=sigmas),
         dict(named),
     )
+    probed_loss = spread.get('loss', 0.0)
+    return budget, model, probed_loss if math.isfinite(probed_loss) else 0.0
