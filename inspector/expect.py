@@ -17,8 +17,9 @@ layout under the plan (shard_parity/placement.py) and the step's shapes (inspect
 
 A record (`Expected`) is one kind of op over one set of mesh axes in one phase, with the bytes
 one op moves (the size of its HLO result) and how many times it runs in a step (ops x loop
-trips). `expectation()` returns them, and the figures that the single strategies' tests pinned
-before the composition (gradient_bytes, activations, ring, stages, all_to_all), read off the
+trips; under --gradient_accumulation_steps=K a per-layer record's trips count each of the K
+microbatches). `expectation()` returns them, and the figures that the single strategies' tests
+pinned before the composition (gradient_bytes, activations, ring, stages, all_to_all), read off the
 same layout. The metrics' means and the global norm's partial sums (scalars) are left out.
 How a compiled program's collectives are held against the records: inspector/reconcile.py.
 """
@@ -33,11 +34,15 @@ from .pieces import collectives, ring_block
 from .records import Expected, Step, step_of
 
 
-def expectation(plan, model: str, params, mesh, batch_size: int, model_config) -> dict:
+def expectation(plan, model: str, params, mesh, batch_size: int, model_config,
+                accumulation: int = 1) -> dict:  # fmt: skip
     """The analytic collectives of one step (`collectives`: the records, as dicts), and the
     figures read off them: the gradient's reduction over the batch axes ('gradient_bytes',
-    per device), the activations' over 'model', the ring's, the stages', the all-to-alls."""
-    s = step_of(plan, model, params, mesh, batch_size, model_config)
+    per device), the activations' over 'model', the ring's, the stages', the all-to-alls.
+    `accumulation`: --gradient_accumulation_steps=K, the step's K microbatches: whatever runs
+    in the forward and backward (a layer's gathers, scatters and sums, the ring, the experts'
+    exchange) runs once per microbatch on 1/K of the rows; the reductions after grad once."""
+    s = step_of(plan, model, params, mesh, batch_size, model_config, accumulation)
     records = collectives(s)
     expected = summary(s, records)
     expected['collectives'] = [e.json() for e in records]
@@ -99,7 +104,7 @@ def summary(s: Step, records: list[Expected]) -> dict:
         m = plan.size(MODEL)
         count = sum(r.trips for r in over_model)
         total = sum(r.total for r in over_model)
-        shape = (s.rows, MLPConfig().layer_sizes[1]) if s.model == 'mlp' else s.activation
+        shape = (s.rows // s.m, MLPConfig().layer_sizes[1]) if s.model == 'mlp' else s.activation
         expected['activations'] = {
             'kind': 'all-reduce', 'group_size': m, 'count': count, 'shape': shape,
             'bytes': total, 'ring_bytes_per_device': 2 * (m - 1) / m * total,
@@ -130,11 +135,12 @@ def ring_summary(s: Step, records: list[Expected]) -> dict:
     # ops in the program: the loops' bodies (forward k, v; backward k, v, dk, dv), the last
     # pass (dk, dv), the recomputed forward's loop under 'fsdp'; at n = 2 no loops: every run
     ops = (8 + 2 * s.remat) if n > 2 else runs
+    copies = 1 + (s.m > 1 and not s.plan.uses(STAGE))  # K: the first microbatch's, the loop's
     return {
         'kind': 'collective-permute',
         'group_size': s.plan.devices,  # one ring per group of the other axes: a pair per device
         'ring_size': n,
-        'count': ops * s.layers,  # unrolled layers (a scan's body holds one layer's)
+        'count': ops * s.layers * copies,  # unrolled layers (a scan's body holds one layer's)
         'per_layer': ops,
         'shape': ring_block(s),
         'bytes_each': each,

@@ -87,7 +87,8 @@ def model(s: Step) -> list[Expected]:
         return []
     if s.model == 'mlp':  # the second layer is row-parallel; the first's input is the data
         width = MLPConfig().layer_sizes[1]
-        return [Expected('model', 'all-reduce', (MODEL,), 'forward', s.rows * width * s.itemsize, 1,
+        return [Expected('model', 'all-reduce', (MODEL,), 'forward',
+                         s.rows // s.m * width * s.itemsize, s.ticks,
                          "the row-parallel second layer's partial sums (no backward one: the "
                          "first layer's input is the data)")]  # fmt: skip
     act = nbytes(s.activation, s.itemsize)
@@ -248,9 +249,21 @@ PIECES = {'gradient': gradient, FSDP: fsdp, MODEL: model, SEQ: seq, STAGE: stage
 PIECES['zero1'] = zero1  # not an axis: 'data' under --shard_optimizer_over_data
 
 
+def per_microbatch(s: Step) -> str:
+    """What a record in the forward or backward adds under --gradient_accumulation_steps=K: it
+    runs in each microbatch's pass (FSDP's per-layer gathers and scatters, ZeRO-3's nature, in
+    every twin: docs/accumulation.md); the reductions after grad run once a step."""
+    return f', once per microbatch (K = {s.k})' if s.k > 1 and not s.plan.uses(STAGE) else ''
+
+
 def collectives(s: Step) -> list[Expected]:
-    """Every piece's records, in PIECES' order (under 1F1B and interleaved, `by_unit`'s)."""
+    """Every piece's records, in PIECES' order (under 1F1B and interleaved, `by_unit`'s); under
+    --gradient_accumulation_steps=K those in the forward and backward say they run per
+    microbatch (`per_microbatch`)."""
     records = [e for piece in PIECES.values() for e in piece(s)]
+    if s.k > 1:
+        records = [e if e.phase == 'outside-grad' else dataclasses.replace(
+            e, what=e.what + per_microbatch(s)) for e in records]  # fmt: skip
     return by_unit(s, records) if s.plan.uses(STAGE) and s.plan.schedule != 'gpipe' else records
 
 

@@ -1,8 +1,9 @@
 """What the expectation reads of one train step (inspector/expect.py): each parameter's bytes and
 the mesh axes its layout splits it over (`Array`, from shard_parity/placement.py), the plan and
-the step's shapes (`Step`: rows per device, microbatches, ticks, layers, activations, and the
-precision policy's dtypes: weights gathered in --dtype, gradients reduced in --reduce_dtype),
-and the record the pieces return (`Expected`: identical collectives of one axis's piece).
+the step's shapes (`Step`: rows per device, microbatches (a pipeline's M, or
+--gradient_accumulation_steps' K), ticks, layers, activations, and the precision policy's
+dtypes: weights gathered in --dtype, gradients reduced in --reduce_dtype), and the record
+the pieces return (`Expected`: identical collectives of one axis's piece).
 """
 
 import dataclasses
@@ -65,18 +66,21 @@ class Step:
     batch_size: int
     c: object  # the TransformerConfig (unused by the MLP)
     microbatches: int
+    k: int = 1  # --gradient_accumulation_steps: the layers run once per microbatch (no 'stage')
 
     @property
     def rows(self) -> int:  # each device's rows of the batch
         return self.batch_size // math.prod(self.plan.size(a) for a in self.plan.rows)
 
     @property
-    def m(self) -> int:  # microbatches: under 'stage' only
-        return self.microbatches if self.plan.uses(STAGE) else 1
+    def m(self) -> int:  # microbatches: under 'stage' M, else K (a pipeline refuses K > 1)
+        return self.microbatches if self.plan.uses(STAGE) else self.k
 
     @property
-    def ticks(self) -> int:  # GPipe's M + S - 1
-        return self.m + self.plan.size(STAGE) - 1 if self.plan.uses(STAGE) else 1
+    def ticks(self) -> int:
+        """How often the layers run in a step: GPipe's M + S - 1 ticks; without a pipeline
+        once per microbatch, K (the first before the accumulation's loop, K - 1 in it)."""
+        return self.m + self.plan.size(STAGE) - 1 if self.plan.uses(STAGE) else self.k
 
     @property
     def layers(self) -> int:  # each device's layers: L, or a stage's L/S
@@ -84,7 +88,8 @@ class Step:
 
     @property
     def per_layer(self) -> int:
-        """How often a per-layer op runs in a step: L, or each stage's L/S layers every tick."""
+        """How often a per-layer op runs in a step: L per microbatch (L x K under
+        --gradient_accumulation_steps), or each stage's L/S layers every tick."""
         return self.layers * self.ticks
 
     @property
@@ -128,7 +133,8 @@ class Step:
         return self.model == 'transformer' and self.plan.uses(FSDP) and self.plan.size(FSDP) > 1
 
 
-def step_of(plan, model, params, mesh, batch_size, c) -> Step:
+def step_of(plan, model, params, mesh, batch_size, c, k: int = 1) -> Step:
+    """The Step of `plan` over `params`' layout; `k`: --gradient_accumulation_steps."""
     specs = jax.tree.leaves(state_specs(params, plan, mesh))
     moments = jax.tree.leaves(update_specs(params, plan, mesh))  # ZeRO-1's, else the same
     arrays = []
@@ -139,7 +145,7 @@ def step_of(plan, model, params, mesh, batch_size, c) -> Step:
             Array(int(np.prod(p.shape)) * p.dtype.itemsize, axes, bool(layer_dims(path)),
                   is_expert(path), to != spec)
         )  # fmt: skip
-    return Step(plan, model, tuple(arrays), batch_size, c, plan.microbatches)
+    return Step(plan, model, tuple(arrays), batch_size, c, plan.microbatches, k)
 
 
 def nbytes(shape, itemsize: int = 4) -> int:

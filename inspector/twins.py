@@ -167,7 +167,8 @@ def inspect(model: str, config: cfg.TrainConfig, mesh, plan, model_config=None,
             {'kind': 'twin-difference', 'what': d['what'], 'op': '', 'file': d['file'],
              'line': d['line']}
         )  # fmt: skip
-    expected = expectation(plan, model, params, mesh, config.batch_size, model_config)
+    expected = expectation(plan, model, params, mesh, config.batch_size, model_config,
+                           config.gradient_accumulation_steps)
     # the reference against its expectation; for a target, a row no mechanism found in the
     # program explains is a surprise (inspector/reconcile.py)
     verdicts = reconcile.rows(expected['collectives'], programs.get('explicit', []))
