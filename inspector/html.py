@@ -179,6 +179,9 @@ def render(r: dict) -> str:
     parts.append(f'</ul><h2>Differences between twins (<span id="difference-count">'
                  f'{len(diffs)}</span>)</h2><ul id="differences">')  # fmt: skip
     parts += [f"<li>{html.escape(d['what'])}</li>" for d in diffs]
+    if same := r.get('same_as_written'):  # a compiled form named for what it does
+        parts.append('</ul><h2>The same as written, in another form</h2><ul id="same">')
+        parts += [f"<li>{html.escape(d['what'])}</li>" for d in same]
     parts.append('</ul><div class="twins">')
     for name, ops in r['programs'].items():
         empty = ' empty' if not ops else ''

@@ -61,6 +61,10 @@ def print_report(r: dict) -> None:
         print(f'\ndifferences between {pair}: ' + ('none' if not r[key] else ''))
         for d in r[key]:
             print(f'  - {d}')
+    if r.get('same_as_written'):
+        print('\nthe same as written, compiled in another form (no difference):')
+        for d in r['same_as_written']:
+            print(f"  - {d['what']}")
 
 
 def _counts(by_dtype: dict) -> str:

@@ -264,8 +264,10 @@ def test_the_inspector_reads_zero1_on_the_cpu():
     """explicit/'s step moves what the `zero1` records expect, to the byte: the gradients
     reduce-scattered (1/8 of the split ones), the f32[10] bias all-reduced, the params
     all-gathered once and no moment. XLA:CPU compiles auto's and typed's reduce-scatter as an
-    all-reduce of the whole gradient (then each device keeps its slice): the inspector says so
-    as a twin difference; their params are gathered as explicit's."""
+    all-reduce of the whole gradient (then each device keeps its slice): the inspector names
+    that form (`same_as_written`, mechanism `sliced`), no twin difference
+    (test_inspector_zero1.py shows a real one still reported); their params are gathered as
+    explicit's."""
     r = zero1_report()
     rows = {v['kind']: (v['expected'], v['compiled']) for v in r['expected_vs_compiled']}
     assert rows == {'reduce-scatter': (SPLIT // 8,) * 2, 'all-reduce': (40, 40),
@@ -274,7 +276,9 @@ def test_the_inspector_reads_zero1_on_the_cpu():
         assert moved(r['programs'][twin], 'all-gather') == SPLIT  # the params, not the moments
     for twin in ('auto', 'typed'):
         assert moved(r['programs'][twin], 'all-reduce') >= PARAMS  # the whole gradient
-        assert any(s['kind'] == 'twin-difference' for s in r['surprises'][twin])
+        assert not [s for s in r['surprises'][twin] if s['kind'] == 'twin-difference']
+        assert [d['mechanism'] for d in r['same_as_written'] if d['twin'] == twin] == ['sliced']
+    assert r['differences'] == [] and r['typed_differences'] == []
     assert not [s for s in r['surprises']['explicit'] if s['kind'] == 'whole-weight-gather']
 
 
