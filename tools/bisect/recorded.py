@@ -272,10 +272,14 @@ def judge(runner, probed, apply, state, after, batch, report, rec, logged=None):
         return 'update', compare_trees('A vs B: ', *sides, 'bitwise', dtypes=True)
     budget, model, spread = step_budget(runner, probed, apply, state, batch, grads, report)
     report.limits = {}
-    if logged is not None:  # the metric's budget as the bisector's loss phase sets it
+    if logged is not None:  # the metric's budget as the bisector's loss phase sets it, with
+        # what rounding the parameters to the compute dtype moves (budgets.cast): a TPU's
+        # float32 dot at default rounds its operands to bfloat16, the CPU's does not
         size = max(abs(loss), abs(logged))
         sensitivity = runner.sensitivity(state, batch)['loss']
-        allowed = max(model.loss(sensitivity / size if size else 0.0),
+        dropped = budgets.cast(grads, state.params, model.compute)
+        cast = numerics.C_LOSS * dropped / size if size else 0.0
+        allowed = max(model.loss(sensitivity / size if size else 0.0) + cast,
                       budgets.C_PROBE * budgets.C_EST * spread)  # fmt: skip
         report.limits['loss'] = {'loss': allowed}
         report.compared['loss'] = 1
