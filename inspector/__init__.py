@@ -16,9 +16,10 @@ that is not here: `inspect(..., target=...)`), target_figures.py (its compiler's
 figures), hosts.py (a mesh laid over hosts, each collective priced by the link it spans),
 surprises.py, reconcile.py (a program held against expected records, row by row), and the
 reports: render.py, html.py, trace.py.
-What knows this project: twins.py (each twin's compiled step for one strategy, side by side),
-expect.py, records.py and pieces.py (the collectives each strategy should hold), policy.py
-(each collective's dtypes held against the plan's precision policy), and cli.py's twin mode
+What knows this project: twins.py (each twin's compiled step for one strategy, side by side;
+compare.py, what one moves that another does not), expect.py, records.py and pieces.py (the
+collectives each strategy should hold), policy.py (each collective's dtypes held against the
+plan's precision policy), and cli.py's twin mode
 (the train CLI's flags and checks; its --program=MODULE:FUNCTION mode is the generic one).
 
 The command line is `python -m inspector` (installed: `python -m shard_parity.inspector`); see

@@ -7,7 +7,6 @@ Where the plan names a compiled form as what it does the work of (`written_forms
 reduce-scatter compiled as an all-reduce and a slice), each side is compared as written, and the
 form is listed with its mechanism (`same_as_written`), not as a difference."""
 
-import collections
 import dataclasses
 
 import jax
@@ -30,9 +29,9 @@ from shard_parity.step import (
 from . import cost, hosts as by_host, policy, reconcile, surprises
 from . import target as targets
 from .attribute import shorten
+from .compare import difference_lines, differences, mark_differences, named_lines, written_forms
 from .expect import expectation
 from .program import VERSION, analyse, bytes_by_line, compile_all, measure_us
-
 
 
 def model_and_batch(model: str, batch_size: int, model_config=None):
@@ -224,132 +223,3 @@ def target_fields(chosen, read: dict) -> dict:
         'target_here': chosen.here,  # compiled on these chips (target.here()), not from shapes
         'memory': {name: r['memory'] for name, r in read.items()},
     }
-
-
-def mark_differences(programs: dict, lines: list[dict], forms=frozenset()) -> None:
-    """Flags `twin-difference` on every op that moves an operand its sibling does not."""
-    for d in lines:
-        for op in programs[d['twin']]:
-            if (
-                any(key[:2] == (d['kind'], d['group_size']) and key[2] in d['elements']
-                    for key, _ in operands(op, forms))
-                and 'twin-difference' not in op['flags']
-            ):  # fmt: skip
-                op['flags'].append('twin-difference')
-
-
-def written_forms(plan) -> frozenset:
-    """The compiled forms the twins' comparison counts as the collective they do the work of
-    ((mechanism, kind, mesh axes), inspector/mechanisms.py): under ZeRO-1 the `zero1` piece's
-    reduce-scatter over 'data', which XLA:CPU compiles as an all-reduce of the whole gradient
-    and a slice where auto/ and typed/ leave it to the compiler ('sliced': XLA:CPU forms no
-    reduce-scatter from the two) and explicit/ writes psum_scatter. None elsewhere: FSDP's
-    reduce-scatter in that form stays a twin difference (docs/inspector.md)."""
-    return frozenset({('sliced', 'reduce-scatter', (DATA,))}) if plan.zero1 else frozenset()
-
-
-def operands(op: dict, forms=frozenset()):
-    """Per operand of `op`: ((kind, group size, elements), the part of it a form in `forms`
-    names, or None). A named part counts as the collective it stands for: a 'sliced' operand
-    as the reduce-scatter of the 1/n each device keeps."""
-    axes = tuple(op['axes'] or ())
-    named = {p.get('operand', 0): p for p in op.get('stands_for', [])
-             if (p['mechanism'], p['kind'], axes) in forms}  # fmt: skip
-    for n, shape in enumerate(op['shapes']):
-        elements, part = int(np.prod(shape)), named.get(n)
-        if part is None:
-            yield (op['kind'], op['group_size'], elements), None
-        else:
-            yield (part['kind'], op['group_size'], elements // op['group_size']), part
-
-
-def signature(ops, forms=frozenset()) -> collections.Counter:
-    """What a program moves, independent of layout: (kind, group size, elements) per operand,
-    each named by `forms` as the collective it does the work of."""
-    return collections.Counter(key for op in ops for key, _ in operands(op, forms))
-
-
-def differences(auto_ops, explicit_ops, name: str = 'auto', forms=frozenset()) -> list[str]:
-    a, e = signature(auto_ops, forms), signature(explicit_ops, forms)
-    out = [
-        f'{name} has {k[0]} of {k[2]:,} elements over {k[1]} devices that explicit lacks (x{v})'
-        for k, v in (a - e).items()
-    ]
-    out += [
-        f'explicit has {k[0]} of {k[2]:,} elements over {k[1]} devices that {name} lacks (x{v})'
-        for k, v in (e - a).items()
-    ]
-    return out
-
-
-def difference_lines(programs: dict, name: str, forms=frozenset()) -> list[dict]:
-    """`differences` with lines on both sides: per line of the twin that has collectives its
-    sibling (explicit/) lacks, what they are, and the lines of the sibling's collectives of the
-    same kind over the same devices (what it does instead; none when it has no such kind)."""
-    if name not in programs:
-        return []
-    grouped = {}
-    pair = {name: programs[name], 'explicit': programs['explicit']}
-    for has, lacks in ((name, 'explicit'), ('explicit', name)):
-        extra = signature(pair[has], forms) - signature(pair[lacks], forms)
-        for (kind, group, elements), count in extra.items():
-            op = next(op for op in pair[has]
-                      if (kind, group, elements) in {k for k, _ in operands(op, forms)})
-            others = [o for o in pair[lacks] if o['kind'] == kind and o['group_size'] == group]
-            where = f"{op['file']}:{op['line']}"
-            d = grouped.setdefault(
-                (has, lacks, kind, group, where),
-                {
-                    'twin': has, 'sibling': lacks, 'kind': kind, 'group_size': group,
-                    'elements': [], 'count': 0, 'file': op['file'], 'line': op['line'],
-                    'sibling_lines': sorted({f"{o['file']}:{o['line']}" for o in others}),
-                },
-            )  # fmt: skip
-            d['elements'].append(elements)
-            d['count'] += count
-    out = list(grouped.values())
-    for d in out:
-        d['what'] = (
-            f"{d['twin']} has {d['count']} {d['kind']} operand(s) over {d['group_size']} devices "
-            f"at {d['file']}:{d['line']} that {d['sibling']} lacks (there: "
-            f"{', '.join(d['sibling_lines']) or 'no ' + d['kind']})"
-        )
-    return out
-
-
-def named_lines(programs: dict, name: str, forms=frozenset()) -> list[dict]:
-    """Per line of twin `name` (or of explicit/) whose collectives a form in `forms` names as
-    what the other side writes, with the same operands there: what it compiled, what it does
-    the work of, the mechanism found in its HLO and the other side's lines. Named operands the
-    other side lacks are no such line: `difference_lines` lists them."""
-    if name not in programs or not forms:
-        return []
-    pair = {name: programs[name], 'explicit': programs['explicit']}
-    grouped = {}
-    for has, other in ((name, 'explicit'), ('explicit', name)):
-        left = signature(pair[other], forms)
-        for op in pair[has]:
-            for key, part in operands(op, forms):
-                if part is None or not left[key]:
-                    continue
-                left[key] -= 1
-                d = grouped.setdefault((has, op['kind'], key[0], key[1], op['file'], op['line']), {
-                    'twin': has, 'sibling': other, 'kind': op['kind'], 'as': key[0],
-                    'group_size': key[1], 'mechanism': part['mechanism'], 'count': 0,
-                    'file': op['file'], 'line': op['line'], 'reason': part['reason'],
-                    'sibling_lines': sorted({f"{o['file']}:{o['line']}" for o in pair[other]
-                                             if o['kind'] == key[0] and o['group_size'] == key[1]}),
-                })  # fmt: skip
-                d['count'] += 1
-    out = list(grouped.values())
-    for d in out:
-        d['what'] = (
-            f"{d['twin']}'s {d['count']} {d['kind']} operand(s) over {d['group_size']} devices at "
-            f"{d['file']}:{d['line']} are {d['sibling']}'s {d['as']} "
-            f"({', '.join(d['sibling_lines']) or d['as']}), compiled as {FORM[d['mechanism']]} "
-            f"('{d['mechanism']}', e.g. {d['reason']})"
-        )
-    return out
-
-
-FORM = {'sliced': 'an all-reduce of the whole, each device then keeping its slice'}

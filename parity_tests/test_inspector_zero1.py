@@ -2,23 +2,32 @@
 twins' programs on the CPU as the same step. XLA:CPU forms no reduce-scatter from an all-reduce
 and a slice, so auto/ and typed/, which leave the `zero1` piece's reduce-scatter over 'data' to
 the compiler, compile it as an all-reduce of each whole gradient, each device then keeping its
-1/n (inspector/mechanisms.py's `sliced`); explicit/ writes psum_scatter. The twins' comparison
-counts that form as the reduce-scatter it does the work of (inspector/twins.py, `written_forms`)
-and names it with its mechanism (`same_as_written`), no twin difference. A real difference stays
-one: a reduce-scatter explicit/ writes that the other twin lacks, a missing all-gather of the
-params, the bug zoo's zero1_wrong_shard (a collective-permute of each shard). Compile only."""
+1/n (inspector/mechanisms.py's `sliced`: a dynamic-slice of it, a scatter of it into zeros of
+1/n its size, a slice of the stack it is concatenated into, or of the sum a loop adds it up
+to); explicit/ writes psum_scatter. The twins' comparison (inspector/compare.py) counts that
+form as the reduce-scatter it does the work of, pairs one layer's pieces with the stacked
+operand they make up, and names it with its mechanism (`same_as_written`), no twin difference;
+a reduction run once per iteration of a loop is named with its trips. A real difference stays
+one: a reduce-scatter explicit/ writes that the other twin lacks, pieces that do not make up
+the stack, a missing all-gather of the params, the bug zoo's zero1_wrong_shard (a
+collective-permute of each shard). Compile only."""
 
 import copy
+import dataclasses
 import json
 
 import jax
+import pytest
 from jax.sharding import AxisType
 
 from parity_tests.helpers import TINY_TRANSFORMER
 from shard_parity import config as cfg
 from shard_parity import explicit
 from shard_parity import plan as plans
-from shard_parity.inspector import twins
+from shard_parity.inspector import compare, twins
+from shard_parity.inspector.hlo import logical
+from shard_parity.inspector.hlo_module import Module
+from shard_parity.inspector.mechanisms import stands_for
 from shard_parity.mesh import mesh_for
 from shard_parity.tools.zoo import zero1_wrong_shard
 
@@ -33,8 +42,9 @@ def op(kind, shapes, stands_for=(), line=1, axes=('data',)):
             'line': line, 'flags': []}  # fmt: skip
 
 
-def sliced(n, shape):
+def sliced(n, shape, kept=None):
     return {'kind': 'reduce-scatter', 'mechanism': 'sliced', 'operand': n,
+            'shape': list(kept or eighth(shape)),
             'reason': f'a reduce-scatter done as an all-reduce of the whole f32{list(shape)}'}
 
 
@@ -59,15 +69,15 @@ def test_the_sliced_reduce_scatter_is_named_not_a_difference():
     """The same programs: without the form a difference on both sides (what the report said
     before), with it none, and one line naming the all-reduce as explicit's reduce-scatter."""
     p = programs()
-    assert len(twins.difference_lines(p, 'auto')) == 2  # the comparison can fail
-    assert twins.difference_lines(p, 'auto', ZERO1) == []
-    assert twins.differences(p['auto'], p['explicit'], 'auto', ZERO1) == []
-    (named,) = twins.named_lines(p, 'auto', ZERO1)
+    assert len(compare.difference_lines(p, 'auto')) == 2  # the comparison can fail
+    assert compare.difference_lines(p, 'auto', ZERO1) == []
+    assert compare.differences(p['auto'], p['explicit'], 'auto', ZERO1) == []
+    (named,) = compare.named_lines(p, 'auto', ZERO1)
     assert (named['twin'], named['kind'], named['as'], named['count']) == (
         'auto', 'all-reduce', 'reduce-scatter', 5)
     assert named['mechanism'] == 'sliced' and named['sibling_lines'] == ['reduce-scatter.py:22']
     assert "are explicit's reduce-scatter" in named['what'] and 'sliced' in named['what']
-    assert twins.named_lines(p, 'auto') == []  # no form: nothing named
+    assert compare.named_lines(p, 'auto') == []  # no form: nothing named
 
 
 def test_a_real_difference_is_still_reported():
@@ -77,45 +87,240 @@ def test_a_real_difference_is_still_reported():
     p = programs(auto_split=SPLIT[1:], gathers=True)
     p['auto'][0]['shapes'].insert(0, list(SPLIT[0]))  # [784, 512] all-reduced, kept whole
     p['auto'][0]['stands_for'] = [sliced(n + 1, s) for n, s in enumerate(SPLIT[1:])]
-    lines = twins.difference_lines(p, 'auto', ZERO1)
+    lines = compare.difference_lines(p, 'auto', ZERO1)
     assert {(d['twin'], d['kind']) for d in lines} == {
         ('auto', 'all-reduce'), ('explicit', 'reduce-scatter')}
-    (named,) = twins.named_lines(p, 'auto', ZERO1)
+    (named,) = compare.named_lines(p, 'auto', ZERO1)
     assert named['count'] == 4
-    twins.mark_differences(p, lines, ZERO1)
+    compare.mark_differences(p, lines, ZERO1)
     assert 'twin-difference' in p['auto'][0]['flags']
 
     p = programs(gathers=False)
-    found = twins.differences(p['auto'], p['explicit'], 'auto', ZERO1)
+    found = compare.differences(p['auto'], p['explicit'], 'auto', ZERO1)
     assert len(found) == 4 and all(d.startswith('explicit has all-gather of') for d in found)
     assert 'explicit has all-gather of 401,408 elements over 8 devices that auto lacks (x1)' in (
         found)
     p = programs(extra=[op('collective-permute', [eighth(SPLIT[0])], line=7)])
-    assert [d['kind'] for d in twins.difference_lines(p, 'auto', ZERO1)] == ['collective-permute']
+    assert [d['kind'] for d in compare.difference_lines(p, 'auto', ZERO1)] == ['collective-permute']
 
 
 def test_only_zero1_names_the_form():
     """The form is ZeRO-1's: FSDP's reduce-scatter compiled the same way stays a difference
     (docs/inspector.md), and a 'sliced' part over another axis is not named."""
-    assert twins.written_forms(plans.parse('data:8', None, 8, zero1=True)) == ZERO1
-    assert twins.written_forms(plans.parse(None, 'fsdp', 8)) == frozenset()
+    assert compare.written_forms(plans.parse('data:8', None, 8, zero1=True)) == ZERO1
+    assert compare.written_forms(plans.parse(None, 'fsdp', 8)) == frozenset()
     p = programs()
     for o in p['auto']:
         o['axes'] = ['fsdp']
-    assert twins.named_lines(p, 'auto', ZERO1) == []
-    assert twins.difference_lines(p, 'auto', ZERO1)
+    assert compare.named_lines(p, 'auto', ZERO1) == []
+    assert compare.difference_lines(p, 'auto', ZERO1)
 
 
-def report(model='mlp', text='data:8', module=None, monkeypatch=None):
+# One layer's gradient of a [2, 32, 64] stack, 1/8 of it kept ([4, 64]); explicit/ scatters the
+# stack whole ([2, 4, 64] kept) where auto/ reduces each layer's slice where the backward forms it
+LAYER, STACK = (32, 64), (2, 4, 64)
+
+
+def layered(kept=((4, 64), (4, 64)), whole=0, trips=1):
+    """explicit/'s reduce-scatter of the stack and auto/'s all-reduce of its layers' pieces,
+    each piece `sliced` to `kept` (the first `whole` of them all-reduced and kept whole)."""
+    parts = [sliced(n, LAYER, k) for n, k in enumerate(kept) if n >= whole]
+    auto_op = op('all-reduce', [LAYER] * len(kept), parts, line=118) | {'trip_count': trips}
+    return {'auto': [auto_op], 'explicit': [op('reduce-scatter', [STACK], line=22)]}
+
+
+def test_layer_pieces_pair_with_the_stacked_operand():
+    """Two layers' pieces, each keeping [4, 64], make up explicit's stacked [2, 4, 64]: no
+    difference, one line naming both as explicit's reduce-scatter, a layer's piece each. Not
+    paired (a difference on both sides): one piece all-reduced and kept whole, pieces whose
+    kept shape is not the stack's split along its layers ([8, 32]), a third layer's piece."""
+    p = layered()
+    keys = [key for key, _ in compare.operands(p['auto'][0], ZERO1)]
+    assert keys == [('reduce-scatter', 8, 256)] * 2  # each piece alone differs from the stack
+    assert compare.differences(p['auto'], p['explicit'], 'auto', ZERO1) == []
+    (named,) = compare.named_lines(p, 'auto', ZERO1)
+    assert (named['count'], named['layers'], named['trips']) == (2, 2, 1)
+    assert "one layer's piece each of an operand explicit moves stacked" in named['what']
+    assert 'x1' not in named['what']  # no loop to name
+    both = {('auto', 'reduce-scatter'), ('explicit', 'reduce-scatter')}
+    for bad, sides in (
+        (layered(whole=1), {('auto', 'all-reduce')} | both),  # [32, 64] kept whole
+        (layered(kept=((8, 32), (8, 32))), both),
+        (layered(kept=((4, 64),) * 3), {('auto', 'reduce-scatter')}),  # one piece left over
+    ):
+        lines = compare.difference_lines(bad, 'auto', ZERO1)
+        assert {(d['twin'], d['kind']) for d in lines} == sides, lines
+        compare.mark_differences(bad, lines, ZERO1)
+        assert 'twin-difference' in bad['auto'][0]['flags']
+    assert compare.named_lines(layered(kept=((8, 32), (8, 32))), 'auto', ZERO1) == []
+
+
+def test_a_reduction_per_iteration_is_named_with_its_trips():
+    """The pieces all-reduced in a pipeline's ticks' loop (x5) where explicit scatters once:
+    still the reduce-scatter's work, named with its trips (5 times the bytes)."""
+    (named,) = compare.named_lines(layered(trips=5), 'auto', ZERO1)
+    assert (named['trips'], named['sibling_trips']) == (5, 1)
+    assert "runs x5 a step (once per iteration of a loop) where explicit's runs x1" in (
+        named['what'])
+
+
+ADD = """HloModule m
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+"""
+GROUPS = 'replica_groups={{0,1,2,3}}, to_apply=%add'
+# typed/'s [32] vectors: each layer's all-reduced whole, stacked, the stack sliced
+STACKED = ADD + f"""
+ENTRY %main (p: f32[32], q: f32[32], i: s32[]) -> f32[2,8] {{
+  %p = f32[32]{{0}} parameter(0)
+  %q = f32[32]{{0}} parameter(1)
+  %i = s32[] parameter(2)
+  %all-reduce = (f32[32]{{0}}, f32[32]{{0}}) all-reduce(%p, %q), {GROUPS}
+  %g0 = f32[32]{{0}} get-tuple-element(%all-reduce), index=0
+  %g1 = f32[32]{{0}} get-tuple-element(%all-reduce), index=1
+  %b0 = f32[1,32]{{1,0}} bitcast(%g0)
+  %b1 = f32[1,32]{{1,0}} bitcast(%g1)
+  %stack = f32[2,32]{{1,0}} concatenate(%b0, %b1), dimensions={{0}}
+  %zero = s32[] constant(0)
+  ROOT %slice = f32[2,8]{{1,0}} dynamic-slice(%stack, %zero, %i), dynamic_slice_sizes={{2,8}}
+}}
+"""
+# auto/'s position embedding: the whole gradient scattered into zeros of each device's rows
+SCATTERED = ADD + f"""
+ENTRY %main (p: f32[16,32], idx: s32[16,1]) -> f32[4,32] {{
+  %p = f32[16,32]{{1,0}} parameter(0)
+  %idx = s32[16,1]{{1,0}} parameter(1)
+  %all-reduce = f32[16,32]{{1,0}} all-reduce(%p), {GROUPS}
+  %c = f32[] constant(0)
+  %zeros = f32[4,32]{{1,0}} broadcast(%c), dimensions={{}}
+  %upd = f32[16,1,32]{{2,1,0}} bitcast(%all-reduce)
+  ROOT %scatter = f32[4,32]{{1,0}} scatter(%zeros, %idx, %upd), update_window_dims={{1,2}}, \
+inserted_window_dims={{}}, scatter_dims_to_operand_dims={{0}}, index_vector_dim=1, to_apply=%add
+}}
+"""
+# the same at XLA:CPU's --xla_backend_optimization_level=0 (the test tier's): the scatter
+# expanded into a loop writing each row into the zeros
+CARRY = '(s32[], f32[4,32]{1,0}, s32[16]{0}, f32[16,32]{1,0})'
+EXPANDED = ADD + f"""
+%rows (p: (s32[], f32[4,32], s32[16], f32[16,32])) -> (s32[], f32[4,32], s32[16], f32[16,32]) {{
+  %p = {CARRY} parameter(0)
+  %n = s32[] get-tuple-element(%p), index=0
+  %buf = f32[4,32]{{1,0}} get-tuple-element(%p), index=1
+  %idx = s32[16]{{0}} get-tuple-element(%p), index=2
+  %upd = f32[16,32]{{1,0}} get-tuple-element(%p), index=3
+  %z = s32[] constant(0)
+  %row = f32[1,32]{{1,0}} dynamic-slice(%upd, %n, %z), dynamic_slice_sizes={{1,32}}
+  %new = f32[4,32]{{1,0}} dynamic-update-slice(%buf, %row, %n, %z)
+  %one = s32[] constant(1)
+  %m = s32[] add(%n, %one)
+  ROOT %t = {CARRY} tuple(%m, %new, %idx, %upd)
+}}
+%more (p: (s32[], f32[4,32], s32[16], f32[16,32])) -> pred[] {{
+  %p = {CARRY} parameter(0)
+  %n = s32[] get-tuple-element(%p), index=0
+  %k = s32[] constant(16)
+  ROOT %lt = pred[] compare(%n, %k), direction=LT
+}}
+%expanded (t: (s32[], f32[4,32], s32[16], f32[16,32])) -> (s32[], f32[4,32], s32[16], f32[16,32]) {{
+  %t = {CARRY} parameter(0)
+  ROOT %w = {CARRY} while(%t), condition=%more, body=%rows
+}}
+ENTRY %main (p: f32[16,32], idx: s32[16]) -> f32[4,32] {{
+  %p = f32[16,32]{{1,0}} parameter(0)
+  %idx = s32[16]{{0}} parameter(1)
+  %all-reduce = f32[16,32]{{1,0}} all-reduce(%p), {GROUPS}
+  %c = f32[] constant(0)
+  %zeros = f32[4,32]{{1,0}} broadcast(%c), dimensions={{}}
+  %z = s32[] constant(0)
+  %in = {CARRY} tuple(%z, %zeros, %idx, %all-reduce)
+  %call = {CARRY} call(%in), to_apply=%expanded
+  ROOT %out = f32[4,32]{{1,0}} get-tuple-element(%call), index=1
+}}
+"""
+# typed/'s pipeline: a layer's gradient all-reduced each tick, added to the loop's carry, the
+# sum sliced after the loop
+LOOPED = ADD + f"""
+%body (s: (s32[], f32[16], f32[16])) -> (s32[], f32[16], f32[16]) {{
+  %s = (s32[], f32[16]{{0}}, f32[16]{{0}}) parameter(0)
+  %n = s32[] get-tuple-element(%s), index=0
+  %acc = f32[16]{{0}} get-tuple-element(%s), index=1
+  %g = f32[16]{{0}} get-tuple-element(%s), index=2
+  %all-reduce = f32[16]{{0}} all-reduce(%g), {GROUPS}
+  %sum = f32[16]{{0}} add(%acc, %all-reduce)
+  %one = s32[] constant(1)
+  %m = s32[] add(%n, %one)
+  ROOT %t = (s32[], f32[16]{{0}}, f32[16]{{0}}) tuple(%m, %sum, %g)
+}}
+%cond (s: (s32[], f32[16], f32[16])) -> pred[] {{
+  %s = (s32[], f32[16]{{0}}, f32[16]{{0}}) parameter(0)
+  %n = s32[] get-tuple-element(%s), index=0
+  %five = s32[] constant(5)
+  ROOT %lt = pred[] compare(%n, %five), direction=LT
+}}
+ENTRY %main (a: f32[16], g: f32[16], i: s32[]) -> f32[4] {{
+  %a = f32[16]{{0}} parameter(0)
+  %g = f32[16]{{0}} parameter(1)
+  %i = s32[] parameter(2)
+  %z = s32[] constant(0)
+  %init = (s32[], f32[16]{{0}}, f32[16]{{0}}) tuple(%z, %a, %g)
+  %loop = (s32[], f32[16]{{0}}, f32[16]{{0}}) while(%init), condition=%cond, body=%body
+  %total = f32[16]{{0}} get-tuple-element(%loop), index=1
+  ROOT %mine = f32[4]{{0}} dynamic-slice(%total, %i), dynamic_slice_sizes={{4}}
+}}
+"""
+
+
+def kept(text: str) -> list:
+    """Per operand of the program's one all-reduce that is `sliced`: the shape kept."""
+    m = Module(text)
+    (found,) = logical(m)
+    return [p['shape'] for p in stands_for(m, found) if p['mechanism'] == 'sliced']
+
+
+def test_the_slice_is_read_through_a_stack_a_scatter_and_a_loop():
+    """mechanisms.py's `sliced`, read in the program: each layer's [32] all-reduced then stacked
+    and the stack sliced [2, 8] (a [1, 8] share each); the [16, 32] gradient scattered into
+    zeros of [4, 32] (by a scatter, or by the loop XLA expands one into); the [16] all-reduced
+    in a loop, summed in its carry, the sum sliced [4]. Each check can fail: the stack also read
+    whole, the scatter into what is not zeros, the expanded loop's whole read after it or no
+    row written, the sum read whole, a sum that is not the loop's carry: no slice."""
+    assert kept(STACKED) == [[1, 8], [1, 8]]
+    assert kept(SCATTERED) == [[4, 32]] == kept(EXPANDED)
+    assert kept(LOOPED) == [[4]]
+    whole = STACKED.replace('  ROOT %slice', '  %c = f32[] constant(0)\n  %r = f32[] reduce('
+                            '%stack, %c), dimensions={0,1}, to_apply=%add\n  %slice')
+    whole = whole.replace('dynamic_slice_sizes={2,8}\n', 'dynamic_slice_sizes={2,8}\n'
+                          '  ROOT %out = (f32[2,8]{1,0}, f32[]) tuple(%slice, %r)\n')
+    assert whole != STACKED and kept(whole) == []
+    assert kept(SCATTERED.replace('constant(0)', 'constant(1)')) == []
+    whole = EXPANDED.replace('  ROOT %out = f32[4,32]{1,0}', '  %all = f32[16,32]{1,0} '
+                             'get-tuple-element(%call), index=3\n  %r = f32[] reduce(%all, %c), '
+                             'dimensions={0,1}, to_apply=%add\n  ROOT %out = f32[4,32]{1,0}')
+    assert whole != EXPANDED and kept(whole) == []  # the loop hands the whole sum on, read
+    no_rows = EXPANDED.replace('dynamic-update-slice(%buf, %row, %n, %z)', 'add(%buf, %buf)')
+    assert no_rows != EXPANDED and kept(no_rows) == []
+    read_whole = LOOPED.replace('ROOT %mine = f32[4]{0} dynamic-slice(%total, %i), '
+                                'dynamic_slice_sizes={4}', 'ROOT %mine = f32[16]{0} negate(%total)')
+    assert read_whole != LOOPED and kept(read_whole) == []
+    not_carried = LOOPED.replace('add(%acc, %all-reduce)', 'add(%g, %all-reduce)')
+    assert not_carried != LOOPED and kept(not_carried) == []
+
+
+def report(model='mlp', text='data:8', module=None, monkeypatch=None, batch=None, **options):
     """The inspector over the twins' ZeRO-1 step on the CPU (`module`: explicit/'s file
     replaced by it, as tools.bisect --twins runs a zoo entry), as its --json prints it."""
-    plan = plans.parse(text, None, jax.device_count(), zero1=True)
+    plan = plans.parse(text, None, jax.device_count(), zero1=True, **options)
     mesh = mesh_for(plan, AxisType.Auto, devices=jax.devices())
     if module is not None:
         chosen = twins.strategy_file
         monkeypatch.setattr(twins, 'strategy_file',
                             lambda twin, plan: module if twin is explicit else chosen(twin, plan))
-    r = twins.inspect(model, cfg.TRAIN_DEFAULTS[model], mesh, plan, TINY_TRANSFORMER)
+    config = cfg.TRAIN_DEFAULTS[model]
+    config = dataclasses.replace(config, batch_size=batch) if batch else config
+    r = twins.inspect(model, config, mesh, plan, TINY_TRANSFORMER)
     return json.loads(json.dumps(r))
 
 
@@ -142,3 +347,48 @@ def test_the_wrong_shard_is_still_a_difference(monkeypatch):
         assert kinds == {'collective-permute'}, r['difference_lines']
         assert 'twin-difference' in {s['kind'] for s in r['surprises'][twin]}
     assert {d['twin'] for d in r['same_as_written']} == {'auto', 'typed'}
+
+
+@pytest.mark.slow
+def test_the_transformers_layers_read_as_one_step():
+    """The tiny transformer on data:4,model:2: explicit/ scatters each stacked gradient whole
+    (10 operands); auto/ reduces 14 layer pieces where the backward forms them (and scatters
+    the position embedding's into zeros of its rows), typed/ stacks 4 [32] vectors before
+    slicing: all named as explicit's reduce-scatter, typed/ no difference. What stays one on
+    auto/ is none of the reduction over 'data': the embedding lookup's backward resharded
+    over (data, model) and its 64-row slice summed over 'model' (docs/zero1.md)."""
+    r = report('transformer', 'data:4,model:2')
+    assert r['typed_differences'] == [], r['difference_lines']
+    left = {(d['twin'], d['kind'], d['group_size']) for d in r['difference_lines']}
+    assert left == {('auto', 'collective-permute', 8), ('auto', 'all-gather', 2),
+                    ('auto', 'all-reduce', 2)}, r['difference_lines']  # fmt: skip
+    for twin, count, layers in (('auto', 17, 14), ('typed', 12, 4)):
+        named = [d for d in r['same_as_written'] if d['twin'] == twin]
+        assert sum(d['count'] for d in named) == count and {d['as'] for d in named} == {
+            'reduce-scatter'}
+        assert sum(d['layers'] for d in named) == layers
+    for twin, how in (('auto', 'into zeros of that size'), ('typed', 'cut from the stack')):
+        assert any(how in p['reason'] for op in r['programs'][twin] for p in op['stands_for'])
+
+
+@pytest.mark.slow
+def test_the_pipelines_reduction_in_its_loop_is_named_with_its_trips():
+    """data:2,model:2,stage:2 (4 microbatches, 5 ticks): auto/ and typed/ all-reduce the blocks'
+    gradients once per tick inside the ticks' loop (auto/ slicing each tick's, typed/ the sum
+    the loop hands out), named as explicit's reduce-scatter with 'runs x5', the
+    reduction-per-iteration surprise still raised; typed/ no difference. auto/ reduces the tied
+    embedding's two terms, each its [128, 32] half by 'model', over 'data' and permutes them
+    to their owners: explicit's [128, 32] reduce-scatter stays a difference."""
+    r = report('transformer', 'data:2,model:2,stage:2', batch=16, microbatches=4)
+    assert r['typed_differences'] == [], r['difference_lines']
+    for twin in ('auto', 'typed'):
+        looped = [d for d in r['same_as_written'] if d['twin'] == twin and d['trips'] > 1]
+        assert [(d['trips'], d['sibling_trips'], d['count']) for d in looped] == [(5, 1, 7)]
+        assert "runs x5 a step (once per iteration of a loop) where explicit's runs x1" in (
+            looped[0]['what'])
+        assert 'reduction-per-iteration' in {s['kind'] for s in r['surprises'][twin]}
+    assert 'of the sum it adds up over the loop' in next(
+        d['reason'] for d in r['same_as_written'] if d['twin'] == 'typed' and d['trips'] > 1)
+    scatters = [d for d in r['differences'] if d.startswith('explicit has reduce-scatter')]
+    embedding = 'explicit has reduce-scatter of 4,096 elements over 2 devices that auto lacks (x1)'
+    assert scatters == [embedding], r['differences']
