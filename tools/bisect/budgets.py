@@ -15,6 +15,9 @@ q = ||ulp(new)|| / ||step||; eps = STEP_EPS (float32's own discrepancy of two pr
 steps) plus, under the error model, the spread that the gradients' rounding makes of the
 step (numerics.spread: sign flips at AdamW's first steps and all).
 
+The loss: the error model's budget (numerics.Budget.loss) plus C_LOSS x `cast`, what the loss
+moves where one side keeps a cast parameter in float32 and the other rounds it (stepping.py).
+
 A detection limit is the budget itself: a change of relative size d planted in a leaf moves
 its norm-wise error by d, and correct pairs sit within a third of the budget, so a change of
 twice the limit is caught and one of half of it reads "agree"."""
