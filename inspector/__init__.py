@@ -9,8 +9,9 @@ what it would cost on named hardware, and what is surprising about it.
 Generic, for any jitted program (these import nothing of the twins, the models or the train
 CLI; test_inspector_parsing.py checks): program.py (`inspect`, `Report`), hlo_module.py (the
 compiled program's HLO text, parsed), hlo.py (its collectives), mechanisms.py (what a compiler
-made of a written collective, found in the HLO by dataflow.py's walks), attribute.py (line,
-phase, axes, origin, trips), asked.py (the dtypes the partitioned program asked for, beside
+made of a written collective, found in the HLO by dataflow.py's walks; slices.py, what each
+device keeps of an all-reduce's result), attribute.py (line, phase, axes, origin, trips),
+asked.py (the dtypes the partitioned program asked for, beside
 those the compiled one carries), cost.py (predicted times), target.py (the devices of hardware
 that is not here: `inspect(..., target=...)`), target_figures.py (its compiler's memory and cost
 figures), hosts.py (a mesh laid over hosts, each collective priced by the link it spans),

@@ -45,7 +45,10 @@ from .dataflow import (
     producer, readers, root_of,
 )  # fmt: skip
 from .hlo import Found
-from .hlo_module import ARRAY, ITEMSIZE, Instruction, Module
+from .hlo_module import ITEMSIZE, Instruction, Module
+from .slices import kept
+from .slices import shape_text as _shape
+from .slices import zero as _zero
 
 _HIGH = re.compile(r'operand_precision=\{(?!default)|precision_config=\{[^}]*(?:HIGH|high)')
 
@@ -58,11 +61,6 @@ def _dot_at_default(module: Module, result: Instruction) -> Instruction | None:
          and not _HIGH.search(u.line)),
         None,
     )  # fmt: skip
-
-
-def _shape(type_text: str) -> str:
-    m = ARRAY.search(type_text)
-    return f"{m.group('dtype')}[{m.group('dims')}]" if m else type_text
 
 
 def _part(kind, compiled, stands, mechanism, reason, operand: int = 0) -> dict:
@@ -94,17 +92,6 @@ def narrowed(module: Module, found: Found, op: Instruction, result: Instruction)
     return out
 
 
-def _zero(module: Module, i: Instruction | None) -> bool:
-    """Whether `i` is a broadcast of a zero constant (through fusions, their parameters and
-    moves: XLA:CPU wraps a lone broadcast in a fusion of its own)."""
-    i = producer(module, i)
-    if i is None or i.opcode != 'broadcast':
-        return False
-    c = producer(module, operand_of(module, i, 0))
-    zero = c is not None and c.opcode == 'constant' and re.search(r'constant\(-?0(\.0*)?\)', c.line)
-    return bool(zero)
-
-
 def _update_into_zeros(module: Module, i: Instruction | None):
     """The dynamic-update-slice writing a shard into zeros that `i` is (through copies and a
     fusion's root), or None."""
@@ -131,129 +118,6 @@ def _summed_dots(module: Module, i: Instruction | None) -> list[Instruction]:
         return [p] if _is_dot(module, p) else []
     terms = [_summed_dots(module, operand_of(module, p, n)) for n in range(len(p.operands))]
     return [t for ts in terms for t in ts] if all(terms) else []
-
-
-def _dims(type_text: str) -> list[int]:
-    m = ARRAY.search(type_text)
-    return [int(d) for d in m.group('dims').split(',') if d] if m else []
-
-
-def _one_slice(module: Module, u: Instruction, whole: int, n_dev: int):
-    """(the shape kept, how) when `u`, a use of a value of `whole` elements, keeps 1/n_dev of it:
-    a dynamic-slice of that size; or a scatter of it (its updates: the buffer is zeros, the
-    indices integers) into zeros of that size, as an embedding's gradient is written into each
-    device's rows; else None."""
-    if elements_of(u.type) * n_dev != whole:
-        return None
-    if u.opcode == 'dynamic-slice':
-        return _dims(u.type), f'its {_shape(u.type)} (%{u.name})'
-    indices = operand_of(module, u, 1) if u.opcode == 'scatter' else None
-    zeros = indices is not None and _zero(module, operand_of(module, u, 0))
-    if zeros and dtype_of(indices.type)[:1] in 'su':
-        return _dims(u.type), (
-            f'its {_shape(u.type)}: the whole scattered into zeros of that size (%{u.name}), '
-            "its indices offset to the device's rows"
-        )
-    return None
-
-
-def _scatter_loop(module: Module, u: Instruction, whole: int, n_dev: int):
-    """The scatter of `_one_slice` as XLA expands it where it does not keep the op (XLA:CPU at
-    --xla_backend_optimization_level=0): the value handed in a tuple, with integer indices and
-    zeros of 1/n_dev its size, to a call or loop that writes rows into the zeros
-    (dynamic-update-slice), the value itself not read from its result. (kept shape, how)."""
-    users = module.users.get(u.name, [])
-    if u.opcode != 'tuple' or len(users) != 1 or users[0].opcode not in ('call', 'while'):
-        return None
-    ops = [operand_of(module, u, n) for n in range(len(u.operands))]
-    buffer = next((o for o in ops if o is not None and elements_of(o.type) * n_dev == whole
-                   and _zero(module, o)), None)  # fmt: skip
-    mine = [n for n, o in enumerate(ops) if o is not None and elements_of(o.type) == whole]
-    if buffer is None or not any(dtype_of(o.type)[:1] in 'su' for o in ops if o is not None):
-        return None
-    loop, todo, seen = users[0], [callee(users[0], 'to_apply') or callee(users[0], 'body')], set()
-    while todo and len(seen) < 20:  # the loop's computations: one writes rows into the zeros
-        comp = todo.pop()
-        seen.add(comp)
-        body = module.computations.get(comp, [])
-        todo += [c for i in body for c in (callee(i), callee(i, 'body')) if c and c not in seen]
-    writes = any(i.opcode == 'dynamic-update-slice'
-                 for c in seen for i in module.computations.get(c, []))  # fmt: skip
-    read = any(g.opcode == 'get-tuple-element' and index_of(g) in mine and module.users.get(g.name)
-               for g in module.users.get(loop.name, []))  # fmt: skip
-    if not writes or read:
-        return None
-    return _dims(buffer.type), (
-        f'its {_shape(buffer.type)}: the whole written row by row into zeros of that size by '
-        f'%{loop.name} (a scatter expanded into a loop), its indices offset to the device\'s rows'
-    )
-
-
-def _summed_over_loop(module: Module, u: Instruction) -> Instruction | None:
-    """The loop's result `u` accumulates into, when `u` is an add of a loop's carried value k
-    (its body's parameter's element k) that the body hands on as carry k (a gradient summed
-    over a pipeline's ticks): the get-tuple-element k of that loop; else None."""
-    if u.opcode != 'add':
-        return None
-    prev, i = None, u
-    for _ in range(8):  # through moves and a fusion's root to the body's root tuple
-        prev, users = i, module.users.get(i.name, [])
-        if i.line.lstrip().startswith('ROOT'):
-            i = next((c for c in module.callers.get(i.computation, []) if c.opcode == 'fusion'),
-                     None)  # fmt: skip
-        else:
-            i = users[0] if len(users) == 1 and users[0].opcode in MOVES | {'tuple'} else None
-        if i is None or i.opcode == 'tuple':
-            break
-    if i is None or i.opcode != 'tuple' or not i.line.lstrip().startswith('ROOT'):
-        return None
-    k = i.operands.index(prev.name)
-    loop = next((c for c in module.callers.get(i.computation, [])
-                 if c.opcode == 'while' and callee(c, 'body') == i.computation), None)  # fmt: skip
-    carried = [producer(module, operand_of(module, u, n)) for n in range(len(u.operands))]
-    if loop is None or not any(
-        c is not None and c.opcode == 'get-tuple-element' and index_of(c) == k
-        and c.computation == i.computation for c in carried
-    ):  # fmt: skip
-        return None
-    return next((g for g in module.users.get(loop.name, [])
-                 if g.opcode == 'get-tuple-element' and index_of(g) == k), None)  # fmt: skip
-
-
-def _kept(module: Module, result: Instruction | None, whole: int, n_dev: int, depth: int = 0):
-    """(the shape each device keeps of an all-reduce's operand, how) when every use of its
-    result keeps 1/n_dev (`_one_slice`), or stacks it with others (a concatenate: one layer's
-    piece of a stacked gradient) into an array every use of which keeps 1/n_dev of the stack,
-    or adds it to a loop's carry whose sum the loop hands out is so kept (`_summed_over_loop`);
-    else None. A piece's kept shape is its share of the stack's slice (None where the pieces
-    differ in shape)."""
-    uses = readers(module, result) if result is not None else []
-    kept = []
-    for u in uses:
-        total = _summed_over_loop(module, u) if depth < 2 else None
-        if total is not None:  # added to a loop's carry: what the loop's sum is kept as
-            got = _kept(module, total, whole, n_dev, depth + 1)
-            loop = operand_of(module, total, 0).name
-            kept.append(got and (got[0], f'{got[1]} of the sum it adds up over the loop %{loop}'))
-            continue
-        if u.opcode != 'concatenate':
-            kept.append(_one_slice(module, u, whole, n_dev) or _scatter_loop(module, u, whole,
-                                                                            n_dev))  # fmt: skip
-            continue
-        stack = _dims(u.type)
-        pieces = {_shape(operand_of(module, u, k).type) for k in range(len(u.operands))}
-        slices = [_one_slice(module, s, elements_of(u.type), n_dev) for s in readers(module, u)]
-        if not slices or None in slices or len(pieces) != 1:
-            return None
-        cut, how = slices[0]
-        dims = [p * c // s for p, c, s in zip(_dims(pieces.pop()), cut, stack)]
-        dims = dims if int(np.prod(dims)) * n_dev == whole else None
-        how = (f'its share of {how[4:]}, cut from the stack %{u.name} ({_shape(u.type)}) of '
-               f'{len(u.operands)} such pieces')  # fmt: skip
-        kept.append((dims, how))
-    if not kept or None in kept:
-        return None
-    return kept[0]
 
 
 def all_reduce_parts(module: Module, found: Found, op: Instruction) -> list[dict]:
@@ -290,9 +154,9 @@ def all_reduce_parts(module: Module, found: Found, op: Instruction) -> list[dict
                 'gradients from its uses', n,
             ))  # fmt: skip
             continue
-        kept = _kept(module, element_of(module, op, n, len(c.shapes) > 1), whole, n_dev)
-        if kept is not None:
-            dims, how = kept
+        held = kept(module, element_of(module, op, n, len(c.shapes) > 1), whole, n_dev)
+        if held is not None:
+            dims, how = held
             out.append(_part(
                 'reduce-scatter', each, each // n_dev, 'sliced',
                 f'a reduce-scatter done as an all-reduce of the whole '

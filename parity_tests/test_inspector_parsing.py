@@ -31,7 +31,7 @@ from shard_parity.inspector.program import captured_stderr
 # inspector/__init__.py: what inspects any jitted program, apart from what knows the twins
 GENERIC = {'program', 'hlo', 'hlo_module', 'mechanisms', 'dataflow', 'attribute', 'cost',
            'surprises', 'render', 'html', 'trace', 'target', 'target_figures', 'hosts',
-           'reconcile', 'asked'}  # fmt: skip
+           'reconcile', 'asked', 'slices'}  # fmt: skip
 # what a generic module may take of the package: its one exception, and libtpu's quieting (the
 # core's device set-up, which imports nothing of the project either)
 ALLOWED = {
