@@ -134,10 +134,11 @@ def chosen(run: str, label: str, others: tuple, begin, part, steps) -> tuple[int
     return start, n
 
 
-def bisect(runs_given, saved, lines, part, which_side, tolerance, steps, begin) -> D.Report:
+def bisect(runs_given, saved, lines, part, which_side, tolerance, steps, begin, made) -> D.Report:
     """The report of the recorded side `which_side` (0: A, 1: B) against the other, live, from
     the step `chosen` picks; `lines`: each run's metrics by step (runs.read_run); `part`: the
-    first logged step where the logs differ, or None."""
+    first logged step where the logs differ, or None; `made`: runs.py's (make_task, side), which
+    build a run's task and a segment's live side (passed in: runs.py imports this module)."""
     if tolerance not in (None, 'model', 'bitwise'):
         given = '--x64' if tolerance == 'x64' else f'--tolerance={tolerance}'
         raise UsageError(
@@ -147,7 +148,7 @@ def bisect(runs_given, saved, lines, part, which_side, tolerance, steps, begin) 
         )
     rec, live = which_side, 1 - which_side
     start, n = chosen(runs_given[rec], LABELS[rec], runs_given, begin, part, steps)
-    report, runner, task, probed, apply = prepared(runs_given, saved, rec, start, tolerance)
+    report, runner, task, probed, apply = prepared(runs_given, saved, rec, start, tolerance, made)
     report.notes.insert(0, (
         f'{LABELS[rec]}\'s step{"s" * (n > 1)} {start} -> {start + n} read from its checkpoints '
         f'{start}..{start + n}; {LABELS[live]} ran each step here from {LABELS[rec]}\'s state '
@@ -176,18 +177,17 @@ def bisect(runs_given, saved, lines, part, which_side, tolerance, steps, begin) 
     return report
 
 
-def prepared(runs_given, saved, rec, start, tolerance):
+def prepared(runs_given, saved, rec, start, tolerance, made):
     """(the empty report, the live side's Runner, the task, the probes' graphdef, the shared
     optimizer's update) of the recorded side `rec` from checkpoint `start`: each side's name
     says where it ran, and the recorded one the precision it is judged at."""
-    from . import runs
-
+    make_task, side = made
     live = 1 - rec
     segs = pairing.Stretches(*saved).at(start + 1)
     # the recorded run's schedule (its --steps may differ: the settings are otherwise one)
     config = cfg.TrainConfig(**saved[rec]['train'])
-    task = runs.make_task(saved[rec], config)
-    live_side = runs.side(segs[live], runs_given[live])
+    task = make_task(saved[rec], config)
+    live_side = side(segs[live], runs_given[live])
     use_matmul_precision(live_side.plan.precision.matmul)
     policy, said = assumed(segs[rec])
     here = pairing.precision({**segs[live], 'platform': host()})

@@ -135,7 +135,7 @@ def bisect_runs(run_a: str, run_b: str, tolerance: str, widen, steps: int | None
     step, agreed, skipped = first_difference(lines_a, lines_b, tolerance, policy)
     if which is not None:  # one side's steps from its checkpoints, the other's live here
         runs, saved, lines = (run_a, run_b), (saved_a, saved_b), (lines_a, lines_b)
-        return R.bisect(runs, saved, lines, step, which, given, steps, begin)
+        return R.bisect(runs, saved, lines, step, which, given, steps, begin, (make_task, side))
     if step is None and not begin:
         report = D.Report((run_a, run_b), tolerance, 0, identical=identical(lines_a, lines_b))
         if policy:
