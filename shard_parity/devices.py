@@ -54,19 +54,24 @@ def tpu_chips_here() -> int:
 def quiet_libtpu() -> None:
     """Keeps libtpu's start-up warnings off a machine without a TPU chip (see QUIET); call before
     anything loads libtpu (the first JAX backend start, or the first TPU topology)."""
-    if libtpu_installed() and not tpu_chips_here():
+    if tpu_chips_here():  # a TPU host: what JAX says of its backends there is news
+        return
+    if libtpu_installed():
         for k, v in QUIET.items():
             os.environ.setdefault(k, v)
-        # JAX then tries libtpu's backend on its first start, finds no chip, falls back to the
-        # CPU (or GPU) and logs that at INFO, which the CLIs' absl logging shows: drop that one
-        logger = logging.getLogger('jax._src.xla_bridge')
-        if _NO_TPU_BACKEND not in logger.filters:  # once, however often this is called
-            logger.addFilter(_NO_TPU_BACKEND)
+    # JAX's first start tries each backend it knows (libtpu's, the proxy's), finds none, falls
+    # back to the CPU (or GPU) and logs each at INFO, which the CLIs' absl logging shows (jax
+    # 0.11+ does so without libtpu too, on a platform left unpinned): drop those lines
+    logger = logging.getLogger('jax._src.xla_bridge')
+    if _NO_TPU_BACKEND not in logger.filters:  # once, however often this is called
+        logger.addFilter(_NO_TPU_BACKEND)
 
 
 class _NoTpuBackend(logging.Filter):
     def filter(self, record) -> bool:
-        return "backend 'tpu'" not in record.getMessage()
+        found = record.getMessage()
+        return not (record.levelno <= logging.INFO and 'Unable to initialize backend' in found
+                    or "backend 'tpu'" in found)  # fmt: skip
 
 
 _NO_TPU_BACKEND = _NoTpuBackend()
