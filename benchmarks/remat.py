@@ -18,6 +18,12 @@ batches around it until one fits and the next does not (or is refused: RESOURCE_
 Compiles run in threads (--compile_workers; XLA's compile leaves Python's lock), lowering in
 the main thread; --timed_steps steps of each policy at --batch_size are timed between the first
 round and the rest, on the executables compiled at that batch.
+--target=tpu-v5e-1 (inspector/target.py; libtpu): the same search on a machine without the chip,
+each step compiled from shapes by the TPU compiler for that target's devices, the budget its HBM
+(the one chip's bytes_limit, remat_r1.json: --hbm_gib=15.748046875, 512 bytes above it); nothing
+is timed. A TPU program's memory is fixed when it compiles: at batches 16 and 32 these compiles
+gave the chip's own figures to the byte (docs/remat.md). On a TPU a step fits when its compiler
+accepts it and its peak is within the budget. --policies: the ones searched.
 """
 
 import concurrent.futures
@@ -35,9 +41,10 @@ from jax.sharding import NamedSharding
 
 from benchmarks.sections import NANOGPT, per_step, runner, setup
 from benchmarks.timing import interleaved
-from shard_parity import auto, memory
+from shard_parity import auto, memory, refuse
 from shard_parity import config as cfg
 from shard_parity import plan as plans
+from shard_parity.inspector import target as targets
 from shard_parity.inspector.target_figures import does_not_fit
 from shard_parity.mesh import mesh_for
 from shard_parity.model.transformer import REMAT_POLICIES, Transformer
@@ -50,11 +57,12 @@ BATCH_SIZE = 16
 GiB = 2**30
 
 
-def lowered(policy: str, model_config, batch_size: int, plan):
+def lowered(policy: str, model_config, batch_size: int, plan, devices=None):
     """The auto twin's train step of `model_config` under `policy`, lowered for `batch_size`
-    rows on `plan`'s mesh (abstract state: nothing is made)."""
+    rows on `plan`'s mesh (abstract state: nothing is made), over `devices` (a --target's
+    compile-only ones; default this process's)."""
     mc = dataclasses.replace(model_config, remat_policy=policy)
-    mesh = mesh_for(plan, auto.AXIS_TYPE)
+    mesh = mesh_for(plan, auto.AXIS_TYPE, devices=devices)
     sharding = NamedSharding(mesh, rows(plan))
     shape = (batch_size, mc.seq_len)
     batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k in ('x', 'y')}
@@ -64,17 +72,19 @@ def lowered(policy: str, model_config, batch_size: int, plan):
     return module.train_step(graphdef, tasks.lm_loss, tx, mesh, plan).lower(state, batch)
 
 
-def footprint(compiled) -> dict:
+def footprint(compiled, tpu: bool = False) -> dict:
     """MiB of a compiled step: memory.measured's arguments, temp and peak, the compiler's own
-    peak where it reports one (a TPU's), and `bytes`, the larger peak: what must fit."""
+    peak where it reports one, and `bytes`, what must fit: on a TPU (`tpu`) the compiler's
+    peak, the HBM it laid the program out in (it accepts steps whose temp alone is above the
+    HBM: GPT-2-small, full, batch 244: temp 17.26 GiB, peak 12.53), else the larger peak."""
     out = memory.measured(compiled)
     own = getattr(compiled.memory_analysis(), 'peak_memory_in_bytes', 0) or 0
     out['compiler_peak'] = own / memory.MiB
-    out['bytes'] = max(out['peak'], out['compiler_peak']) * memory.MiB
+    out['bytes'] = own if tpu else max(out['peak'], out['compiler_peak']) * memory.MiB
     return out
 
 
-def compile_or_refusal(low) -> tuple:
+def compile_or_refusal(low, tpu: bool = False) -> tuple:
     """(compiled, footprint) or (None, {'does_not_fit': the compiler's reason})."""
     try:
         compiled = low.compile()
@@ -82,14 +92,15 @@ def compile_or_refusal(low) -> tuple:
         if (why := does_not_fit(e)) is None:  # another failure: kept, counted as not fitting
             return None, {'does_not_fit': f'failed: {type(e).__name__}: {str(e)[:300]}'}
         return None, {'does_not_fit': why}
-    return compiled, footprint(compiled)
+    return compiled, footprint(compiled, tpu)
 
 
 def next_batches(seen: dict, budget: float) -> list[int]:
     """The batches to compile next for one policy, given `seen` {batch: footprint}: none once
     the largest that fits is one below the smallest that does not; else the line through the
     two largest measured batches, where it crosses `budget` bytes, and the batch after it,
-    kept between the two; doubling or halving while there is no line."""
+    where that is strictly between the two; else (a TPU compiler that squeezes a step near
+    its HBM bends the line) the batch halfway; doubling or halving while there is no line."""
     fits = [b for b, f in seen.items() if f.get('bytes', math.inf) <= budget]
     lo = max(fits, default=0)
     hi = min((b for b in seen if b > lo and b not in fits), default=math.inf)
@@ -101,8 +112,11 @@ def next_batches(seen: dict, budget: float) -> list[int]:
     (b1, b2), (m1, m2) = measured, [seen[b]['bytes'] for b in measured]
     slope = (m2 - m1) / (b2 - b1)
     guess = math.floor(b1 + (budget - m1) / slope) if slope > 0 else lo * 2
-    guess = min(max(guess, lo + 1), hi - 1 if hi != math.inf else guess)
-    return sorted({guess, guess + 1} - set(seen) - ({hi} if hi != math.inf else set()))
+    if hi == math.inf:
+        return sorted({max(guess, lo + 1), max(guess, lo + 1) + 1} - set(seen))
+    if not lo + 1 < guess < hi - 1:
+        return [(lo + hi) // 2]
+    return sorted({guess, guess + 1} - set(seen))
 
 
 def largest(seen: dict, budget: float) -> dict:
@@ -137,14 +151,18 @@ def timed(compiled, host, plan, steps: int) -> dict:
 
 
 def fit(model_config, budget: float, start, batch_size: int, steps: int, workers: int,
-        deadline: float, policies: dict, report=print, known=None) -> dict:  # fmt: skip
+        deadline: float, policies: dict, report=print, known=None, devices=None) -> dict:  # fmt: skip
     """Per policy (`policies`: name -> remat_policy): the largest batch whose step fits
     `budget` bytes, every compile's footprint, and the timing at `batch_size` (none with
     `steps` 0). Starts no round of compiles that the last round's length would take past
     `deadline` (time.monotonic()), and reports what it has. `known`: {name: {batch:
-    footprint}} of an earlier run, where the search goes on from (no `start`)."""
+    footprint}} of an earlier run, where the search goes on from (no `start`). `devices`: a
+    --target's, compiled for from shapes (then `steps` must be 0: nothing can run)."""
     plan = plans.parse(None, 'dp', 1)
-    seen = {p: dict((known or {}).get(p, {})) for p in policies}
+    tpu = (devices or jax.devices())[0].platform == 'tpu'
+    seen = {p: {b: dict(f) for b, f in (known or {}).get(p, {}).items()} for p in policies}
+    for f in (f for s in seen.values() for f in s.values() if tpu and 'compiler_peak' in f):
+        f['bytes'] = f['compiler_peak'] * memory.MiB  # an earlier run's, held alike
     out = {p: {'remat_policy': v, 'compiles': seen[p]} for p, v in policies.items()}
     first = sorted(set(start) | ({batch_size} if steps else set()))
     todo = {p: next_batches(seen[p], budget) if seen[p] else first for p in policies}
@@ -153,7 +171,7 @@ def fit(model_config, budget: float, start, batch_size: int, steps: int, workers
         while any(todo.values()) and time.monotonic() + last < deadline:
             began = time.monotonic()
             jobs = {(p, b): pool.submit(compile_or_refusal,
-                                        lowered(policies[p], model_config, b, plan))
+                                        lowered(policies[p], model_config, b, plan, devices), tpu)
                     for p, batches in todo.items() for b in batches}  # fmt: skip
             for (p, b), job in jobs.items():
                 compiled, seen[p][b] = job.result()
@@ -232,12 +250,16 @@ def main(argv):  # python -m benchmarks.remat: the module docstring
     F = flags.FLAGS
     configure_jax(F.cpu_devices, cpu_fma=F.cpu_fma, libtpu_lines=F.verbose)
     model_config = from_flags.transformer_config()
-    limit = (jax.devices()[0].memory_stats() or {}).get('bytes_limit')
-    budget = F.hbm_gib * GiB if F.hbm_gib else (limit or 15.75 * GiB)
+    devices, chip, steps = on_target(F)
+    limit = None if chip else (jax.devices()[0].memory_stats() or {}).get('bytes_limit')
+    budget = F.hbm_gib * GiB if F.hbm_gib else (chip.hbm_bytes if chip else limit or 15.75 * GiB)
     start = [int(b) for b in F.fit_start]
     deadline = time.monotonic() + F.deadline_s
-    info = {'device': jax.devices()[0].device_kind, 'jax': jax.__version__, 'budget_bytes': budget,
-            'device_bytes_limit': limit, 'model_config': dataclasses.asdict(model_config)}  # fmt: skip
+    info = {'device': chip.device_kind if chip else jax.devices()[0].device_kind,
+            'jax': jax.__version__, 'budget_bytes': budget, 'device_bytes_limit': limit,
+            'model_config': dataclasses.asdict(model_config)}  # fmt: skip
+    if chip:  # compiled here from shapes by the target's compiler, which holds them to its HBM
+        info |= {'target': chip.name, 'target_hbm_bytes': chip.hbm_bytes}
 
     def report(what):  # a line to stderr; the results so far to --out
         if isinstance(what, str):
@@ -246,14 +268,15 @@ def main(argv):  # python -m benchmarks.remat: the module docstring
             with open(F.out, 'w') as f:
                 f.write(json.dumps(info | {'policies': what}, indent=1, default=str))
 
-    policies = {p: p for p in POLICIES} | ({'default': None} if F.with_default else {})
+    policies = {p: p for p in F.policies} | ({'default': None} if F.with_default else {})
     known = None
     if F.fit_known:  # {policy: {batch: footprint}}, from an earlier run's --out
         with open(F.fit_known) as f:
             earlier = json.load(f)['policies']
         known = {p: {int(b): v for b, v in r['compiles'].items()} for p, r in earlier.items()}
-    found = fit(model_config, budget, start, from_flags.batch_size(), F.timed_steps,
-                F.compile_workers, deadline, policies, report, known)  # fmt: skip
+    with targets.uncached(chip is not None):
+        found = fit(model_config, budget, start, from_flags.batch_size(), steps,
+                    F.compile_workers, deadline, policies, report, known, devices)  # fmt: skip
     report(found)
     for p, r in found.items():
         t = r.get('timed', {})
@@ -262,15 +285,43 @@ def main(argv):  # python -m benchmarks.remat: the module docstring
               f"{t.get('tokens_per_sec')} tokens/s, mfu {t.get('mfu')}")  # fmt: skip
 
 
+def on_target(F) -> tuple:
+    """(devices, Target, timed steps) of --target: its compile-only devices, nothing timed;
+    (None, None, --timed_steps) without one. Bad input (a target's timed steps, one this
+    machine cannot compile for: no libtpu) is one line, exit 2."""
+    if not F.target:
+        return None, None, F.timed_steps
+    if F['timed_steps'].present and F.timed_steps:
+        refuse(f'--timed_steps={F.timed_steps} with --target={F.target}: the target\'s devices '
+               'run nothing; drop --timed_steps or give 0')  # fmt: skip
+    try:
+        return targets.devices(F.target, F.verbose), targets.get(F.target), 0
+    except targets.TargetError as e:
+        refuse(str(e))
+
+
 def define_flags():
     from absl import flags
 
     flags.DEFINE_list('fit_start', ['16', '32'], 'The first batches compiled per policy.')
+    flags.DEFINE_multi_enum('policies', POLICIES, POLICIES, 'The policies searched (and timed).')
     flags.DEFINE_integer('timed_steps', 30, 'Steps timed per policy at --batch_size (0: none).')
     flags.DEFINE_integer('compile_workers', 8, 'Compiles at once (threads).')
     flags.DEFINE_float('deadline_s', 300, 'Start no round of compiles that would end later.')
     flags.DEFINE_bool('with_default', True, 'Also the unset policy (as before the flag).')
-    flags.DEFINE_float('hbm_gib', None, "Device memory (default: the device's bytes_limit).")
+    flags.DEFINE_float(
+        'hbm_gib',
+        None,
+        "Device memory (default: the device's bytes_limit; "
+        "with --target, the HBM its compiler holds a program to).",
+    )
+    flags.DEFINE_enum(
+        'target',
+        None,
+        list(targets.TARGETS),
+        'Compile for this hardware from shapes, here (inspector/target.py; tpu-*: '
+        'pip install -e ".[tpu]"): the fit search only, nothing timed.',
+    )
     flags.DEFINE_string('out', None, 'Write the results as JSON here.')
     flags.DEFINE_string('fit_known', None, "An earlier --out's compiles to search on from.")
 
@@ -278,7 +329,8 @@ def define_flags():
 if __name__ == '__main__':
     from absl import app
 
-    from shard_parity.runtime import from_flags  # noqa: F401  (the model flags)
+    from shard_parity.runtime import declare_key_flags, from_flags, parse_flags  # noqa: F401
 
     define_flags()
-    app.run(main)
+    declare_key_flags([])  # --help exits 0; a bad flag is one line, exit 2 (parse_flags)
+    app.run(main, flags_parser=parse_flags)

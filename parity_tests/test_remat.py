@@ -5,9 +5,12 @@ differ (float32: TOL; which are bitwise on XLA:CPU is docs/remat.md's); the comp
 memory (XLA:CPU's memory_analysis(), deterministic) orders none >= dots >= dots_no_batch >= full,
 none well above full, on one device, under fsdp and in both pipeline schedules, so every path
 honours the policy, and unset it is each path's old policy; a config.json from before the field
-builds the same model and resumes under any policy."""
+builds the same model and resumes under any policy. benchmarks/remat.py's fit search, compiled
+from shapes for a TPU v5e chip (--target=tpu-v5e-1, libtpu), finds the exact largest batch
+within a budget and takes the TPU compiler's refusal of a batch its HBM cannot hold."""
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +31,7 @@ from parity_tests.helpers import (
 from shard_parity import auto, explicit, memory, typed
 from shard_parity import config as cfg
 from shard_parity import plan as plans
+from shard_parity.devices import libtpu_installed
 from shard_parity.mesh import mesh_for
 from shard_parity.model.transformer import REMAT_POLICIES, Transformer
 from shard_parity.placement import place_batch, place_state, rows
@@ -150,3 +154,49 @@ def test_a_config_json_without_the_field_builds_and_resumes_under_any_policy():
 def test_an_unknown_policy_in_a_config_is_refused():
     with pytest.raises(Exception, match='--remat_policy=some is not one of none, full, dots'):
         dataclasses.replace(TINY_TRANSFORMER, remat_policy='some')
+
+
+@pytest.mark.slow  # 5.5 minutes on 2 shared cores: 5 or so compiles for the TPU
+@pytest.mark.skipif(
+    not libtpu_installed(), reason='libtpu is not installed: pip install -e ".[tpu]"'
+)
+def test_the_fit_search_compiled_for_a_tpu_from_shapes_brackets_the_largest_batch():
+    """benchmarks.remat --target=tpu-v5e-1's search (the TPU compiler on this host): with a
+    budget halfway between none's bytes (the TPU compiler's peak) at batches 16 and 32, the
+    largest batch that fits is exact, its bytes within the budget and the next batch's above; a
+    batch no chip holds is the compiler's own refusal, naming the v5e's 15.75G of HBM."""
+    from benchmarks import remat
+    from shard_parity.inspector import target as targets
+
+    devices = targets.devices('tpu-v5e-1')
+    plan = plans.parse(None, 'dp', 1)
+    with targets.uncached():
+        first = {b: remat.compile_or_refusal(remat.lowered('none', MEMORY, b, plan, devices),
+                                             tpu=True)[1] for b in (16, 32)}  # fmt: skip
+        budget = (first[16]['bytes'] + first[32]['bytes']) / 2
+        found = remat.fit(MEMORY, budget, [16, 32], 16, 0, 1, math.inf, {'none': 'none'},
+                          lambda _: None, None, devices)['none']  # fmt: skip
+        huge = remat.compile_or_refusal(remat.lowered('full', MEMORY, 2**21, plan, devices))
+    assert found['compiles'][16] == first[16] and found['compiles'][32] == first[32]
+    assert found['exact'] and 16 < found['largest_fitting'] < 32, found
+    fits, over = (found['compiles'][found[k]] for k in ('largest_fitting', 'smallest_not'))
+    assert fits['bytes'] <= budget < over['bytes'], (fits, over, budget)
+    assert fits['bytes'] == fits['compiler_peak'] * memory.MiB  # on a TPU: the compiler's peak
+    assert huge[0] is None and 'of HBM available' in huge[1]['does_not_fit'], huge[1]
+    assert '15.75G' in huge[1]['does_not_fit'], huge[1]
+
+
+def test_the_fit_search_halves_where_the_line_would_walk_a_batch_at_a_time():
+    """benchmarks.remat's next batches: the line through the two largest measured, while it
+    lands strictly between the largest that fits and the smallest that does not; the batch
+    halfway once it does not (a TPU compiler squeezing a step near its HBM bends the line:
+    GPT-2-small, none, 39 -> 40 rows added 4.7 MiB, where 32 -> 39 added 320 a row, and the
+    line then walked down from 392 one refused batch at a time); none once exact."""
+    from benchmarks.remat import largest, next_batches
+
+    seen = {16: {'bytes': 7.0}, 32: {'bytes': 13.0}, 39: {'bytes': 15.0}, 40: {'bytes': 15.01}}
+    assert next_batches(seen, 16.0) == [139, 140]  # the line, no refusal yet
+    seen[139] = {'does_not_fit': 'needs 30G'}
+    assert next_batches(seen, 16.0) == [89]  # the line says 139 again: halfway instead
+    seen |= {89: {'does_not_fit': 'x'}, 64: {'bytes': 15.9}, 65: {'bytes': 16.1}}
+    assert next_batches(seen, 16.0) == [] and largest(seen, 16.0)['largest_fitting'] == 64
