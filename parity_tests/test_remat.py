@@ -157,6 +157,7 @@ def test_an_unknown_policy_in_a_config_is_refused():
 
 
 @pytest.mark.slow  # 5.5 minutes on 2 shared cores: 5 or so compiles for the TPU
+@pytest.mark.exhaustive  # the README's suite is at 25 of its 30 minutes: the opt-in tier runs it
 @pytest.mark.skipif(
     not libtpu_installed(), reason='libtpu is not installed: pip install -e ".[tpu]"'
 )
