@@ -4,7 +4,14 @@
 Gradients: each leaf's rounding noise measured on side A's step (tools/bisect/probes.py),
 C_PROBE times it, above float32's own reordering floor and the collective's rounding
 (numerics.Budget). A leaf with little noise gets a tight budget; a trained model's leaf whose
-mean gradient cancels its terms gets the wide one its rounding makes.
+mean gradient cancels its terms gets the wide one its rounding makes. Where a row's arithmetic
+may differ between the sides (stepping.beyond_rows), plus C_CAST x `moved`: what A's own
+gradient moves at the parameters rounded to the compute dtype, as one program keeps a cast
+parameter in float32 and the other rounds it (one device against explicit on
+data:2,fsdp:2,model:2 at 1e-3, steps 1-29: each leaf's error between the sides over that move
+0.80-1.77, median 1.03; 3 x it keeps the pair within a third). Not where only the rows are
+cut: there both sides' casts are the same (one device against explicit/dp.py on data:2, 300
+trained steps: the sides about 1e-7 apart, the move 0.35-1.7%: docs/numerics.md).
 
 The update is judged as the update: each leaf's step (new minus old) against the other's,
 norm-wise, relative to the step's own size, so that a warm-up step that moves a parameter by
@@ -34,6 +41,7 @@ C_EST = 0.75  # the error two correct sides reach, per unit of the probes' noise
 C_PROBE = 11.5  # a gradient leaf's budget: x that estimate (3 x the largest measured / estimate)
 STEP_EPS = 1e-5  # float32: two programs' steps of one state and gradient, relative
 C_STEP = 3.0  # the update's floor: x (eps + sqrt(eps q)) (the module docstring)
+C_CAST = 3.0  # a gradient leaf's budget: + x what rounding the parameters moves it (`rounded`)
 
 
 def gradients(model: numerics.Budget, noise: list[float], flat: bool = False) -> list[float]:
@@ -74,6 +82,34 @@ def cast(grads, params, dtype: str) -> float:
         dropped = p.astype(np.float64) - np.asarray(jnp.asarray(p).astype(dtype), np.float64)
         total += abs(float(np.sum(np.asarray(g, np.float64) * dropped)))
     return total
+
+
+def rounded(params, dtype: str):
+    """`params` with every float leaf wider than `dtype` rounded to it (kept in its own dtype),
+    or None where that changes nothing (float32 compute, or the parameters already `dtype`'s
+    numbers): what a program that rounds its cast parameters computes with."""
+    import jax
+    import jax.numpy as jnp
+
+    def cut(p):
+        p = np.asarray(p)
+        if not np.issubdtype(p.dtype, np.floating) or jnp.dtype(dtype).itemsize >= p.itemsize:
+            return p
+        return np.asarray(jnp.asarray(p).astype(dtype).astype(p.dtype))
+
+    out = jax.tree.map(cut, params)
+    same = all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(out)))
+    return None if same else out
+
+
+def moved(grads, at_rounded) -> list[float]:
+    """Each gradient leaf's norm-wise move where A's own program is given the parameters rounded
+    to the compute dtype (`rounded`): the gradient's counterpart of `cast`, per leaf."""
+    pairs = zip(named_leaves(grads), named_leaves(at_rounded), strict=True)
+    return [
+        numerics.error(np.asarray(a, np.float64), np.asarray(b, np.float64))
+        for (_, a), (_, b) in pairs
+    ]
 
 
 def step_floor(after, step, eps: float = STEP_EPS) -> float:

@@ -214,6 +214,14 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
             found = [model.gradients()] * len(named_leaves(ga))
         else:  # rows cut: at least the error model's own budget (budgets.gradients)
             found = budgets.gradients(model, noise, flat=bool(rows))
+        # ...plus, where a row's arithmetic may differ (its casts among it), what A's own
+        # gradient moves at the parameters rounded to the compute dtype: a program that keeps a
+        # cast parameter in float32 and one that rounds it differ by that (budgets.rounded; one
+        # more backward pass of A; none where the parameters are already the dtype's numbers)
+        cut = None if rows else budgets.rounded(state.params, model.compute)
+        if cut is not None:
+            _, gr = ra.loss_and_grads(state._replace(params=cut), batch)
+            found = [f + budgets.C_CAST * m for f, m in zip(found, budgets.moved(ga, gr))]
         grads = dict(zip([p for p, _ in named_leaves(ga)], found))
 
     # the differentiated loss also moves where one side keeps a cast parameter in float32 (XLA's
