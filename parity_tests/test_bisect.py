@@ -255,7 +255,8 @@ def test_bitwise_identical_runs_are_said_to_be(tmp_path):
     bf16 = {'model_config': {'embed_dim': 16, 'dtype': 'bfloat16'}}
     a, b = fake_run(tmp_path / 'a', **bf16), fake_run(tmp_path / 'b', **bf16)
     said = report.render(runs.bisect_runs(a, b, None, None, None))
-    assert said == f'A={a} and B={b}: every figure both logged is bitwise identical.'
+    assert said == f'A={a} and B={b}: every figure both logged is bitwise identical.' + report.LOGS
+    assert said.splitlines()[1].startswith('It could not see (no step replayed')  # what it did not
     c = fake_run(tmp_path / 'c', loss=2.0 + 1e-4, **bf16)  # within the band, not the same
     said = report.render(runs.bisect_runs(a, c, None, None, None))
     assert 'bitwise identical' not in said and 'agrees within bf16 round-off' in said, said

@@ -37,14 +37,14 @@ def render(r) -> str:
     if r.model:  # --tolerance=model
         how = f'{r.model.name} error model'
     if not r.diverged and not r.steps and r.identical:
-        return f'A={a} and B={b}: every figure both logged is bitwise identical.' + notes
+        return f'A={a} and B={b}: every figure both logged is bitwise identical.' + LOGS + notes
     if not r.diverged and not r.steps:
         within = (
             f'within {r.model.name} round-off (the band of docs/numerics.md)'
             if r.model
             else f'({how})'
         )
-        return f'A={a} and B={b}: every figure both logged agrees {within}.' + notes
+        return f'A={a} and B={b}: every figure both logged agrees {within}.' + LOGS + notes
     if not r.diverged and r.model and r.worst and not any(f for _, f in r.worst.values()):
         return f'A={a} and B={b} are bitwise identical for {r.steps} steps.' + notes
     if not r.diverged and r.model:
@@ -84,6 +84,13 @@ def render(r) -> str:
 
 
 LIMIT = 0.01  # a detection limit above this is said, with the float32 comparison that sees more
+
+
+LOGS = (  # an agree of the logs alone: no step was replayed, so no leaf was judged
+    '\nIt could not see (no step replayed, docs/bisect.md "Reading an agree"): a difference in '
+    'any parameter, gradient or update that moves no logged figure past its tolerance; '
+    '--from=RUN_A@STEP replays a step both runs saved and states each leaf\'s detection limit.'
+)
 
 
 def unseen(r) -> str:
