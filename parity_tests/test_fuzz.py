@@ -982,3 +982,32 @@ def test_the_target_corpus_replays_as_fixed():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for name in ('auto_tpu_embedding_gradient_over_model', 'auto_tpu_gathers_expert_weights'):
         assert f'corpus {name}: passed, as fixed' in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.exhaustive  # measured 88 s alone (3 draws, shrinking's minute, the replay)
+def test_zero1_local_clip_is_found_where_zero1_and_a_clip_are_drawn():
+    """tools.zoo.zero1_local_clip (the update in shard_map: optax's clip takes each device's
+    shard's norm) agrees on seed 2's first two draws (no ZeRO-1) and is caught at the third,
+    the first with ZeRO-1: stage:2,model:2,data:2, whose step-0 gradient norm (3.1, measured)
+    is over the transformer's --grad_clip=1.0, so the clip is active (on seed 49's ZeRO-1 draw,
+    norm 0.34, it agrees: no clip, no bug). The fuzzer draws no --grad_clip; the transformer's
+    default is the clip. Shrinking may drop ZeRO-1: the entry's per-device update also splits
+    under fsdp or model, where each clip sees its shard too. Its command replays at step 0, in
+    the update."""
+    result = fuzz('--draws=3', '--seed=2', '--models=transformer', '--shrink_minutes=1',
+                  '--checkpoint_every=0', '--twins=one_device,tools.zoo.zero1_local_clip',
+                  '--verbose', timeout=600)  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    assert 'FAILURE (diverges of tools.zoo.zero1_local_clip)' in result.stdout, result.stdout
+    ran = [ln for ln in result.stdout.splitlines() if ln.startswith(('passed: ', 'failed: '))]
+    first = next(i for i, ln in enumerate(ran) if ln.startswith('failed: '))
+    assert first == 2 and ZERO1 in ran[first].split(), ran  # the third draw, ZeRO-1's
+    assert all(ZERO1 not in ln.split() for ln in ran[:first]), ran  # not drawn: they agree
+    line = result.stdout.strip().splitlines()[-1]
+    assert line.startswith('reproduce: python -m tools.bisect --twins=one_device,tools.zoo.zero1')
+    assert line.endswith(' --steps=1') and '--model=transformer ' in line, line
+    argv = [sys.executable, *line.removeprefix('reproduce: ').split()[1:]]
+    replay = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert replay.returncode == 1, replay.stdout + replay.stderr[-2000:]
+    assert 'diverge at step 0, phase update' in replay.stdout, replay.stdout
