@@ -2,7 +2,9 @@
 shard_map, each device on its own shards: optax's clip_by_global_norm there takes the norm of the
 local 1/n of the gradient, not of the whole (the global norm needs a psum of the shards' sums of
 squares). With --grad_clip each device scales its shard by its own factor (the bug zoo). Caught
-at the first step whose norm is clipped, phase update (test_zero1.py)."""
+at the first step whose norm is clipped, phase update (test_zero1.py). It runs the update per
+device wherever the update is split, so an fsdp or 'model' mesh without ZeRO-1 shows it too
+(the fuzzer's shrinking finds that: test_fuzz.py)."""
 
 import jax
 import optax
