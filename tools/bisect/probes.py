@@ -226,3 +226,17 @@ def _relative(square: float, size: float) -> float:
     if size:
         return float(np.sqrt(square)) / size
     return float('inf') if square else 0.0
+
+
+def measured_or_noted(report, what: str, *args, **kwargs):
+    """`measure(*args, **kwargs)`, or None where the op-by-op probe cannot evaluate the program
+    (its caller then takes the error model's flat budgets): `report` gains one note saying so,
+    `what` naming what the probes could not run."""
+    try:
+        return measure(*args, **kwargs)
+    except Exception as e:  # a program the op-by-op probe cannot evaluate: the flat model
+        note = (f'{what} ({type(e).__name__}: {str(e).splitlines()[0][:120]}); the error '
+                "model's flat budgets instead")  # fmt: skip
+        if note not in report.notes:
+            report.notes.append(note)
+        return None

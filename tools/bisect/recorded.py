@@ -41,7 +41,7 @@ from ..compare import pairing
 from . import budgets, probes, trained
 from . import divergence as D
 from .leaves import compare, compare_trees, named_leaves
-from .stepping import Runner
+from .stepping import Runner, Seen
 
 LABELS = 'AB'
 
@@ -231,21 +231,6 @@ def probe_graphdef(saved: dict, compute: str):
     return abstract_state({**saved, 'model_config': shape})[0]
 
 
-class _Seen(list):
-    """The (leaf, error / budget) pairs of one phase, into the report's worst and seen."""
-
-    def __init__(self, report, phase):
-        super().__init__()
-        self.report, self.phase = report, phase
-
-    def append(self, item):
-        path, fraction = item
-        self.report.seen.append((self.phase, path, fraction))
-        worst = self.report.worst.get(self.phase)
-        if worst is None or not fraction <= worst[1]:
-            self.report.worst[self.phase] = [path, fraction]
-
-
 def logged_loss(lines: dict, step: int) -> float | None:
     """The recorded run's train_loss of `step` (the loss of the step that made it, at the state
     before it), where its metrics.jsonl has a train line at step + 1 over that step alone
@@ -283,10 +268,10 @@ def judge(runner, probed, apply, state, after, batch, report, rec, logged=None):
                       budgets.C_PROBE * budgets.C_EST * spread)  # fmt: skip
         report.limits['loss'] = {'loss': allowed}
         report.compared['loss'] = 1
-        leaf = compare('loss', *losses, 'model', budget=allowed, seen=_Seen(report, 'loss'))
+        leaf = compare('loss', *losses, 'model', budget=allowed, seen=Seen(report, 'loss'))
         if leaf:
             return 'forward', [leaf]
-    seen, limits = _Seen(report, 'update'), {}
+    seen, limits = Seen(report, 'update'), {}
     label = runner.label
     leaves = budgets.compare_steps(f'{label}: ', apply(state, grads), new, state, budget, seen)
     leaves += budgets.compare_steps('A vs B: ', *sides, state, budget, seen, limits)
@@ -308,17 +293,13 @@ def step_budget(runner, probed, apply, state, batch, grads, report):
     )  # fmt: skip
     named = named_leaves(grads)
     reduce = max(model.gradients() - dataclasses.replace(model, reduce='float32').gradients(), 0)
-    try:
-        spread, noise, elements = probes.measure(probed, runner.loss_fn, state.params, batch)
-    except Exception as e:  # a program the op-by-op probe cannot evaluate: the flat model
-        note = (
-            f'the probes could not run the live step ({type(e).__name__}: '
-            f'{str(e).splitlines()[0][:120]}); the error model\'s flat budgets instead'
-        )
-        report.notes += [note] if note not in report.notes else []
+    measured = probes.measured_or_noted(report, 'the probes could not run the live step', probed,
+                                        runner.loss_fn, state.params, batch)  # fmt: skip
+    if measured is None:
         spread, found = {}, [model.gradients()] * len(named)
         elements = [model.gradients() * np.abs(np.asarray(g, np.float64)) for _, g in named]
     else:
+        spread, noise, elements = measured
         found = budgets.gradients(model, noise, flat=True)
         elements = [budgets.C_EST * e for e in elements]
     sigmas = [e + reduce * np.abs(np.asarray(g, np.float64)) for e, (_, g) in zip(elements, named)]

@@ -111,7 +111,7 @@ def beyond_rows(a: Side, b: Side, stacked: bool) -> bool:
     return False
 
 
-class _Seen(list):
+class Seen(list):
     """The (leaf, error / budget) pairs of one phase, into the report's worst and seen."""
 
     def __init__(self, report, phase):
@@ -159,7 +159,7 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
             after = {p for p, _ in acts[hidden[0][0] :] if p in other}
             break
     downstream, out_of_sight = set(after), 0  # ...and the hidden flips found there
-    seen = {p: _Seen(report, p) for p in ('forward', 'loss', 'gradients', 'update')}
+    seen = {p: Seen(report, p) for p in ('forward', 'loss', 'gradients', 'update')}
     flipped = set()  # tokens whose expert choice bf16 flipped: left out downstream
     for k, (path, x) in enumerate(common, 1):
         y = acts_b[path]
@@ -202,17 +202,14 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     if model:
         stacked = any(p.startswith('blocks.') for p, _ in named_leaves(ga))
         rows = 0 if beyond_rows(ra.side, rb.side, stacked) else max(n, 2)
-        try:
-            spread, noise, elements = probes.measure(ra.graphdef, ra.loss_fn, state.params, batch,
-                                                     rows=rows)  # fmt: skip
-        except Exception as e:  # a program the op-by-op probe cannot evaluate: the flat model
-            note = (f'step {step}: the probes could not run A\'s step ({type(e).__name__}: '
-                    f'{str(e).splitlines()[0][:120]}); the error model\'s flat budgets instead')
-            if note not in report.notes:
-                report.notes.append(note)
+        probed = probes.measured_or_noted(report, f'step {step}: the probes could not run A\'s '
+                                          'step', ra.graphdef, ra.loss_fn, state.params, batch,
+                                          rows=rows)  # fmt: skip
+        if probed is None:
             spread, elements = {}, None
             found = [model.gradients()] * len(named_leaves(ga))
         else:  # rows cut: at least the error model's own budget (budgets.gradients)
+            spread, noise, elements = probed
             found = budgets.gradients(model, noise, flat=bool(rows))
         # ...plus, where a row's arithmetic may differ (its casts among it), what A's own
         # gradient moves at the parameters rounded to the compute dtype: a program that keeps a
