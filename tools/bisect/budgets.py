@@ -42,24 +42,48 @@ C_PROBE = 11.5  # a gradient leaf's budget: x that estimate (3 x the largest mea
 STEP_EPS = 1e-5  # float32: two programs' steps of one state and gradient, relative
 C_STEP = 3.0  # the update's floor: x (eps + sqrt(eps q)) (the module docstring)
 C_CAST = 3.0  # a gradient leaf's budget: + x what rounding the parameters moves it (`rounded`)
+C_FLIP = 21.0  # where only the rows are cut: x a flip's expected noise (`flips`; 3 x 7, measured)
 
 
-def gradients(model: numerics.Budget, noise: list[float], flat: bool = False) -> list[float]:
+def gradients(model: numerics.Budget, noise: list[float], flat: bool = False,
+              jittered: list[float] | None = None) -> list[float]:
     """Each gradient leaf's budget: C_PROBE x C_EST x its measured noise, above float32's floor (the
     error model's own, at float32 compute) and the collective's rounding. Where the probes cut
-    the rows (`flat`: the sides split only the batch's rows), at least the error model's flat
-    budget: those probes see only the sums over rows, and the sides' compilers also round
-    inside a row where the other does not (one device against explicit/dp.py on data:2, bf16,
-    seed 1, step 0: blocks.attn.query.kernel 6.6e-5 apart, where the rows cut in A's blocks
-    reproduce B's gradient to 1e-7 on every other leaf and to 6.6e-5 there; jittering each
-    narrow elementwise result instead reads 0.5-1.9% of noise on every leaf, 10^3-10^6 times
-    their error: docs/numerics.md)."""
+    the rows (`flat`: the sides split only the batch's rows), those probes see only the sums
+    over rows, and the sides' compilers also round inside a row where the other does not: each
+    leaf's budget then holds C_FLIP x the noise of those roundings' flips (`flips`, from
+    `jittered`: the same leaf's noise under the probes that jitter every site), or, where those
+    probes could not run, the error model's flat budget (about 4.4% of a leaf under dp)."""
     import dataclasses
 
     floor = dataclasses.replace(model, compute='float32', reduce='float32').gradients()
     reduce = model.gradients() - dataclasses.replace(model, reduce='float32').gradients()
-    least = model.gradients() if flat else 0.0
-    return [max(C_PROBE * C_EST * n + floor + max(reduce, 0.0), least) for n in noise]
+    found = [C_PROBE * C_EST * n + floor + max(reduce, 0.0) for n in noise]
+    if flat and jittered is None:
+        return [max(x, model.gradients()) for x in found]
+    if flat:
+        return [x + C_FLIP * f for x, f in zip(found, flips(jittered, model.compute), strict=True)]
+    return found
+
+
+def flip(compute: str) -> float:
+    """A flip's noise over a jitter's, per element: where two programs compute a value to
+    float32's rounding apart (XLA rewrote one's x / s as x * (1 / s), or fused it otherwise),
+    its rounding to `compute` differs with probability about p = u(float32) / u(compute), and
+    then by one spacing of `compute` (2 u |x|), where a probe's jitter moves it by u |x| r:
+    2 sqrt(p), 2^-7 in bf16."""
+    return 2 * math.sqrt(numerics.unit_roundoff('float32') / numerics.unit_roundoff(compute))
+
+
+def flips(jittered: list[float], compute: str) -> list[float]:
+    """Each gradient leaf's expected noise from such flips where the sides split only the rows
+    (each row's arithmetic the same program, compiled apart): flip(compute) x the leaf's noise
+    under the probes that jitter every site (probes.measure, rows=0). One device against
+    explicit/dp.py on data:2, bf16 (seeds 3-5, 100 steps from initialisation and from 300
+    trained steps; docs/numerics.md, "Flips under dp"): a flip on 22% of steps, each leaf's
+    error over this estimate at most 6.75 (the 99th percentile of the steps with a flip 5.5)."""
+    factor = flip(compute)
+    return [factor * n for n in jittered]
 
 
 def cast(grads, params, dtype: str) -> float:

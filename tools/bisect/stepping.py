@@ -126,6 +126,20 @@ class Seen(list):
             self.report.worst[self.phase] = [path, fraction]
 
 
+def _probed(ra: Runner, report, step, state, batch, rows: int):
+    """(A's probes at `rows`, and where they cut the rows the probes that jitter every site, or
+    None): each a (spread, noise, elements) of probes.measure, or None where it could not run
+    (a note says so). Cut rows see only the sums over rows; the jittered probes' noise, scaled
+    to a flip's (budgets.flips), is each row's own rounding that the sides' compilers may make
+    apart: one clean and PROBES more passes of A per step (docs/numerics.md, "Flips under dp")."""
+    what = f"step {step}: the probes could not run A's step"
+    args = (ra.graphdef, ra.loss_fn, state.params, batch)
+    probed = probes.measured_or_noted(report, what, *args, rows=rows)
+    if probed is None or not rows:
+        return probed, None
+    return probed, probes.measured_or_noted(report, f'{what} jittered', *args, rows=0)
+
+
 def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report, step=None):
     """(phase, layer, differing leaves) of one step from `state`, or (None, None, A's state)."""
     n = spread_over(ra.side, rb.side, 'rows')
@@ -202,15 +216,16 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     if model:
         stacked = any(p.startswith('blocks.') for p, _ in named_leaves(ga))
         rows = 0 if beyond_rows(ra.side, rb.side, stacked) else max(n, 2)
-        probed = probes.measured_or_noted(report, f'step {step}: the probes could not run A\'s '
-                                          'step', ra.graphdef, ra.loss_fn, state.params, batch,
-                                          rows=rows)  # fmt: skip
+        probed, jittered = _probed(ra, report, step, state, batch, rows)
         if probed is None:
             spread, elements = {}, None
             found = [model.gradients()] * len(named_leaves(ga))
-        else:  # rows cut: at least the error model's own budget (budgets.gradients)
+        else:  # rows cut: + the flips of a row's own roundings, or the flat budget (budgets.py)
             spread, noise, elements = probed
-            found = budgets.gradients(model, noise, flat=bool(rows))
+            found = budgets.gradients(model, noise, bool(rows), jittered and jittered[1])
+            if jittered:  # ...which the update's spread carries too, element by element
+                factor = budgets.flip(model.compute)
+                elements = [np.hypot(e, factor * j) for e, j in zip(elements, jittered[2])]
         # ...plus, where a row's arithmetic may differ (its casts among it), what A's own
         # gradient moves at the parameters rounded to the compute dtype: a program that keeps a
         # cast parameter in float32 and one that rounds it differ by that (budgets.rounded; one
