@@ -8,6 +8,7 @@ corpus, ends with no failure it cannot explain.
 """
 
 import collections
+import dataclasses
 import json
 import os
 import pathlib
@@ -30,7 +31,7 @@ from shard_parity import UsageError, auto, explicit, typed
 from shard_parity.step import strategy_file
 from tools.fuzz import entries as fuzz_entries
 from tools.fuzz import judge as fuzz_judge
-from tools.fuzz.draws import Draw, command, draws
+from tools.fuzz.draws import Draw, command, draws, window_options
 from tools.fuzz.table import POLICIES, agrees, twin_refusals, violations
 
 T = dict(model='transformer', layers=4, heads=4, kv_heads=4, embed=16, seq_len=16)
@@ -155,15 +156,18 @@ def test_the_step_options_round_trip_and_entries_without_them_load(tmp_path):
     assert Draw(zero1=True).flags()[-1] == ZERO1
     assert Draw(**T, remat='none').flags()[-1] == '--remat_policy=none'  # given: not unset
     saved = json.loads(fuzz_entries.CORPUS.joinpath('typed_pp_one_row_microbatch.json').read_text())
-    assert not {'accumulation', 'zero1', 'remat'} & set(saved['draw'])  # written before them
+    assert not {'accumulation', 'zero1', 'remat', 'partial', 'variable_length'} & set(saved['draw'])
     assert broken_line(tmp_path, 'old', saved) == ''
     (old,) = fuzz_entries.load(tmp_path)
     assert (old['draw'].accumulation, old['draw'].zero1, old['draw'].remat) == (1, False, None)
-    new = Draw(**T, mesh=(('data', 8),), accumulation=2, zero1=True, remat='dots_no_batch')
+    assert (old['draw'].partial, old['draw'].variable_length) == (0, False)
+    new = Draw(**T, mesh=(('data', 8),), accumulation=2, zero1=True, remat='dots_no_batch',
+               partial=1, variable_length=True)  # fmt: skip
     assert broken_line(tmp_path, 'new', {**saved, 'draw': new.to_json()}) == ''
     assert fuzz_entries.load(tmp_path)[0]['draw'] == new
     for field, bad in [('accumulation', -1), ('accumulation', True), ('zero1', 1),
-                       ('remat', 'dot'), ('remat', '')]:  # fmt: skip
+                       ('remat', 'dot'), ('remat', ''), ('partial', -1),
+                       ('variable_length', 1)]:  # fmt: skip
         said = broken_line(tmp_path, 'new', {**saved, 'draw': {**new.to_json(), field: bad}})
         assert said.startswith(f'{tmp_path}/new.json: "draw": "{field}": '), said
 
@@ -171,7 +175,9 @@ def test_the_step_options_round_trip_and_entries_without_them_load(tmp_path):
 def test_the_step_options_are_drawn():
     """Among 600 draws: K of 2 and 4 that the project takes, 3 and 0 that it refuses, ZeRO-1
     taken and refused, each remat policy; none of them for a module of yours that runs one
-    strategy (ZeRO-1 runs the composed step). Shrinking takes them to their defaults
+    strategy (ZeRO-1 runs the composed step). Where K is 2 or 4, two steps compared, the
+    second a partial window of 1 to K-1 microbatches or not, a transformer's --variable_length
+    documents or not, and never elsewhere. Shrinking takes them to their defaults
     (test_shrinking_runs_in_the_domains_order). Plan checks only: a few seconds."""
     seen = []
 
@@ -188,8 +194,20 @@ def test_the_step_options_are_drawn():
         counts[f'K={d.accumulation} {"refused" if K in broken else "taken"}'] += 1
         counts[f'ZeRO-1 {"refused" if ZERO1 in broken else "taken"}'] += d.zero1
         counts[f'remat {d.remat}'] += d.model == 'transformer'
+        # K of 2 or 4: two steps, the second a partial window or not, a transformer's
+        # documents or not (window_options, from the draw's flags: the same draw, the same)
+        windowed = d.accumulation in (2, 4)
+        assert window_options(dataclasses.replace(d, partial=0, variable_length=False)) == d
+        assert d.steps == (2 if d.accumulation > 1 else 1), d
+        assert windowed or (d.partial, d.variable_length) == (0, False), d
+        assert d.partial < max(d.accumulation, 1), d
+        assert d.model == 'transformer' or not d.variable_length, d
+        counts[f'K={d.accumulation} partial {bool(d.partial)}'] += windowed
+        counts[f'documents {d.variable_length}'] += windowed and d.model == 'transformer'
     for name in ('K=2 taken', 'K=4 taken', 'K=3 refused', 'K=0 refused', 'ZeRO-1 taken',
-                 'ZeRO-1 refused', *(f'remat {p}' for p in POLICIES)):  # fmt: skip
+                 'ZeRO-1 refused', *(f'remat {p}' for p in POLICIES), 'K=2 partial True',
+                 'K=2 partial False', 'K=4 partial True', 'K=4 partial False', 'documents True',
+                 'documents False'):  # fmt: skip
         assert counts[name] > 0, (name, counts)
     assert counts['K=1 taken'] > len(seen) / 2 and counts['K=3 taken'] == 0, counts
     zoo = []
@@ -201,6 +219,45 @@ def test_the_step_options_are_drawn():
             random=random.Random(0),
         )
     assert not any(d.zero1 for d in zoo) and any(d.accumulation > 1 for d in zoo)
+
+
+def test_the_window_options_move_no_draw_of_a_seed(monkeypatch):
+    """The partial window and the documents are chosen from the draw's own flags
+    (draws.window_options), not from Hypothesis's stream: with window_options made the
+    identity, the first 40 draws of each pinned seed are the same but for them. The table names
+    what is no window (P of K=1, P >= K) and documents on the MLP, as the bisector and the
+    MLP's task refuse them. Strategies and checks only: about a second."""
+    from shard_parity import config as cfg
+    from shard_parity.runtime import tasks
+    from tools.fuzz import draws as fuzz_draws
+
+    def first(seed, **kwargs):
+        seen = []
+        with pytest.raises(NoSuchExample):
+            find(draws(8, **kwargs), lambda d: seen.append(d), random=random.Random(seed),
+                 settings=settings(max_examples=40, database=None,
+                                   suppress_health_check=list(HealthCheck)))  # fmt: skip
+        return seen
+
+    pinned = ((1, {'models': ('mlp',)}), (2, {'models': ('transformer',)}),
+              (24, {'models': ('mlp',)}), (0, {'required': ('data',)}))  # fmt: skip
+    now = {seed: first(seed, **kwargs) for seed, kwargs in pinned}
+    monkeypatch.setattr(fuzz_draws, 'window_options', lambda d: d)
+    changed = 0
+    for seed, kwargs in pinned:
+        before = first(seed, **kwargs)
+        plain = [dataclasses.replace(d, partial=0, variable_length=False) for d in now[seed]]
+        assert plain == before, seed
+        changed += sum(d != e for d, e in zip(now[seed], before))
+    assert changed > 0, changed  # the options were drawn: the comparison can fail
+    for d in (Draw(partial=1), Draw(batch=16, accumulation=2, partial=2)):
+        assert [b.flag for b in violations(d)] == ['--partial_window'], d
+    assert violations(Draw(batch=16, accumulation=2, partial=1)) == []
+    documents = Draw(variable_length=True)
+    with pytest.raises(UsageError) as said:
+        tasks.mnist_task(dataclasses.replace(cfg.TrainConfig(), variable_length=True))
+    assert agrees(str(said.value), violations(documents)), (said.value, violations(documents))
+    assert violations(Draw(**T, variable_length=True)) == []
 
 
 def test_the_twin_table_can_fail():
@@ -244,6 +301,13 @@ def test_a_failure_is_one_bisect_command():
     )
     sixteen = Draw(mesh=(('fsdp', 16),), batch=16)
     assert command(sixteen, 'auto').endswith('--steps=1 --cpu_devices=16')
+    # K > 1: two steps; a partial window is the last step's (the bisector's --partial_window)
+    windowed = Draw(batch=16, accumulation=2, partial=1)
+    assert command(windowed, 'explicit').endswith(
+        '--gradient_accumulation_steps=2 --partial_window=1 --steps=2'
+    )
+    assert command(Draw(batch=16, accumulation=4), 'auto').endswith('_steps=4 --steps=2')
+    assert Draw.from_json(windowed.to_json()) == windowed
     assert Draw.from_json(d.to_json()) == d
     # run as python -m shard_parity.tools.fuzz (from outside a checkout), the command says so
     from shard_parity.tools.fuzz import draws as installed
@@ -1011,3 +1075,70 @@ def test_zero1_local_clip_is_found_where_zero1_and_a_clip_are_drawn():
     replay = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert replay.returncode == 1, replay.stdout + replay.stderr[-2000:]
     assert 'diverge at step 0, phase update' in replay.stdout, replay.stdout
+
+
+ACCUMULATION = [  # (entry, seed, model, draws, the phase, what the draw that shows it has)
+    ('accum_carried_over', 49, 'mlp', 3, 'gradients', '--gradient_accumulation_steps'),
+    ('accum_partial_by_k', 58, 'mlp', 3, 'forward', '(--partial_window='),
+    ('accum_per_microbatch_mean', 218, 'transformer', 5, 'forward', '--variable_length'),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.exhaustive  # measured alone: 29 s, 20 s, 2 min 28 s (shrinking's minute); replays 12 s
+@pytest.mark.parametrize('entry,seed,model,count,phase,mark', ACCUMULATION,
+                         ids=[a[0] for a in ACCUMULATION])  # fmt: skip
+def test_the_accumulation_zoo_is_found_where_its_window_is_drawn(entry, seed, model, count, phase,
+                                                                  mark):  # fmt: skip
+    """Each accumulation entry beside explicit/ itself, on the same draws: the draws without what
+    the bug needs pass (explicit/ and the entry agree with one device), and the first with it
+    fails, for the entry alone. accum_carried_over: K > 1, whose two steps show the last
+    microbatch's gradient carried into the second (seed 49, the third draw, K=2: step 1, the
+    gradients); accum_partial_by_k: the second step a partial window (seed 58, the third: 1 of 2
+    microbatches, loss and accuracy x 0.5 at step 1); accum_per_microbatch_mean: the
+    transformer's documents (seed 218, the fifth: K=4 on --variable_length, the loss at step 0).
+    The shrunk command replays at its step: the documents' first, a partial window's second
+    (shrinking may trade the documents of accum_per_microbatch_mean for a partial window, whose
+    empty microbatches its per-microbatch means count too: x 0.5 at step 1, measured)."""
+    result = fuzz(f'--draws={count}', f'--seed={seed}', f'--models={model}', '--nocorpus',
+                  '--shrink_minutes=1', '--checkpoint_every=0', '--verbose',
+                  f'--twins=one_device,explicit,tools.zoo.{entry}', timeout=900)  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    assert f'FAILURE (diverges of tools.zoo.{entry})' in result.stdout, result.stdout
+    lines = result.stdout.split('\nsearch: ')[0].splitlines()
+    failures = [ln for ln in lines if ln.startswith('  ')]
+    assert failures and all(f' tools.zoo.{entry}: ' in ln for ln in failures), failures
+    ran = [ln for ln in lines if ln.startswith(('passed: ', 'failed: '))]
+    first = next(i for i, ln in enumerate(ran) if ln.startswith('failed: '))
+    assert first > 0 and mark in ran[first], ran  # the draw that has it...
+    assert all(mark not in ln for ln in ran[:first]), ran  # ...and those before, without it, agree
+    line = result.stdout.strip().splitlines()[-1]
+    assert line.startswith(
+        f'reproduce: python -m tools.bisect --twins=one_device,tools.zoo.{entry} '
+    )
+    assert line.endswith(' --steps=2'), line  # K > 1: two steps
+    step = 0 if '--variable_length' in line else 1
+    assert step == 0 or entry == 'accum_carried_over' or '--partial_window=' in line, line
+    argv = [sys.executable, *line.removeprefix('reproduce: ').split()[1:]]
+    replay = subprocess.run(
+        argv, cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert replay.returncode == 1, replay.stdout + replay.stderr[-2000:]
+    assert f'diverge at step {step}, phase {phase}' in replay.stdout, replay.stdout
+
+
+@pytest.mark.slow  # ~20 s: three refusals of the bisector (JAX's start and the data each)
+def test_a_partial_window_that_is_none_is_one_line_exit_2():
+    """--partial_window (the fuzzer's partial window, replayed): P of K=1, P >= K, and with two
+    run directories are refused in one line naming the flag, exit 2."""
+    for flags, said in (
+        (['--model=mlp', '--partial_window=1'], 'needs --gradient_accumulation_steps of 2'),
+        (['--model=mlp', '--gradient_accumulation_steps=2', '--partial_window=2'], '1 to K-1 (1)'),
+        (['RUN_A', 'RUN_B', '--partial_window=1'], 'not two run directories'),
+    ):
+        out = subprocess.run([sys.executable, '-m', 'tools.bisect', '--twins=one_device,explicit',
+                              '--mesh=data:8', '--steps=2', *flags], cwd=REPO,
+                             capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, (flags, out.stderr[-2000:])
+        assert lines[0].startswith('error: --partial_window=') and said in lines[0], lines

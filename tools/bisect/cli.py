@@ -82,6 +82,12 @@ RECORDED = flags.DEFINE_enum(
     'replayed here, and the other runs step s live from its state s (tools/bisect/recorded.py). '
     'Default: a run whose config.json says it trained on another platform than this host.',
 )
+PARTIAL = flags.DEFINE_integer(
+    'partial_window', 0,
+    'P: the last step compared is a partial window, P of --gradient_accumulation_steps\' K '
+    'microbatches holding rows and the rest weighing zero (1 to K-1), as an epoch ends where its '
+    'examples do not divide into K (datasets/batches.py, partial_window); 0: none.', lower_bound=0,
+)  # fmt: skip
 DEFAULT_STEPS = 20
 
 
@@ -99,6 +105,9 @@ def main(argv):
         jax.config.update('jax_enable_x64', X64.value)  # before any array is made
         if len(argv) not in (1, 3):
             raise UsageError(f'expected two run directories or none, got {argv[1:]}')
+        if PARTIAL.value and len(argv) == 3:
+            raise UsageError(f'--partial_window={PARTIAL.value} replays a window from the flags, '
+                             'not two run directories: drop it')  # fmt: skip
         if RECORDED.value and len(argv) != 3:
             raise UsageError(
                 f'--recorded={RECORDED.value} names which of two run directories is read from '
@@ -166,6 +175,8 @@ def from_flags():
             '(explicit casts beside each collective), or drop --reduce_dtype'
         ) from e
     steps = F.TRAIN['steps'].value or DEFAULT_STEPS
+    if PARTIAL.value:  # the last step compared
+        start.batches.partial = window(start, (begin.step if begin else 0) + steps - 1)
     report = D.bisect(
         a, b, start.graphdef, start.loss_fn, start.tx, state, start.batches, steps,
         tolerance(), start=begin.step if begin else 0,
@@ -231,14 +242,34 @@ def started(saved: dict | None = None):
     )  # fmt: skip
 
 
-class Batches:
-    """The task's training batches, in float64 under --x64."""
+def window(start, step: int, present: int | None = None) -> tuple[int, int]:
+    """(step, P): `step` a partial window of P (--partial_window's, or `present`) of K
+    microbatches; a P that is no partial window of K is refused in one line."""
+    present = PARTIAL.value if present is None else present
+    k = start.config.gradient_accumulation_steps
+    if k < 2:
+        raise UsageError(f'--partial_window={present}: a window of P of K microbatches needs '
+                         f'--gradient_accumulation_steps of 2 or more (got {k})')  # fmt: skip
+    if not 1 <= present < k:
+        raise UsageError(f'--partial_window={present}: a partial window of K={k} microbatches '
+                         f'holds 1 to K-1 ({k - 1}) of them')  # fmt: skip
+    return step, present
 
-    def __init__(self, task):
-        self.task = task
+
+class Batches:
+    """The task's training batches, in float64 under --x64; `partial` (step, P): that step a
+    partial window of P of K microbatches (--partial_window; tools.fuzz's draws)."""
+
+    def __init__(self, task, partial: tuple[int, int] | None = None):
+        self.task, self.partial = task, partial
 
     def batch(self, i):
-        return widen(self.task.train_batches.batch(i))
+        batch = self.task.train_batches.batch(i)
+        if self.partial and i == self.partial[0]:
+            from shard_parity.datasets.batches import partial_window
+
+            batch = partial_window(batch, self.task.loss_fn.steps, self.partial[1])
+        return widen(batch)
 
 
 def widen(tree):

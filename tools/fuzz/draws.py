@@ -11,10 +11,13 @@ from a short trained run (`trained`: TRAINED steps of one device from the seed, 
 bisector's `--steps=TRAINED+1` walks them), where the gradients are mostly noise and the error
 model's budgets are tested where a bug in a long run is found (docs/detection.md). After every
 other choice (`step_options`): --gradient_accumulation_steps (K), --shard_optimizer_over_data
-(ZeRO-1) and --remat_policy, their defaults mostly.
+(ZeRO-1) and --remat_policy, their defaults mostly; where K is 2 or 4, two steps are compared,
+the second a partial window half the time, and a transformer's on --variable_length documents
+half the time (`window_options`: chosen from the draw itself, so a seed's draws stay as they were).
 """
 
 import dataclasses
+import random
 
 from hypothesis import strategies as st
 
@@ -50,6 +53,14 @@ class Draw:
     accumulation: int = 1  # --gradient_accumulation_steps: K microbatches per optimizer step
     zero1: bool = False  # --shard_optimizer_over_data: AdamW's moments split over 'data'
     remat: str | None = None  # --remat_policy (None: unset, each path's default)
+    partial: int = 0  # K > 1: the second step compared a window of this many of K microbatches
+    variable_length: bool = False  # --variable_length: the transformer's documents (K > 1)
+
+    @property
+    def steps(self) -> int:
+        """The steps compared: two where K > 1 (a gradient carried from one step into the next
+        shows at the second), else one."""
+        return 2 if self.accumulation > 1 else 1
 
     @property
     def devices(self) -> int:
@@ -91,6 +102,8 @@ class Draw:
             out.append('--shard_optimizer_over_data')
         if self.remat is not None:
             out.append(f'--remat_policy={self.remat}')
+        if self.variable_length:
+            out.append('--variable_length')
         return out
 
     def to_json(self) -> dict:
@@ -115,11 +128,13 @@ PACKAGE = TOOLS.removesuffix('tools.')  # '' or 'shard_parity.': the inspector's
 def command(draw: Draw, twin: str) -> str:
     """The one command that replays a draw against one device for a step, in the package the
     fuzzer was run from (python -m tools.bisect, or python -m shard_parity.tools.bisect). A
-    trained draw's: its TRAINED steps and the one compared, each from one device's state
-    after the steps before (the bisector's walk, the worker's training, bitwise the same)."""
+    trained draw's: its TRAINED steps and those compared, each from one device's state
+    after the steps before (the bisector's walk, the worker's training, bitwise the same); a
+    draw whose second step is a partial window: --partial_window, the last step's."""
     devices = f' --cpu_devices={draw.devices}' if draw.devices != 8 else ''
+    window = f' --partial_window={draw.partial}' if draw.partial else ''
     return (f'python -m {TOOLS}bisect --twins=one_device,{twin} ' + ' '.join(draw.flags())
-            + f' --steps={draw.trained + 1}{devices}')  # fmt: skip
+            + f'{window} --steps={draw.trained + draw.steps}{devices}')  # fmt: skip
 
 
 def inspect(draw: Draw, target: str) -> str:
@@ -237,7 +252,23 @@ def step_options(draw, out: Draw, rows: int, odd: int, required=()) -> Draw:
     # not be simpler for it)
     zero1 = draw(st.integers(0, 3)) == 3 and 'data' in dict(out.mesh) and not required
     remat = draw(st.sampled_from(REMAT)) if out.model == 'transformer' else None
-    return dataclasses.replace(out, accumulation=k, zero1=zero1, remat=remat, batch=batch)
+    out = dataclasses.replace(out, accumulation=k, zero1=zero1, remat=remat, batch=batch)
+    return window_options(out)
+
+
+def window_options(out: Draw) -> Draw:
+    """A draw of K 2 or 4 (compared over two steps: `Draw.steps`) with its second step a
+    partial window of 1 to K-1 microbatches half the time (`partial`), and a transformer's
+    documents (`variable_length`: microbatches of unequal token counts) half the time. Chosen
+    from the draw itself (a random.Random of its flags), not from Hypothesis's stream: every
+    draw of a seed is as it was before these existed (a choice drawn from the stream moves the
+    later draws of a seed; docs/fuzzing.md), and the same draw always gets the same."""
+    if out.accumulation not in (2, 4):
+        return out
+    rng = random.Random(' '.join(out.flags()))
+    partial = rng.choice([0, rng.randrange(1, out.accumulation)])
+    documents = out.model == 'transformer' and rng.random() < 0.5
+    return dataclasses.replace(out, partial=partial, variable_length=documents)
 
 
 def other_mesh(draw: Draw, rng) -> tuple:
@@ -253,7 +284,7 @@ def other_mesh(draw: Draw, rng) -> tuple:
         mesh = tuple((a, 2 ** owners.count(i)) for i, a in enumerate(names))
         m = draw.microbatches if 'stage' in names else 1
         placed = dataclasses.replace(
-            draw, mesh=mesh, schedule='gpipe', batch=draw.devices * m, accumulation=1
+            draw, mesh=mesh, schedule='gpipe', batch=draw.devices * m, accumulation=1, partial=0
         )  # (K: the run's, not the checkpoint's)
         if mesh != draw.mesh and not violations(placed):
             return mesh

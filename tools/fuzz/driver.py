@@ -54,7 +54,8 @@ class Fuzz:
     def key(self, draw, twins=None, checkpoint=None) -> tuple:
         """What a draw runs, by which its answer is remembered: its flags, the twins, the
         mesh its checkpoint is restored on (None: no round trip) and the slice it compiles for."""
-        flags = (*draw.flags(), *([f'trained={draw.trained}'] if draw.trained else []))
+        flags = (*draw.flags(), *([f'trained={draw.trained}'] if draw.trained else []),
+                 *([f'partial={draw.partial}'] if draw.partial else []))  # fmt: skip
         return flags, tuple(twins or self.twins), checkpoint, self.slice(draw)
 
     def slice(self, draw) -> str | None:
@@ -92,6 +93,7 @@ class Fuzz:
             restored = f' (checkpoint restored on {checkpoint})' if checkpoint else ''
             restored += f' (compiled for {key[3]})' if key[3] else ''
             restored += f' (after {draw.trained} trained steps)' if draw.trained else ''
+            restored += f' (--partial_window={draw.partial})' if draw.partial else ''
             print(f'{outcome}: {answer.get("seconds", "-")} s {" ".join(draw.flags())}{restored}',
                   flush=True)  # fmt: skip
             for f in failures:

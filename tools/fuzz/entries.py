@@ -3,8 +3,9 @@ edited by hand (an entry is marked fixed there), read against one schema, ENTRY 
 which both loading and the tests use: a file that breaks it is refused in one line naming the
 file and the field (exit 2), before anything runs.
 
-    {"draw": {<every field of tools/fuzz/draws.py's Draw; "trained", "accumulation", "zero1"
-              and "remat" may be left out: 0, 1, false, null>},
+    {"draw": {<every field of tools/fuzz/draws.py's Draw; "trained", "accumulation", "zero1",
+              "remat", "partial" and "variable_length" may be left out: 0, 1, false, null, 0,
+              false>},
      "twins": ["typed"],                  # of auto, explicit, typed: those it concerns
      "status": "fixed",                   # fixed: must pass now; known: an open bug
      "reason": "what failed, and why",
@@ -107,6 +108,8 @@ DRAW_OPTIONAL = {  # absent in entries written before them: their defaults
     'accumulation': (whole(0), OPTIONAL),  # K (0: the flag's refusal); 1 if absent
     'zero1': (boolean, OPTIONAL),  # ZeRO-1; false if absent
     'remat': (choice(None, 'none', 'full', 'dots', 'dots_no_batch'), OPTIONAL),  # null: unset
+    'partial': (whole(0), OPTIONAL),  # the second step a window of P of K microbatches; 0
+    'variable_length': (boolean, OPTIONAL),  # the transformer's documents; false if absent
 }
 ENTRY = {  # field: (check, required)
     'draw': (anything, REQUIRED),  # an object of DRAW's fields

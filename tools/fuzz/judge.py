@@ -18,6 +18,7 @@ from typing import NamedTuple
 from .draws import Draw
 from .table import agrees, twin_refusals, violations
 
+
 class Failure(NamedTuple):
     kind: str  # refused, reason, accepted, diverges, fails, refused_twin, checkpoint, collectives,
     # hang, crash
@@ -93,6 +94,10 @@ class Worker:
         job = {'flags': draw.flags(), 'twins': list(twins)}
         if draw.trained:
             job['trained'] = draw.trained
+        if draw.steps > 1:  # K > 1: the second step, from one device's state after the first
+            job['steps'] = draw.steps
+        if draw.partial:
+            job['partial'] = draw.partial
         if checkpoint:
             job['checkpoint'] = checkpoint
         if target:

@@ -67,7 +67,8 @@ def step_options(d, axes, rows: int, need) -> None:
     """K (--gradient_accumulation_steps) cuts each row device's rows into K equal microbatches,
     which a pipeline does already (its M); ZeRO-1 splits AdamW's moments over 'data' (2+), in
     the composed step, whose pipeline is GPipe; a remat policy checkpoints transformer blocks,
-    which the MLP has none of ('none' checkpoints nothing)."""
+    which the MLP has none of ('none' checkpoints nothing); a partial window (the bisector's
+    --partial_window) holds fewer than K microbatches; documents are the transformer's text."""
     k, flag = d.accumulation, '--gradient_accumulation_steps'
     need(k >= 1, flag, 'K microbatches: a count of 1 or more')
     if k > 1:
@@ -80,6 +81,10 @@ def step_options(d, axes, rows: int, need) -> None:
     need(d.remat in (None, *POLICIES), '--remat_policy', f'one of {", ".join(POLICIES)}')
     need(d.remat in (None, 'none') or d.model == 'transformer', '--remat_policy',
          'the MLP has no blocks to checkpoint')  # fmt: skip
+    need(not d.partial or 1 <= d.partial < k, '--partial_window',
+         f'a partial window holds 1 to K-1 of K ({k}) microbatches')  # fmt: skip
+    need(not d.variable_length or d.model == 'transformer', '--variable_length',
+         "documents cut from text: the transformer's")  # fmt: skip
 
 
 def twin_refusals(d, twin: str) -> list[Broken]:

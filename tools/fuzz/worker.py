@@ -1,6 +1,9 @@
 """The fuzzer's worker (python -m tools.fuzz starts one per device count): runs draws, one per
 line of stdin, each a JSON object {"flags": [...], "twins": [...]}, and answers each with one
-line `FUZZ {...}` on stdout (all else it prints goes to stderr). A job with "checkpoint": a
+line `FUZZ {...}` on stdout (all else it prints goes to stderr). A job with "steps": 2 compares
+two steps, the second from one device's state after the first (the bisector's walk), and with
+"partial": P that second step is a partial window of P of K microbatches (the bisector's
+--partial_window). A job with "checkpoint": a
 mesh also saves each twin that agrees after 3 steps and restores it there
 (tools/fuzz/checkpoint.py); one with "trained": N compares step N, from one device's state
 after N steps (the bisector's --steps=N+1 walk); one with "target": a TPU slice compiles each
@@ -52,11 +55,22 @@ def run(job: dict) -> dict:
             'twins': {t: compiled(t, start, job['target']) for t in job['twins']},
         }
     state, step = trained(one, start, job.get('trained', 0))
-    batch, verdicts = start.batches.batch(step), {}
+    try:
+        batches, verdicts = compared(start, step, job.get('steps', 1), job.get('partial', 0)), {}
+    except UsageError as e:  # a partial window that is none (the bisector's --partial_window)
+        return {'status': 'refused', 'message': str(e)}
     for twin in job['twins']:
-        verdicts[twin] = one_twin(twin, start, one, apply, batch, job.get('checkpoint'),
+        verdicts[twin] = one_twin(twin, start, one, apply, batches, job.get('checkpoint'),
                                   state, step)  # fmt: skip
     return {'status': 'ran', 'twins': verdicts}
+
+
+def compared(start, step: int, steps: int, partial: int) -> list:
+    """The batches of the `steps` steps compared from `step`, the last a partial window of
+    `partial` of K microbatches where `partial` (as the bisector's --partial_window makes it)."""
+    window = bisect.window(start, step + steps - 1, partial) if partial else None
+    batches = bisect.Batches(start.task, window)
+    return [batches.batch(step + i) for i in range(steps)]
 
 
 def trained(one, start, steps: int):
@@ -68,19 +82,27 @@ def trained(one, start, steps: int):
     return state, steps
 
 
-def one_twin(twin: str, start, one, apply, batch, checkpoint: str | None = None, state=None,
+def one_twin(twin: str, start, one, apply, batches, checkpoint: str | None = None, state=None,
              step: int = 0) -> dict:  # fmt: skip
-    """{'verdict', 'message', 'tolerance'}: `twin`'s step beside one device's (`one`, its
+    """{'verdict', 'message', 'tolerance'}: `twin`'s steps beside one device's (`one`, its
     Runner), at the bisector's tolerance for the pair ('f32' or 'model'), from `state` (default
-    the seed's) at `step`."""
+    the seed's) at `step`, one per batch of `batches`, each from one device's state after the
+    one before, as the bisector walks them (the twin's compiled step kept: what it carries
+    from one step into the next is seen)."""
     state = start.state if state is None else state
     try:
         side = load_side(twin, start.plan, start.mesh)
         runner = D.Runner(side, start.graphdef, start.loss_fn, start.tx, 'B')
         report = D.new_report(one.side, side)  # the bisector's: bf16's error model, or f32's
-        phase, layer, out = D.compare_step(
-            one, runner, apply, state, batch, report.tolerance, report, step
-        )
+        for i, batch in enumerate(batches):
+            phase, layer, out = D.compare_step(
+                one, runner, apply, state, batch, report.tolerance, report, step + i
+            )
+            report.steps += 1
+            if phase:
+                step += i
+                break
+            state = out
     except UsageError as e:
         return {'verdict': 'refused', 'message': str(e)}
     except SideFailed as e:
