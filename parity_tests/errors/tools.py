@@ -214,4 +214,10 @@ ROWS = [
         'both runs trained on another platform than this host',
         'test_bisect_recorded.test_bad_input_about_a_recorded_run_is_one_line_exit_2',
     ),
+    (
+        'bisect: --partial_window that is no partial window (P of K = 1, P >= K, or with two run '
+        'directories)',
+        '--partial_window=2: a partial window of K=2 microbatches holds 1 to K-1 (1) of them',
+        'test_fuzz.test_a_partial_window_that_is_none_is_one_line_exit_2',
+    ),
 ]

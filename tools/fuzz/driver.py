@@ -93,7 +93,7 @@ class Fuzz:
             restored = f' (checkpoint restored on {checkpoint})' if checkpoint else ''
             restored += f' (compiled for {key[3]})' if key[3] else ''
             restored += f' (after {draw.trained} trained steps)' if draw.trained else ''
-            restored += f' (--partial_window={draw.partial})' if draw.partial else ''
+            restored += f' (--partial_window={draw.partial})' if draw.partial and not key[3] else ''
             print(f'{outcome}: {answer.get("seconds", "-")} s {" ".join(draw.flags())}{restored}',
                   flush=True)  # fmt: skip
             for f in failures:

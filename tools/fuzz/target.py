@@ -23,9 +23,12 @@ its operand is that entry parameter, moved, sliced or cast. Then:
         'model' but the embeddings', nor over 'stage' outside 1F1B's non-block leaves);
     each leaf is reduced over every axis the plan says, by one op or several (in a twin that
         writes its collectives: the partitioner may gather activations instead);
-    no all-gather over 'expert' of an expert's weights (each device keeps its own experts).
+    no all-gather over 'expert' of an expert's weights (each device keeps its own experts);
+    under --gradient_accumulation_steps, in a twin that writes its collectives, each gradient
+        reduced over 'data' once a step, not once per microbatch (`in_loop`).
 """
 
+import math
 import re
 
 import jax
@@ -37,7 +40,7 @@ from shard_parity.inspector.hlo_module import Module
 from shard_parity.inspector.program import analyse
 from shard_parity.inspector.records import Array, averaged_over
 from shard_parity.inspector.twins import model_and_batch, with_sharding
-from shard_parity.mesh import EXPERT, FSDP, MODEL, STAGE
+from shard_parity.mesh import DATA, EXPERT, FSDP, MODEL, STAGE
 from shard_parity.placement import is_expert, layer_dims, rows, state_shardings, state_specs
 from shard_parity.step import create_state
 
@@ -181,6 +184,33 @@ def wrong(ops, grads, written: bool = True) -> list[str]:
     return out
 
 
+def in_loop(ops, grads) -> list[str]:
+    """Under K > 1 (--gradient_accumulation_steps), in a twin that writes its collectives: no
+    gradient reduced over 'data' inside a loop, once per microbatch, where it belongs once a
+    step, after the K microbatches (tools.zoo.accum_reduced_in_loop: the same values, K
+    all-reduces). A reduction over 'data' of more than one element whose result reaches a
+    parameter's update, with a loop trip count above 1. Not one over 'fsdp' too (FSDP's
+    reduce-scatter runs per layer in the backward, so per microbatch, in every twin:
+    docs/accumulation.md), nor a scalar's (the clip's norm, the loss). How many ops reduce a
+    leaf is no measure: XLA splits a reduction's tuple (explicit/ under ZeRO-1 all-reduces the
+    MLP's biases twice, trip count 1, with K = 1 too), and it adds two all-reduces of an
+    unrolled loop into one (the zoo's entry at K = 2 compiled for tpu-v5e-8: one, once)."""
+    out = []
+    for op in ops:
+        axes, trips = set(op['axes'] or ()), op.get('trip_count') or 1
+        if op['kind'] not in REDUCTIONS or op['phase'] == 'forward' or trips < 2:
+            continue
+        if FSDP in axes or DATA not in axes:
+            continue
+        for shape, paths in zip(op['shapes'], op['leaves']):
+            for path in sorted(paths & {g['path'] for g in grads}) if math.prod(shape) > 1 else ():
+                out.append(f'{op["kind"]} over data at {where(op)} reduces the gradient of '
+                           f'{path} {list(shape)} inside the accumulation loop ({trips} trips a '
+                           'step, one per microbatch), where the plan reduces it once, after '
+                           'the loop')  # fmt: skip
+    return out
+
+
 def where(op) -> str:
     return f'{op["file"]}:{op["line"]}' if op.get('file') else op['name']
 
@@ -190,7 +220,10 @@ def check(side, start, target: str) -> str | None:
     else its first wrongs, one per line (at most five, and how many more)."""
     ops = compiled_ops(side, start, target)
     mesh = targets.mesh_on(side.mesh, targets.devices(target))
-    found = wrong(ops, leaves(side.plan, start.state.params, mesh), side.name not in PARTITIONED)
+    grads, written = leaves(side.plan, start.state.params, mesh), side.name not in PARTITIONED
+    found = wrong(ops, grads, written)
+    if written and start.config.gradient_accumulation_steps > 1:
+        found += in_loop(ops, grads)
     if not found:
         return None
     more = f'\n... and {len(found) - 5} more' if len(found) > 5 else ''
