@@ -6,6 +6,7 @@ of docs/inspector.md on stdout.
 
     python -m inspector FLAGS --strategy=dp --target=tpu-v5e-1 --json > SHAPES/inspector_NAME.json
     python -m benchmarks.results.tpu.record_inspector SHAPES_DIR [CHIP_DIR]
+    python -m benchmarks.results.tpu.record_inspector - CHIP_DIR   # the recorded shapes' side
 
 FLAGS and NAME: benchmarks/chip.py's INSPECTOR_FLAGS. CHIP_DIR holds inspector.sh's
 inspector_NAME.json (compiled on the chip, with --measure_memory) and inspector_date.txt.
@@ -49,13 +50,17 @@ def row(name: str, program: str, s: dict, c: dict | None) -> str:
 
 
 def main(shapes_dir: str, chip_dir: str | None) -> None:
+    """SHAPES_DIR '-': the shapes' side as inspector_chip.json recorded it (its machine kept)."""
+    recorded = json.loads(OUT.read_text()) if shapes_dir == '-' else None
     configs, rows = {}, []
     for name, flags in INSPECTOR_FLAGS.items():
         found = pathlib.Path(shapes_dir) / f'inspector_{name}.json'
-        if not found.exists() or not found.stat().st_size:
+        if recorded is None and (not found.exists() or not found.stat().st_size):
             print(f'{name}: not compiled from shapes yet, left out', file=sys.stderr)
             continue
-        shapes = read(pathlib.Path(shapes_dir), name)
+        if recorded is not None and name not in recorded['configs']:
+            continue
+        shapes = recorded['configs'][name]['shapes'] if recorded else read(pathlib.Path(shapes_dir), name)
         chip = read(pathlib.Path(chip_dir), name) if chip_dir else None
         bare = chip and {p: {k: v for k, v in f.items() if k != 'measured'} for p, f in chip.items()}
         configs[name] = {
@@ -64,10 +69,13 @@ def main(shapes_dir: str, chip_dir: str | None) -> None:
         }  # fmt: skip
         rows += [row(name, p, shapes[p], chip and chip.get(p)) for p in shapes]
     machine = {
-        'shapes': {'host': 'CPU, compiled for --target=tpu-v5e-1', 'jax': jax.__version__,
+        'shapes': recorded['machine']['shapes'] if recorded else {'host': 'CPU, compiled for --target=tpu-v5e-1', 'jax': jax.__version__,
                    'libtpu': importlib.metadata.version('libtpu'),
                    'date': time.strftime('%Y-%m-%d', time.gmtime())},  # fmt: skip
-        'chip': (pathlib.Path(chip_dir) / 'inspector_date.txt').read_text() if chip_dir else None,
+        'chip': ''.join(  # libtpu's start-up warning left out
+            line for line in (pathlib.Path(chip_dir) / 'inspector_date.txt').open()
+            if 'warn' not in line.lower()
+        ) if chip_dir else None,  # fmt: skip
     }
     OUT.write_text(json.dumps({'machine': machine, 'configs': configs}, indent=1) + '\n')
     print('| config | program | arguments | outputs | aliased | temp | compiler peak | '
