@@ -5,6 +5,7 @@ trained; the update is judged as the step it makes, so a 1% change of a warm-up 
 float32; and every "agree" states its detection limits, each of which is what the comparison
 sees: a change of twice the limit planted in one leaf is caught, half of it is not."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -224,6 +225,32 @@ def test_no_false_alarm_over_200_steps_at_the_peak_rate_without_warm_up(trained)
     # ...and the gradients: 0.45 from initialisation before their budgets held the kept cast
     # (budgets.moved)
     assert report.worst['gradients'][1] <= 1 / 3, report.worst
+
+
+@pytest.mark.slow
+def test_under_dp_a_flip_is_within_budget_and_a_one_percent_gradient_bug_is_caught(monkeypatch):
+    """One device against explicit/dp.py on data:2, bf16, seed 1, steps 0 and 1: the sides'
+    compiled attention rounds one element a bf16 spacing apart (a flip: the query kernel's
+    gradients 6.6e-5 and 2.7e-4 apart, 1e-7 elsewhere; docs/numerics.md, "Flips under dp"),
+    which each leaf's budget holds (budgets.flips, from A alone) within a third; every gradient
+    scaled by 0.99 in B (tools.zoo.grads_scaled) is caught at the gradients on both steps,
+    where the flat budget (4.4% of a leaf) read it "within"."""
+    from benchmarks import judging
+    from tools.zoo import grads_scaled
+
+    case = judging.Case(axes=(('data', 2), ('model', 1)))
+    _, _, _, state, batches, _, _ = judging.inputs(case, 1)
+    state = jax.tree.map(np.asarray, state)
+    correct = judging.Pair('one_device', 'explicit', case).walk(state, batches, 0, 2)
+    query = [e for s in correct for p, leaf, e, _ in s.rows
+             if p == 'gradients' and leaf == 'blocks.attn.query.kernel']  # fmt: skip
+    print('correct:', [(s.phase, s.worst) for s in correct], 'query kernel', query)
+    assert all(s.phase is None and s.worst <= 1 / 3 for s in correct), correct
+    assert max(query) > 1e-5, query  # a flip there: they differ by more than float32's 1e-7
+    monkeypatch.setattr(grads_scaled, 'SCALE', 0.99)
+    bug = judging.Pair('explicit', 'tools.zoo.grads_scaled', case).walk(state, batches, 0, 2)
+    print('0.99 x the gradients:', [(s.phase, s.path, s.budgets) for s in bug])
+    assert all(s.phase == 'gradients' for s in bug), bug
 
 
 @pytest.mark.slow

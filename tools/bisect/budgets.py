@@ -11,7 +11,11 @@ parameter in float32 and the other rounds it (one device against explicit on
 data:2,fsdp:2,model:2 at 1e-3, steps 1-29: each leaf's error between the sides over that move
 0.80-1.77, median 1.03; 3 x it keeps the pair within a third). Not where only the rows are
 cut: there both sides' casts are the same (one device against explicit/dp.py on data:2, 300
-trained steps: the sides about 1e-7 apart, the move 0.35-1.7%: docs/numerics.md).
+trained steps: the sides about 1e-7 apart, the move 0.35-1.7%: docs/numerics.md). There,
+instead, C_FLIP x the flips of a row's own roundings (`flips`): the two compiled programs
+compute some values an ulp of float32 apart (explicit/dp.py's softmax backward divides by a
+row's sum where one device's multiplies by its reciprocal), and on about a fifth of the steps
+one of them rounds to bf16 a spacing apart (the query kernel 6.6e-5 apart at seed 1, step 0).
 
 The update is judged as the update: each leaf's step (new minus old) against the other's,
 norm-wise, relative to the step's own size, so that a warm-up step that moves a parameter by
