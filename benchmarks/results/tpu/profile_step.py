@@ -25,6 +25,8 @@ import sys
 
 import jax
 
+from hlo_ops import categories  # beside this script
+
 import shard_parity.model.splash as splash_module
 import shard_parity.step as step_module
 
@@ -62,41 +64,6 @@ def traced(*args, **kwargs):
 
 
 step_module.make_train_step = traced
-
-def categories(text):
-    """op name -> category, from the compiled HLO's instructions and fused computations."""
-    comps, current = {}, None
-    for line in text.splitlines():
-        m = re.match(r'^(?:ENTRY )?%?([\w.\-]+) .*\{$', line)
-        if m:
-            current = comps.setdefault(m.group(1), [])
-        elif current is not None:
-            current.append(line)
-    cat = {}
-    for lines in comps.values():
-        for line in lines:
-            m = re.match(r'\s*(?:ROOT )?%?([\w.\-]+) = \S+ (\w[\w-]*)\(', line)
-            if not m:
-                continue
-            name, op = m.groups()
-            body = ''
-            c = re.search(r'calls=%?([\w.\-]+)', line)
-            if c:
-                body = '\n'.join(comps.get(c.group(1), []))
-            if op == 'custom-call':
-                cat[name] = 'attention kernel (Pallas)' if 'tpu_custom_call' in line else 'custom call'
-            elif op in ('convolution', 'dot') or re.search(r'= \S+ (convolution|dot)\(', body):
-                cat[name] = 'matmul (MXU)'
-            elif op in ('copy', 'transpose') or re.search(r'ROOT \S+ = \S+ (copy|transpose)\(', body):
-                cat[name] = 'layout (copy/transpose)'
-            elif op in ('reduce', 'all-reduce') or re.search(r'= \S+ reduce\(', body):
-                cat[name] = 'reduction'
-            elif op == 'fusion':
-                cat[name] = 'elementwise fusion'
-            else:
-                cat[name] = op
-    return cat
-
 
 def summarize():
     paths = glob.glob(os.path.join(TRACE, '**', 'perfetto_trace.json.gz'), recursive=True)
