@@ -1,8 +1,9 @@
 """The bug zoo: explicit/dp.py whose accumulator is not reset between optimizer steps, each
 step's gradient also holding the previous step's last microbatch's. The first step is right
 (nothing comes before it); from the second on the gradient is off: caught at step 1, phase
-gradients (test_accumulation_zoo.py). The carry lives outside the jitted step, in a Python
-closure, as a stale accumulator does in a hand-written loop."""
+gradients (test_accumulation_zoo.py; the fuzzer's K > 1 draws compare two steps and find it).
+The carry lives outside the jitted step, in a Python closure, as a stale accumulator does in a
+hand-written loop."""
 
 import jax
 

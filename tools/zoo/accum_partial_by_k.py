@@ -3,7 +3,8 @@ than K microbatches (a dataset that does not divide) normalised as if all K were
 loss divided by K microbatches' worth of tokens rather than by the tokens it holds, as Hugging
 Face's loop once divided by gradient_accumulation_steps. Equal on full windows; a window of 3
 of 4 microbatches has 3/4 of its loss and gradient: caught at that step, in its loss (the
-bisector's forward phase; test_accumulation_zoo.py)."""
+bisector's forward phase; test_accumulation_zoo.py; the fuzzer draws such windows,
+the bisector's --partial_window)."""
 
 import jax
 import jax.numpy as jnp

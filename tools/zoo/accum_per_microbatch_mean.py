@@ -3,7 +3,8 @@ microbatch, each microbatch's loss divided by its own token count and the K mean
 where the step's loss is the sum over all its real tokens divided by their count
 (docs/accumulation.md). Equal when every microbatch holds as many tokens; on variable-length
 documents (--variable_length) they differ, on a full window: caught at the first step, in its
-loss (the bisector's forward phase; test_accumulation_zoo.py)."""
+loss (the bisector's forward phase; test_accumulation_zoo.py; the fuzzer draws documents
+where K > 1)."""
 
 import jax
 import jax.numpy as jnp

@@ -2,7 +2,9 @@
 a pmean per microbatch, K all-reduces of the whole gradient per optimizer step where one
 belongs. The values are the same within round-off (a mean is linear), so the bisector finds
 the runs agreeing; the inspector's `accumulates_in_loop` surprise names it from the compiled
-program: an all-reduce inside the loop (test_accumulation_zoo.py)."""
+program: an all-reduce inside the loop (test_accumulation_zoo.py); so does the fuzzer's
+--target (tools/fuzz/target.py's in_loop) at K = 4, where XLA keeps it in the loop (at K = 2
+it adds the two all-reduces into one)."""
 
 import jax
 
