@@ -66,7 +66,10 @@ def compare(path, a, b, tolerance, n_rows=1, budget=None, seen=None) -> Leaf | N
         bad = ~(diff <= atol * scale + rtol * np.abs(a64))  # NaN counts as differing
         if tolerance != 'bitwise' and not bad.any():
             return None
-    rel = diff / np.maximum(np.abs(a64), np.finfo(np.float64).tiny)
+    # relative to A, where A is not round-off of the leaf's largest magnitude (an element that
+    # is 0 in A would read 1e305): below float32's spacing of `scale`, relative to that spacing
+    floor = max(np.finfo(np.float32).eps * scale, np.finfo(np.float64).tiny)
+    rel = diff / np.maximum(np.abs(a64), floor)
     ratio = _ratio(a64, b64, scale) if tolerance != 'model' else _scale(a64, b64, budget)
     leaf = Leaf(path, float(np.nanmax(diff)), float(np.nanmax(rel)), ratio)
     if tolerance == 'model':
