@@ -225,7 +225,7 @@ FLIP_Z = 4.0  # an element within FLIP_Z sigma of zero may flip (Gaussian: 6e-5 
 
 
 def spread(update, grads, other, nodes: int = SPREAD_NODES, flip_z: float = FLIP_Z,
-           sigmas=None) -> list[float]:  # fmt: skip
+           sigmas=None, turns=None) -> list[float]:  # fmt: skip
     """How far the optimizer's step moves each leaf when the gradients carry the rounding the
     two sides measure: `update` maps a gradient tree to the parameters after the step, `grads`
     and `other` are the two sides' gradients. Each element's rounding is taken as Gaussian at
@@ -257,7 +257,9 @@ def spread(update, grads, other, nodes: int = SPREAD_NODES, flip_z: float = FLIP
     (tools/bisect/probes.py); `other` is then unused. Per element, because a rounding's tail is
     not Gaussian at its leaf's RMS: at AdamW's first step an element of |g| near AdamW's eps
     whose terms cancel moved 17% of the learning rate, 20 leaf-RMS sigmas out (the transformer
-    under dp, bf16, no warm-up)."""
+    under dp, bf16, no warm-up). `turns` (as `sigmas`), where given, are the scales that
+    decide which elements may turn for that floor: a rare, concentrated rounding (a flip,
+    tools/bisect/budgets.py) moves an element far beyond its RMS."""
     leaves, treedef = jax.tree.flatten(grads)
     leaves = [np.asarray(g, np.float32) for g in leaves]
     others = [np.asarray(o, np.float32) for o in jax.tree.leaves(other if sigmas is None
@@ -284,7 +286,7 @@ def spread(update, grads, other, nodes: int = SPREAD_NODES, flip_z: float = FLIP
     # ...and at least what one plausible flip makes: where a leaf expects less than one flip,
     # the mean understates the flip that does come (a count of 0 or 1, not its mean)
     turned = [np.where((r != 0) & (np.abs(g) <= flip_z * s), -g, g)
-              for g, s, r in zip(leaves, sigmas, signs)]  # fmt: skip
+              for g, s, r in zip(leaves, sigmas if turns is None else turns, signs)]  # fmt: skip
     one = jax.tree.leaves(update(jax.tree.unflatten(treedef, turned)))
     return [max(math.sqrt(a), float(np.max(np.abs(np.asarray(x, np.float64) - b), initial=0)))
             for a, x, b in zip(acc, one, base)]  # fmt: skip

@@ -47,6 +47,7 @@ STEP_EPS = 1e-5  # float32: two programs' steps of one state and gradient, relat
 C_STEP = 3.0  # the update's floor: x (eps + sqrt(eps q)) (the module docstring)
 C_CAST = 3.0  # a gradient leaf's budget: + x what rounding the parameters moves it (`rounded`)
 C_FLIP = 21.0  # where only the rows are cut: x a flip's expected noise (`flips`; 3 x 7, measured)
+C_TURN = 7.0  # which elements a flip may turn at a sign-like step: x its RMS (the largest ratio)
 
 
 def gradients(model: numerics.Budget, noise: list[float], flat: bool = False,

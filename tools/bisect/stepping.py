@@ -212,7 +212,7 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     # the larger of the two sides' |m| (a metric that is 0 on both is equal); and every
     # gradient leaf's (and metric's) rounding noise at this state, measured on A alone
     sensitivity = model and ra.sensitivity(state, batch)
-    grads = elements = None
+    grads = elements = turns = None
     if model:
         stacked = any(p.startswith('blocks.') for p, _ in named_leaves(ga))
         rows = 0 if beyond_rows(ra.side, rb.side, stacked) else max(n, 2)
@@ -225,6 +225,8 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
             found = budgets.gradients(model, noise, bool(rows), jittered and jittered[1])
             if jittered:  # ...which the update's spread carries too, element by element
                 factor = budgets.flip(model.compute)
+                turns = [np.hypot(e, budgets.C_TURN * factor * j)
+                         for e, j in zip(elements, jittered[2])]  # fmt: skip
                 elements = [np.hypot(e, factor * j) for e, j in zip(elements, jittered[2])]
         # ...plus, where a row's arithmetic may differ (its casts among it), what A's own
         # gradient moves at the parameters rounded to the compute dtype: a program that keeps a
@@ -266,7 +268,8 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     report.compared['gradients'] = len(leaves) or len(jax.tree.leaves(ga))
     if leaves:
         return 'gradients', None, leaves
-    return _update(ra, rb, apply, state, batch, tolerance, report, (ga, gb, grads, model, elements), seen)
+    found = (ga, gb, grads, model, elements, turns)
+    return _update(ra, rb, apply, state, batch, tolerance, report, found, seen)
 
 
 def _update(ra, rb, apply, state, batch, tolerance, report, gradients, seen):
@@ -275,7 +278,7 @@ def _update(ra, rb, apply, state, batch, tolerance, report, gradients, seen):
     to round-off can give updates that differ far more), and under the error model the two
     sides' steps against each other; relative to the step's own size (budgets.py)."""
     (sa, _), (sb, _) = ra.train_step(state, batch), rb.train_step(state, batch)
-    ga, gb, grads, model, elements = gradients
+    ga, gb, grads, model, elements, turns = gradients
     if tolerance == 'bitwise':  # the states themselves, exactly
         leaves = []
         for prefix, x, y in (('A: ', apply(state, ga), sa), ('B: ', apply(state, gb), sb)):
@@ -287,9 +290,10 @@ def _update(ra, rb, apply, state, batch, tolerance, report, gradients, seen):
         # the probes (a fuzzer find, tools/fuzz/corpus/bisect_forward_budget_f32_accumulation)
         narrow = numerics.unit_roundoff(model.reduce) > numerics.unit_roundoff('float32')
         sigmas = None if elements is None or narrow else [budgets.C_EST * e for e in elements]
+        turns = turns and sigmas and [budgets.C_EST * t for t in turns]
         budget = budgets.update(model, grads, lambda: numerics.spread(
             lambda g: apply(state, g).params, ga, gb if sigmas is None else None,
-            sigmas=sigmas), dict(named_leaves(ga)))
+            sigmas=sigmas, turns=turns), dict(named_leaves(ga)))
     else:
         budget = budgets.x64_step if tolerance == 'x64' else budgets.f32_step
     limits, leaves = {}, []
