@@ -50,8 +50,12 @@ C_FLIP = 21.0  # where only the rows are cut: x a flip's expected noise (`flips`
 C_TURN = 7.0  # which elements a flip may turn at a sign-like step: x its RMS (the largest ratio)
 
 
-def gradients(model: numerics.Budget, noise: list[float], flat: bool = False,
-              jittered: list[float] | None = None) -> list[float]:
+def gradients(
+    model: numerics.Budget,
+    noise: list[float],
+    flat: bool = False,
+    jittered: list[float] | None = None,
+) -> list[float]:
     """Each gradient leaf's budget: C_PROBE x C_EST x its measured noise, above float32's floor (the
     error model's own, at float32 compute) and the collective's rounding. Where the probes cut
     the rows (`flat`: the sides split only the batch's rows), those probes see only the sums
