@@ -13,75 +13,60 @@ tables.
 
 import collections
 import gzip
+import math
 import os
 import re
 import sys
 
 HBM_BYTES_PER_S = 819e9
-DTYPE_BYTES = {'bf16': 2, 'f32': 4, 's32': 4, 'u32': 4, 'pred': 1, 'f16': 2, 's8': 1, 'u8': 1}
 
 
 def categories(text):
-    """op name -> category, from the compiled HLO's instructions and fused computations."""
-    comps, current = {}, None
-    for line in text.splitlines():
-        m = re.match(r'^(?:ENTRY )?%?([\w.\-]+) .*\{$', line)
-        if m:
-            current = comps.setdefault(m.group(1), [])
-        elif current is not None:
-            current.append(line)
+    """op name -> category, from the compiled HLO's instructions and the computations their
+    fusions call (the inspector's parser, inspector/hlo_module.py)."""
+    from shard_parity.inspector.hlo_module import Module
+
+    return categorised(Module(text))
+
+
+def categorised(module) -> dict:
+    """`categories` of a parsed module."""
     cat = {}
-    for lines in comps.values():
-        for line in lines:
-            m = re.match(r'\s*(?:ROOT )?%?([\w.\-]+) = (?:\(.*?\)|\S+) (\w[\w-]*)\(', line)
-            if not m:
-                continue
-            name, op = m.groups()
-            body = ''
-            c = re.search(r'calls=%?([\w.\-]+)', line)
-            if c:
-                body = '\n'.join(comps.get(c.group(1), []))
-            if op == 'custom-call':
-                cat[name] = 'attention kernel (Pallas)' if 'tpu_custom_call' in line else 'custom call'
-            elif op in ('convolution', 'dot') or re.search(r'= \S+ (convolution|dot)\(', body):
-                cat[name] = 'matmul (MXU)'
-            elif op in ('copy', 'transpose') or re.search(r'ROOT \S+ = \S+ (copy|transpose)\(', body):
-                cat[name] = 'layout (copy/transpose)'
-            elif op in ('reduce', 'all-reduce') or re.search(r'= \S+ reduce\(', body):
-                cat[name] = 'reduction'
-            elif op == 'fusion':
-                cat[name] = 'elementwise fusion'
-            else:
-                cat[name] = op
+    for name, i in module.instructions.items():
+        called = re.search(r'calls=%?([\w.\-]+)', i.line)
+        body = module.computations.get(called.group(1), []) if called else []
+        inside = {j.opcode for j in body}
+        root = next((j.opcode for j in body if j.line.lstrip().startswith('ROOT')), None)
+        if i.opcode == 'custom-call':
+            cat[name] = (
+                'attention kernel (Pallas)' if 'tpu_custom_call' in i.line else 'custom call'
+            )
+        elif {i.opcode, *inside} & {'convolution', 'dot'}:
+            cat[name] = 'matmul (MXU)'
+        elif i.opcode in ('copy', 'transpose') or root in ('copy', 'transpose'):
+            cat[name] = 'layout (copy/transpose)'
+        elif i.opcode in ('reduce', 'all-reduce') or 'reduce' in inside:
+            cat[name] = 'reduction'
+        elif i.opcode == 'fusion':
+            cat[name] = 'elementwise fusion'
+        else:
+            cat[name] = i.opcode
     return cat
 
 
 def shape_bytes(shape: str) -> int:
     """Bytes of an HLO shape such as bf16[16,1024,12,64]{...} (a tuple: its parts)."""
-    total = 0
-    for dtype, dims in re.findall(r'(\w+)\[([\d,]*)\]', shape):
-        n = 1
-        for d in filter(None, dims.split(',')):
-            n *= int(d)
-        total += n * DTYPE_BYTES.get(dtype, 4)
-    return total
+    from shard_parity.inspector.hlo_module import ARRAY, ITEMSIZE
 
-
-def entry_ops(text: str):
-    """(name, op, result shape) of the entry computation's instructions."""
-    body = text[text.index('\nENTRY') + 1:]  # the last computation, to the end of the text
-    for line in body.splitlines()[1:]:
-        m = re.match(r'\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)|\S+) (\w[\w-]*)\(', line)
-        if m:
-            yield m.group(1), m.group(3), m.group(2)
+    return sum(math.prod(int(d) for d in dims.split(',') if d) * ITEMSIZE.get(dtype, 4)
+               for dtype, dims in ARRAY.findall(shape))  # fmt: skip
 
 
 def main(out: str, batch: int, policy: str) -> None:
-    import dataclasses
-
     from benchmarks import remat
     from shard_parity import plan as plans
     from shard_parity.inspector import target as targets
+    from shard_parity.inspector.hlo_module import Module
     from shard_parity.model.transformer import TransformerConfig
 
     mc = TransformerConfig(embed_dim=768, num_layers=12, num_heads=12, num_kv_heads=12,
@@ -93,22 +78,25 @@ def main(out: str, batch: int, policy: str) -> None:
         with gzip.open(saved, 'rt') as f:
             text = f.read()
     else:
-        low = remat.lowered(policy, dataclasses.replace(mc), batch, plan, devices=devices)
+        low = remat.lowered(policy, mc, batch, plan, devices=devices)
         text = low.compile().as_text()
         os.makedirs(out, exist_ok=True)
         with gzip.open(saved, 'wt') as f:
             f.write(text)
-    cat = categories(text)
+    module = Module(text)
+    cat = categorised(module)
     counts, layout = collections.Counter(), []
-    for name, op, shape in entry_ops(text):
-        c = cat.get(name, op)
+    for i in module.computations[module.entry]:
+        c = cat.get(i.name, i.opcode)
         counts[c] += 1
         if c == 'layout (copy/transpose)':
-            layout.append((shape_bytes(shape), name, shape.split('{')[0]))
+            layout.append((shape_bytes(i.type), i.name, i.type.split('{')[0]))
     print('entry ops by category:', dict(counts.most_common()))
     total = sum(b for b, *_ in layout)
-    print(f'{len(layout)} copies/transposes, {total / 2**20:,.1f} MiB written, '
-          f'{2 * total / HBM_BYTES_PER_S * 1e3:.2f} ms at {HBM_BYTES_PER_S / 1e9:.0f} GB/s (read + write)')
+    print(
+        f'{len(layout)} copies/transposes, {total / 2**20:,.1f} MiB written, '
+        f'{2 * total / HBM_BYTES_PER_S * 1e3:.2f} ms at {HBM_BYTES_PER_S / 1e9:.0f} GB/s (read + write)'
+    )
     shapes = collections.Counter((s, b) for b, _, s in layout)
     for (s, b), n in shapes.most_common(25):
         print(f'  {n:4d} x {s:40s} {b / 2**20:8.2f} MiB each')

@@ -24,7 +24,6 @@ import re
 import sys
 
 import jax
-
 from hlo_ops import categories  # beside this script
 
 import shard_parity.model.splash as splash_module

@@ -68,15 +68,14 @@ def main(shapes_dir: str, chip_dir: str | None) -> None:
             'expected_disagreements': disagreements(bare, shapes) if chip else None,
         }  # fmt: skip
         rows += [row(name, p, shapes[p], chip and chip.get(p)) for p in shapes]
-    machine = {
-        'shapes': recorded['machine']['shapes'] if recorded else {'host': 'CPU, compiled for --target=tpu-v5e-1', 'jax': jax.__version__,
-                   'libtpu': importlib.metadata.version('libtpu'),
-                   'date': time.strftime('%Y-%m-%d', time.gmtime())},  # fmt: skip
-        'chip': ''.join(  # libtpu's start-up warning left out
-            line for line in (pathlib.Path(chip_dir) / 'inspector_date.txt').open()
-            if 'warn' not in line.lower()
-        ) if chip_dir else None,  # fmt: skip
-    }
+    here = {'host': 'CPU, compiled for --target=tpu-v5e-1', 'jax': jax.__version__,
+            'libtpu': importlib.metadata.version('libtpu'),
+            'date': time.strftime('%Y-%m-%d', time.gmtime())}  # fmt: skip
+    chip_text = chip_dir and ''.join(  # libtpu's start-up warning left out
+        line for line in (pathlib.Path(chip_dir) / 'inspector_date.txt').open()
+        if 'warn' not in line.lower()
+    )  # fmt: skip
+    machine = {'shapes': recorded['machine']['shapes'] if recorded else here, 'chip': chip_text or None}
     OUT.write_text(json.dumps({'machine': machine, 'configs': configs}, indent=1) + '\n')
     print('| config | program | arguments | outputs | aliased | temp | compiler peak | '
           'collectives | on the chip | measured peak (− compiler) |')  # fmt: skip
