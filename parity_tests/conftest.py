@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zlib
 
 import jax
 import pytest
@@ -82,6 +83,13 @@ def pytest_addoption(parser):
         'their own (.ci/run)',
     )
     parser.addoption(
+        '--shard',
+        metavar='I/N',
+        help='run the I-th of N parts of the selected tests, each test in one part by a hash of '
+        'its id (CI runs the exhaustive tier a quarter at a time, the part chosen by the commit: '
+        '.ci/run)',
+    )
+    parser.addoption(
         '--margins',
         action='store_true',
         help='after the run, print how much of its tolerance each parity comparison used '
@@ -91,13 +99,32 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     """The tests marked exhaustive run only with --exhaustive: deselected, not skipped, so that
-    `-m "not slow"` and the README's command time what they run."""
-    if config.getoption('exhaustive'):
-        return
-    kept = [item for item in items if 'exhaustive' not in item.keywords]
+    `-m "not slow"` and the README's command time what they run; --shard=I/N keeps its part."""
+    if not config.getoption('exhaustive'):
+        deselect(config, items, lambda item: 'exhaustive' not in item.keywords)
+    if config.getoption('shard'):
+        part, parts = shard(config.getoption('shard'))
+        deselect(config, items, lambda item: zlib.crc32(item.nodeid.encode()) % parts == part - 1)
+
+
+def deselect(config, items, keep):
+    kept = [item for item in items if keep(item)]
     if len(kept) < len(items):
-        config.hook.pytest_deselected(items=[i for i in items if 'exhaustive' in i.keywords])
+        config.hook.pytest_deselected(items=[item for item in items if not keep(item)])
         items[:] = kept
+
+
+def shard(text: str) -> tuple[int, int]:
+    """--shard=I/N: (I, N), 1 <= I <= N; anything else is a usage error naming what is allowed."""
+    try:
+        part, parts = (int(x) for x in text.split('/'))
+    except ValueError:
+        part = parts = 0
+    if not 1 <= part <= parts:
+        raise pytest.UsageError(
+            f'--shard={text}: give I/N, whole numbers with 1 <= I <= N (e.g. 1/4)'
+        )
+    return part, parts
 
 
 def pytest_report_header(config):

@@ -52,7 +52,16 @@ FAST = [('explicit', 'gqa', (2, 4))]
 SHAPES = {'auto': [(2, 4), (4, 2), (1, 8)], 'explicit': [(2, 4), (4, 2), (1, 8)]}
 SHAPES['typed'] = [(2, 4), (1, 8)]
 GRID = [(t, m, s) for t in TWINS for m in CONFIGS for s in SHAPES[t]]
-CASES = [pytest.param(*c, marks=[] if c in FAST else [pytest.mark.slow]) for c in GRID]
+# every twin and model on 2x4 in the suite, and explicit's other shapes with its first model;
+# the rest in the exhaustive tier
+SUITE = {
+    (t, m, s) for t, m, s in GRID if s == (2, 4) or (t == 'explicit' and m == next(iter(CONFIGS)))
+}
+CASES = [
+    pytest.param(*c, marks=[] if c in FAST else [pytest.mark.slow]
+                 + ([] if c in SUITE else [pytest.mark.exhaustive]))
+    for c in GRID
+]  # fmt: skip
 
 
 def cp_mesh(shape, twin=explicit):
@@ -140,9 +149,13 @@ def test_the_contiguous_layout_matches_the_one_device_run(name, model, one_devic
     twin = TWINS[name]
     mesh = cp_mesh((2, 4), twin)
     graphdef, _, state = fresh_state(case=case)
-    fn = twin.cp.loss_and_grads(graphdef, case.loss_fn, mesh, plan_of(mesh, 'cp', layout='contiguous'))
+    fn = twin.cp.loss_and_grads(
+        graphdef, case.loss_fn, mesh, plan_of(mesh, 'cp', layout='contiguous')
+    )
     placed = place_state(jax.tree.map(np.array, state), mesh, plan_of(mesh, 'cp'))
-    metrics, grads = fn(placed.params, place_batch(case.batches.batch(0), mesh, plan_of(mesh, 'dp')))
+    metrics, grads = fn(
+        placed.params, place_batch(case.batches.batch(0), mesh, plan_of(mesh, 'dp'))
+    )
     assert_close(metrics['loss'], want_metrics['loss'], 'loss', **TOL)
     assert_trees_close(grads, want_grads, **TOL)
 
@@ -167,8 +180,13 @@ def test_cp_evaluates_each_sequence_as_one_device_does(name, one_device):
     graphdef, _, state = fresh_state(case=case)
     batch, mesh = case.batches.batch(0), cp_mesh((2, 4), TWINS[name])
     want = jax.jit(bind(graphdef, tasks.lm_eval))(state.params, batch)
-    evaluate = TWINS[name].cp.eval_step(graphdef, tasks.lm_eval, mesh, plan_of(mesh, TWINS[name].cp.STRATEGY))
-    got = evaluate(place_state(state, mesh, plan_of(mesh, 'cp')).params, place_batch(batch, mesh, plan_of(mesh, 'dp')))
+    evaluate = TWINS[name].cp.eval_step(
+        graphdef, tasks.lm_eval, mesh, plan_of(mesh, TWINS[name].cp.STRATEGY)
+    )
+    got = evaluate(
+        place_state(state, mesh, plan_of(mesh, 'cp')).params,
+        place_batch(batch, mesh, plan_of(mesh, 'dp')),
+    )
     assert_trees_close(got, want, **TOL)
 
 

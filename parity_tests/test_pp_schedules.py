@@ -234,9 +234,19 @@ def test_the_bisector_finds_the_wrong_slot_in_the_gradients():
     assert 'norm.scale' not in paths, paths
 
 
+# each schedule's 20 steps in explicit and in one other twin, auto's and typed's turn about;
+# the rest in the exhaustive tier (every twin's one step of each schedule: above)
+TRACKS = [('1f1b', t) for t in TWINS] + [('interleaved', t) for t in TWINS]
+TRACKED = {('1f1b', 'explicit'), ('1f1b', 'typed'), ('interleaved', 'explicit'),
+           ('interleaved', 'auto')}  # fmt: skip
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('name', TWINS)
-@pytest.mark.parametrize('schedule', ['1f1b', 'interleaved'])
+@pytest.mark.parametrize(
+    'schedule, name',
+    [pytest.param(*c, marks=[] if c in TRACKED else [pytest.mark.exhaustive]) for c in TRACKS],
+    ids=[f'{s}-{t}' for s, t in TRACKS],
+)
 def test_20_steps_track_the_one_device_run(schedule, name):
     """20 AdamW steps on 4x2 (S = 2, M = 4; interleaved V = 2) of GQA: the float32 losses step
     by step, and every loss and parameter of the float64 rerun (helpers.py's error model)."""
@@ -288,7 +298,9 @@ def schedule_bound_mib(stages, virtual, rows=2):
 
     tx = make_optimizer(cfg.TrainConfig())
     mesh = pp_mesh(2)
-    graphdef, state = abstract_state(lambda r: Transformer(MEMORY, rngs=r), tx, mesh, plan_of(mesh, 'pp'))
+    graphdef, state = abstract_state(
+        lambda r: Transformer(MEMORY, rngs=r), tx, mesh, plan_of(mesh, 'pp')
+    )
     blocks, layers = state.params[STACKED], MEMORY.num_layers // (stages * virtual)
     chunk = jax.tree.map(lambda a: jax.ShapeDtypeStruct((layers, *a.shape[1:]), a.dtype), blocks)
     x = jax.ShapeDtypeStruct((rows, MEMORY.seq_len, MEMORY.embed_dim), jnp.float32)
@@ -303,9 +315,16 @@ MEMORY_CASES = [(t, s) for t in TWINS for s in (2, 4)]
 
 @pytest.mark.parametrize(
     'name, stages',
-    [pytest.param(*c, marks=[] if c == ('explicit', 2) else [pytest.mark.slow]
-                  + ([pytest.mark.exhaustive] if c[1] == 4 and c[0] != 'explicit' else []))
-     for c in MEMORY_CASES],  # fmt: skip  (S = 4 in auto and typed: the exhaustive tier)
+    [
+        pytest.param(
+            *c,
+            marks=[]
+            if c == ('explicit', 2)
+            else [pytest.mark.slow]
+            + ([pytest.mark.exhaustive] if c[1] == 4 and c[0] != 'explicit' else []),
+        )
+        for c in MEMORY_CASES
+    ],  # fmt: skip  (S = 4 in auto and typed: the exhaustive tier)
     ids=[f'{t}-S{s}' for t, s in MEMORY_CASES],
 )
 def test_1f1b_keeps_memory_flat_in_m_where_gpipe_grows(name, stages):
@@ -421,7 +440,8 @@ def test_the_cli_trains_each_schedule_and_checkpoints_move_between_them(tmp_path
     shape += ['--seq_len=16', '--embed_dim=32', '--batch_size=16', '--cpu_devices=8']
     shape += ['--eval_every=2', '--keep=10', f'--workdir={tmp_path}']
     for twin, steps, schedule in (('explicit', 2, '1f1b'), ('auto', 4, 'interleaved')) + (
-        ('typed', 6, '1f1b'), ('explicit', 8, 'gpipe'),
+        ('typed', 6, '1f1b'),
+        ('explicit', 8, 'gpipe'),
     ):
         result = run_cli(twin, *shape, f'--steps={steps}', f'--pp_schedule={schedule}')
         assert result.returncode == 0, result.stderr[-2000:]

@@ -63,8 +63,7 @@ def stopped_at_7(mesh, tmp_path, monkeypatch, grad_norm=True):
     return straight, split
 
 
-def test_a_run_stopped_mid_window_logs_what_the_undisturbed_run_logs(mesh8, tmp_path,
-                                                                    monkeypatch):
+def test_a_run_stopped_mid_window_logs_what_the_undisturbed_run_logs(mesh8, tmp_path, monkeypatch):
     """The window of steps 6 and 7 is saved with checkpoint 7, and the resumed line at 10
     averages 6..10 as the undisturbed run's does (without the window it does not: the next
     test). The fast tier's case: no gradient norm, the program test_faults.py compiles."""
@@ -98,8 +97,9 @@ def test_a_checkpoint_without_its_window_resumes_and_says_so(mesh8, tmp_path, mo
 
 @pytest.mark.slow
 @pytest.mark.parametrize('stop', [1, 10, 11, 12, 15])
-def test_wherever_the_stop_falls_the_log_is_the_undisturbed_runs(stop, mesh8, tmp_path,
-                                                                 monkeypatch):
+def test_wherever_the_stop_falls_the_log_is_the_undisturbed_runs(
+    stop, mesh8, tmp_path, monkeypatch
+):
     """1: the first step; 10: a window boundary; 11: just before the checkpoint at 12; 12: on a
     periodic checkpoint, mid-window (that save keeps the window); 15: a boundary just before
     the evaluation at 16. A run stopped before 13 is stopped again there: twice in one run."""
@@ -128,8 +128,9 @@ def test_a_kill_after_a_periodic_checkpoint_off_the_log_grid_resumes_into_the_sa
     flags = [*TINY, '--cpu_devices=8', '--mesh=data:2,fsdp:2,model:2', '--checkpoint_every=3']
     straight, split = tmp_path / 'straight', tmp_path / 'split'
     assert run_cli('explicit', *flags, f'--workdir={straight}').returncode == 0
-    killed = cli('parity_tests.stop_at', 'kill@14@0', 'explicit.train', *flags,
-                 f'--workdir={split}')
+    killed = cli(
+        'parity_tests.stop_at', 'kill@14@0', 'explicit.train', *flags, f'--workdir={split}'
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     resumed = run_cli('explicit', *flags, f'--workdir={split}')
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -160,6 +161,7 @@ def test_two_processes_on_a_composed_mesh_stopped_mid_window_log_what_they_would
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # about 55 s: a resume's log under GPipe is the suite's (the tests above)
 def test_under_1f1b_a_killed_process_resumes_to_the_undisturbed_log(tmp_path):
     """Two processes under --pp_schedule=1f1b; process 1 is killed (-9) after step 14, past the
     periodic checkpoint 12; the launcher stops process 0; the rerun resumes from 12 and logs what

@@ -62,12 +62,14 @@ ROUND_OFF = {
     ('auto', 'data:2,fsdp:2,model:2'),
 }
 FAST = {('explicit', 'data:8', 'float32'), ('typed', 'data:4,model:2', 'bfloat16')}
+BF16_MESHES = ('data:8', 'data:4,model:2')  # bf16's other meshes: the exhaustive tier
 CASES = [
-    pytest.param(t, m, d, marks=[] if (t, m, d) in FAST else [pytest.mark.slow])
+    pytest.param(t, m, d, marks=[] if (t, m, d) in FAST else [pytest.mark.slow]
+                 + ([pytest.mark.exhaustive] if d == 'bfloat16' and m not in BF16_MESHES else []))
     for t in TWINS
     for m in MESHES
     for d in ('float32', 'bfloat16')
-]
+]  # fmt: skip
 
 
 def case_in(name: str, dtype: str, clip: bool = False):
