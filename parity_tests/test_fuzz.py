@@ -1058,6 +1058,7 @@ def test_a_short_seeded_run_has_no_unexplained_failure():
 
 
 @pytest.mark.slow  # ~2 min on 2 loaded cores (load ~19, 2026-12-06): 4 MLP draws, 3 twins each
+@pytest.mark.exhaustive  # 28 s quiet; the suite's fuzzer draws ZeRO-1 in zero1_wrong_shard's test
 def test_a_seeded_run_with_k_and_zero1_has_no_unexplained_failure():
     """Seed 24's first four MLP draws (no corpus) include K=4 with ZeRO-1 on model:1,data:8 and
     K=2 on model:8, each over two steps, K=2's second a partial window of 1 of 2 microbatches:

@@ -288,8 +288,11 @@ SCHEDULED = {
 }
 
 
-@SLOW  # one compile each: 3-8 s
-@pytest.mark.parametrize('text', SCHEDULED)
+@SLOW  # one compile each: 3-8 s; the two without a second axis in the stage's, exhaustive
+@pytest.mark.parametrize('text', [
+    pytest.param(t, marks=[pytest.mark.exhaustive] if t in ('data:4,stage:2', 'fsdp:4,stage:2') else [])
+    for t in SCHEDULED
+])  # fmt: skip
 def test_1f1b_and_interleaved_move_what_their_records_say(text):
     """The schedules' own records (inspector/pieces.py: `scheduled`, `by_unit`): the hand-overs
     at the ticks that run forwards and backwards, the sum over 'stage' of the gradients outside

@@ -16,7 +16,10 @@ from parity_tests.helpers import assert_same_params
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('sig, code', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(  # Ctrl-C's exit 130 in the exhaustive tier: the same save and resume
+    'sig, code',
+    [pytest.param(signal.SIGINT, 130, marks=pytest.mark.exhaustive), (signal.SIGTERM, 143)],
+)
 def test_an_interrupted_run_saves_and_resumes_to_the_same_parameters(sig, code, tmp_path):
     """SIGINT lands during the first compile (it used to segfault there), SIGTERM mid-run."""
     flags = [*FLAGS, '--steps=60', f'--workdir={tmp_path / "run"}']

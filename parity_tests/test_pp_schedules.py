@@ -70,7 +70,13 @@ FAST = [  # typed's cheapest too: its schedules once failed on jax 0.12, CI's fa
     ('explicit', '1f1b', 'gqa', 2, 2), ('explicit', 'interleaved', 'mha', 2, 2),
     ('typed', '1f1b', 'gqa', 2, 2),
 ]  # fmt: skip
-CASES = [pytest.param(*c, marks=[] if c in FAST else [pytest.mark.slow]) for c in GRID]
+# auto's and typed's four-stage cases in the exhaustive tier (explicit's, and their two-stage
+# cases of each schedule and attention, in the suite)
+CASES = [
+    pytest.param(*c, marks=[] if c in FAST else [pytest.mark.slow]
+                 + ([pytest.mark.exhaustive] if c[0] != 'explicit' and c[3] == 4 else []))
+    for c in GRID
+]  # fmt: skip
 VIRTUAL = {'1f1b': 1, 'interleaved': 2}
 
 

@@ -48,7 +48,8 @@ def test_segments_record_each_plan_from_the_step_it_started():
     assert [segments.at(moved, s) for s in (0, 1, 40, 41, 60)] == [0, 0, 0, 1, 1]
     assert segments.describe(moved[1]) == 'explicit pp (1f1b) on data:4,stage:2'
     assert segments.describe(segments.new('explicit', bf16, 0)).endswith(
-        'on data:2,fsdp:2,model:2, params=float32,compute=bfloat16,reduce=float32,matmul=default')
+        'on data:2,fsdp:2,model:2, params=float32,compute=bfloat16,reduce=float32,matmul=default'
+    )
 
 
 def moved_at_42():
@@ -125,8 +126,10 @@ def test_compare_shows_each_runs_segments_and_a_verdict_for_each_stretch(tmp_pat
             'data:2,fsdp:2,model:2: different plans') in out  # fmt: skip
     assert [line.split()[-1] for line in out.splitlines() if line.startswith('    50')] == ['~']
     assert 'averaged over steps of two segments (a run moved inside its window)' in out
-    assert 'steps 1..42 (A and B explicit composed on data:2,fsdp:2,model:2: the same plan): ' \
+    assert (
+        'steps 1..42 (A and B explicit composed on data:2,fsdp:2,model:2: the same plan): '
         'bitwise identical; steps 43..60' in out
+    )
     assert 'different plans): largest difference 1e-06' in out
 
 
@@ -138,12 +141,18 @@ def test_compare_judges_a_run_back_in_float32_by_the_band(tmp_path):
     done = subprocess.run([sys.executable, '-m', 'tools.compare', str(a), str(b)], cwd=REPO,
                           capture_output=True, text=True)  # fmt: skip
     assert done.stdout.splitlines()[0] == (
-        f'A {a}: changed its precision (compute bfloat16 -> float32)')
-    assert done.returncode == 1 and 'train_loss at step 10 differs by 0.6, outside the band' \
-        in done.stderr, done.stdout + done.stderr
+        f'A {a}: changed its precision (compute bfloat16 -> float32)'
+    )
+    assert (
+        done.returncode == 1
+        and 'train_loss at step 10 differs by 0.6, outside the band' in done.stderr
+    ), done.stdout + done.stderr
 
 
 @pytest.mark.slow
+# about 35 s: exhaustive (a run moved between meshes, and between schedules, keeps its history:
+# test_composed.py, test_pp_schedules.py and the tests above)
+@pytest.mark.exhaustive
 def test_a_run_moved_from_a_composed_mesh_to_1f1b_keeps_its_history(tmp_path):
     """10 steps on data:2,fsdp:2,model:2, then 10 on data:4,stage:2 under 1F1B: config.json
     names both; compare pairs it with a run that never moved, stretch by stretch (bitwise
@@ -167,11 +176,17 @@ def test_a_run_moved_from_a_composed_mesh_to_1f1b_keeps_its_history(tmp_path):
     assert compared.returncode == 0, compared.stderr[-2000:]
     assert f'A {moved}: moved meshes' in compared.stdout
     assert 'A explicit pp (1f1b) on data:4,stage:2, B explicit composed' in compared.stdout
-    assert 'steps 1..10 (A and B explicit composed on data:2,fsdp:2,model:2: the same plan): ' \
+    assert (
+        'steps 1..10 (A and B explicit composed on data:2,fsdp:2,model:2: the same plan): '
         'bitwise identical' in compared.stdout
+    )
     bisected = run_cli('tools', str(moved), str(calm), program='bisect')
     assert bisected.returncode == 0, bisected.stderr[-2000:]
-    assert 'note: A moved meshes: steps 1..10: explicit composed on data:2,fsdp:2,model:2; ' \
+    assert (
+        'note: A moved meshes: steps 1..10: explicit composed on data:2,fsdp:2,model:2; '
         'steps 11..20: explicit pp (1f1b) on data:4,stage:2' in bisected.stdout
-    assert 'note: steps 11..20: A explicit pp (1f1b) on data:4,stage:2, B explicit composed on ' \
+    )
+    assert (
+        'note: steps 11..20: A explicit pp (1f1b) on data:4,stage:2, B explicit composed on '
         'data:2,fsdp:2,model:2: different plans' in bisected.stdout
+    )
