@@ -10,6 +10,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from shard_parity import explicit
@@ -93,6 +94,14 @@ class Case(NamedTuple):
     batches: Any  # .batch(step) -> dict of host arrays
     config: cfg.TrainConfig
     model_config: Any = None  # the transformer's TransformerConfig; None for the MLP
+
+
+def tier(fast: bool, exhaustive: bool = False) -> list:
+    """A parametrized case's marks: none in the fast tier, else slow, and exhaustive too where
+    it runs only with --exhaustive (conftest.py)."""
+    if fast:
+        return []
+    return [pytest.mark.slow] + ([pytest.mark.exhaustive] if exhaustive else [])
 
 
 def make_case(name: str, model_config=TINY_TRANSFORMER) -> Case:

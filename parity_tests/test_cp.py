@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from parity_tests.helpers import (
+    tier,
     LOSS_TOL,
     TOL,
     X64_TOL,
@@ -52,16 +53,10 @@ FAST = [('explicit', 'gqa', (2, 4))]
 SHAPES = {'auto': [(2, 4), (4, 2), (1, 8)], 'explicit': [(2, 4), (4, 2), (1, 8)]}
 SHAPES['typed'] = [(2, 4), (1, 8)]
 GRID = [(t, m, s) for t in TWINS for m in CONFIGS for s in SHAPES[t]]
-# every twin and model on 2x4 in the suite, and explicit's other shapes with its first model;
-# the rest in the exhaustive tier
-SUITE = {
-    (t, m, s) for t, m, s in GRID if s == (2, 4) or (t == 'explicit' and m == next(iter(CONFIGS)))
-}
-CASES = [
-    pytest.param(*c, marks=[] if c in FAST else [pytest.mark.slow]
-                 + ([] if c in SUITE else [pytest.mark.exhaustive]))
-    for c in GRID
-]  # fmt: skip
+# every twin and model on 2x4 in the suite, and explicit's other shapes with MHA; the rest in
+# the exhaustive tier
+SUITE = {(t, m, s) for t, m, s in GRID if s == (2, 4) or (t, m) == ('explicit', 'mha')}
+CASES = [pytest.param(*c, marks=tier(c in FAST, c not in SUITE)) for c in GRID]
 
 
 def cp_mesh(shape, twin=explicit):

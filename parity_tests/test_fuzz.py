@@ -1022,8 +1022,7 @@ SLOW_ENTRIES = ('bisect_flips_move_the_dropped_share', 'bisect_hidden_moe_flips'
 
 def corpus_entries(slow: bool) -> list[str]:
     """The corpus's entries that replay on the CPU (not a --target's), slow or not."""
-    names = [e.stem for e in sorted(fuzz_entries.CORPUS.glob('*.json'))
-             if 'target' not in json.loads(e.read_text())]  # fmt: skip
+    names = [e['name'] for e in fuzz_entries.load() if 'target' not in e]
     assert set(SLOW_ENTRIES) <= set(names), names
     return [n for n in names if (n in SLOW_ENTRIES) == slow]
 

@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from parity_tests.helpers import (
+    tier,
     LOSS_TOL,
     TOL,
     X64_TOL,
@@ -72,11 +73,7 @@ FAST = [  # typed's cheapest too: its schedules once failed on jax 0.12, CI's fa
 ]  # fmt: skip
 # auto's and typed's four-stage cases in the exhaustive tier (explicit's, and their two-stage
 # cases of each schedule and attention, in the suite)
-CASES = [
-    pytest.param(*c, marks=[] if c in FAST else [pytest.mark.slow]
-                 + ([pytest.mark.exhaustive] if c[0] != 'explicit' and c[3] == 4 else []))
-    for c in GRID
-]  # fmt: skip
+CASES = [pytest.param(*c, marks=tier(c in FAST, c[0] != 'explicit' and c[3] == 4)) for c in GRID]
 VIRTUAL = {'1f1b': 1, 'interleaved': 2}
 
 
@@ -321,16 +318,11 @@ MEMORY_CASES = [(t, s) for t in TWINS for s in (2, 4)]
 
 @pytest.mark.parametrize(
     'name, stages',
+    # S = 4 in auto and typed: the exhaustive tier
     [
-        pytest.param(
-            *c,
-            marks=[]
-            if c == ('explicit', 2)
-            else [pytest.mark.slow]
-            + ([pytest.mark.exhaustive] if c[1] == 4 and c[0] != 'explicit' else []),
-        )
+        pytest.param(*c, marks=tier(c == ('explicit', 2), c[1] == 4 and c[0] != 'explicit'))
         for c in MEMORY_CASES
-    ],  # fmt: skip  (S = 4 in auto and typed: the exhaustive tier)
+    ],  # fmt: skip
     ids=[f'{t}-S{s}' for t, s in MEMORY_CASES],
 )
 def test_1f1b_keeps_memory_flat_in_m_where_gpipe_grows(name, stages):

@@ -20,6 +20,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from parity_tests.helpers import (
+    tier,
     LOSS_TOL,
     TINY_TRANSFORMER,
     X64_TOL,
@@ -64,12 +65,11 @@ ROUND_OFF = {
 FAST = {('explicit', 'data:8', 'float32'), ('typed', 'data:4,model:2', 'bfloat16')}
 BF16_MESHES = ('data:8', 'data:4,model:2')  # bf16's other meshes: the exhaustive tier
 CASES = [
-    pytest.param(t, m, d, marks=[] if (t, m, d) in FAST else [pytest.mark.slow]
-                 + ([pytest.mark.exhaustive] if d == 'bfloat16' and m not in BF16_MESHES else []))
+    pytest.param(t, m, d, marks=tier((t, m, d) in FAST, d == 'bfloat16' and m not in BF16_MESHES))
     for t in TWINS
     for m in MESHES
     for d in ('float32', 'bfloat16')
-]  # fmt: skip
+]
 
 
 def case_in(name: str, dtype: str, clip: bool = False):
