@@ -451,6 +451,22 @@ def test_context_parallel_and_expert_meshes_agree_with_flips_counted():
 
 
 @pytest.mark.slow
+def test_a_pipelines_outputs_are_judged_at_their_depth_in_the_forward():
+    """A pipeline (fsdp:2,model:2,stage:2) shows only the outputs after its stages, the final
+    norm's and the logits'; each is as many rounding boundaries deep as on a mesh that shows
+    every output (data:2,fsdp:2,model:2), so its forward budget is the same, not the first
+    boundary's (before, the final norm read 0.475 of its budget from 1,000 trained steps)."""
+    pipeline = bisect('one_device', 'explicit', 'transformer', 'composed',
+                      (('fsdp', 2), ('model', 2), ('stage', 2)), steps=1)  # fmt: skip
+    every = bisect('one_device', 'explicit', 'transformer', 'composed', COMPOSED, steps=1)
+    shown = pipeline.limits['forward']
+    assert set(shown) == {'norm', 'model'} and len(every.limits['forward']) > 2 * len(shown)
+    for path, limit in shown.items():
+        assert limit == pytest.approx(every.limits['forward'][path], rel=1e-6), (path, limit)
+    assert shown['norm'] > 3 * min(every.limits['forward'].values())  # deep: not the first's
+
+
+@pytest.mark.slow
 def test_the_mlp_under_dp_agrees_within_the_model():
     report = bisect('one_device', 'explicit', 'mlp', 'dp', calibration.DP8)
     assert report.tolerance == 'model' and not report.diverged, report.leaves

@@ -150,6 +150,10 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
         acts_a, acts_b = ra.activations(state, batch), dict(rb.activations(state, batch))
         common = [(p, x) for p, x in acts_a if p in acts_b]
     report.compared['forward'] = len(common)
+    # each compared output's boundaries: its place in the forward of the side that shows more
+    # (a pipeline shows only the outputs after its stages; its final norm is still the last)
+    fuller = [p for p, _ in acts_a] if len(acts_a) >= len(acts_b) else list(acts_b)
+    boundary = {p: k for k, p in enumerate(fuller, 1)}
     terms = min(np.size(x) for x in jax.tree.leaves(batch))  # the loss's: rows x positions
     # the modules either side runs; under 'seq' (none compared) one device's forward, traced
     depth = max(len(acts_a), len(acts_b)) or ra.modules(state, batch)
@@ -175,11 +179,11 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     downstream, out_of_sight = set(after), 0  # ...and the hidden flips found there
     seen = {p: Seen(report, p) for p in ('forward', 'loss', 'gradients', 'update')}
     flipped = set()  # tokens whose expert choice bf16 flipped: left out downstream
-    for k, (path, x) in enumerate(common, 1):
+    for path, x in common:
         y = acts_b[path]
         if flipped:
             x, y = numerics.without(x, flipped), numerics.without(y, flipped)
-        allowed = model and model.forward(k)
+        allowed = model and model.forward(boundary[path])
         # a few tokens' top-k flipped by rounding? Looked for from a third of the budget (where
         # round-off alone stays), so that a flip is counted, not left inside the budget unsaid;
         # at a mixture of experts, or at the outputs seen after hidden ones (until found there),
@@ -256,7 +260,7 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
         return 'forward', None, leaves
     if model:
         report.limits = {
-            'forward': {p: model.forward(k) for k, (p, _) in enumerate(common, 1)},
+            'forward': {p: model.forward(boundary[p]) for p, _ in common},
             'loss': {p: metric(x, mb[p], p) for p, x in ma.items()},
             'gradients': grads,
         }
