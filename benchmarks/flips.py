@@ -86,9 +86,9 @@ def calibration(rows: list) -> str:
     the least share among them, and their ratios' median."""
     import numpy as np
 
-    lines = ["error / (C_EST x the cut rows' noise), per state (a seed's step):"]
+    lines, by = ["error / (C_EST x the cut rows' noise), per state (a seed's step):"], states(rows)
     for label in dict.fromkeys(row[1] for row in rows):
-        found = [v for k, v in states(rows).items() if k[1] == label]
+        found = [v for k, v in by.items() if k[1] == label]
         calm = [v for v in found if not any(f for _, _, f in v)]
         shares = [inside(v) for v in calm] or [float('nan')]
         median = np.median([r for v in calm for _, r, _ in v]) if calm else float('nan')
