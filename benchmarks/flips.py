@@ -27,6 +27,11 @@ from shard_parity import refuse
 FLIPPED = 20  # an error this many times the cut rows' noise (or 1e-7) is a flip's
 
 
+def flipped(error: float, cut: float) -> bool:
+    """Whether a leaf's error is a flip's: over FLIPPED times the cut rows' noise, or 1e-7."""
+    return error > FLIPPED * max(cut, 1e-7)
+
+
 def walk(pair: Pair, seed: int, label: str, start: int, state, steps: int, rows: list,
          jittered: bool = True):  # fmt: skip
     """`steps` steps of `pair` from `state`, each from A's state after the last: a row [seed,
@@ -69,8 +74,7 @@ def states(rows: list) -> dict:
     for seed, label, i, path, error, cut, _ in rows:
         estimate = budgets.C_EST * cut
         ratio = error / estimate if estimate else (0.0 if not error else math.inf)
-        flipped = error > FLIPPED * max(cut, 1e-7)
-        out.setdefault((seed, label, i), []).append((path, ratio, flipped))
+        out.setdefault((seed, label, i), []).append((path, ratio, flipped(error, cut)))
     return out
 
 
@@ -108,8 +112,7 @@ def table(rows: list, compute: str = 'bfloat16') -> str:
     factor, lines = budgets.flip(compute), []
     ratio = {}
     for _, _, _, path, error, cut, jittered in rows:
-        flipped = error > FLIPPED * max(cut, 1e-7)
-        ratio.setdefault(path, []).append((error / (factor * jittered), flipped))
+        ratio.setdefault(path, []).append((error / (factor * jittered), flipped(error, cut)))
     steps = len(rows) // max(len(ratio), 1)
     lines.append(f'{steps} steps; error / flip estimate (2^-7 x the jittered noise), per leaf:')
     for path, pairs in ratio.items():

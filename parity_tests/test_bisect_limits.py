@@ -271,8 +271,8 @@ def test_under_dp_the_error_is_the_cut_rows_estimate_or_a_flip():
     pair = judging.Pair('one_device', 'explicit', case)
     for seed in range(3):
         for steps in (0, TRAINED):
-            start = jax.tree.map(np.asarray, judging.inputs(case, seed)[3])
-            state = judging.trained(case, seed, steps) if steps else start
+            state = (judging.trained(case, seed, steps) if steps
+                     else jax.tree.map(np.asarray, judging.inputs(case, seed)[3]))  # fmt: skip
             flips.walk(pair, seed, str(steps), steps, state, 1, rows, jittered=False)
     found = flips.states(rows)
     for (seed, _, step), leaves in found.items():

@@ -156,7 +156,7 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     boundary = {p: k for k, p in enumerate(fuller, 1)}
     terms = min(np.size(x) for x in jax.tree.leaves(batch))  # the loss's: rows x positions
     # the modules either side runs; under 'seq' (none compared) one device's forward, traced
-    depth = max(len(acts_a), len(acts_b)) or ra.modules(state, batch)
+    depth = len(fuller) or ra.modules(state, batch)
     model = report.model and dataclasses.replace(
         report.model, modules=depth, terms=terms, contraction=numerics.widest(state.params)
     )
