@@ -7,11 +7,12 @@ sees: a change of twice the limit planted in one leaf is caught, half of it is n
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 from benchmarks import numerics as calibration
 from parity_tests import planted_leaf
-from tools.bisect import budgets, probes
+from tools.bisect import budgets, probes, stepping
 from tools.bisect.leaves import compare
 
 COMPOSED = (('data', 2), ('fsdp', 2), ('model', 2))
@@ -165,14 +166,18 @@ def test_measured_error_over_its_estimate_is_within_a_factor_3(trained, monkeypa
     """The gradients of one device and explicit composed (data:2,fsdp:2,model:2, bf16, no
     warm-up): each leaf's error between the two sides over its estimate (budgets.C_EST x the
     probes' noise, plus budgets.moved, both from A alone) lies in [0.3, 3] on 90% of the leaves
-    or more, at step 0 and after 1,000 steps."""
-    noises, moves = [], []
+    or more, at step 0 and after 1,000 steps. So does the global norm that AdamW's clip
+    divides by, whose budget the update's leaves carry (budgets.update's `clip`): its error
+    over C_EST x its own noise under the probes (probes.Measured.norm) is at most 3."""
+    noises, moves, grads = [], [], []
 
     def kept(into, fn):
         return lambda *a, **k: into.append(fn(*a, **k)) or into[-1]
 
     monkeypatch.setattr(probes, 'measure', kept(noises, probes.measure))
     monkeypatch.setattr(budgets, 'moved', kept(moves, budgets.moved))
+    real = stepping.Runner.loss_and_grads  # A's, B's, then A's at the rounded parameters
+    monkeypatch.setattr(stepping.Runner, 'loss_and_grads', kept(grads, real))
     report = calibration.run('one_device', 'explicit', 'transformer', 'composed', COMPOSED,
                              'bfloat16', 'float32', {}, 1, train=NO_WARMUP, trained=trained)  # fmt: skip
     assert not report.diverged, report.leaves
@@ -186,6 +191,12 @@ def test_measured_error_over_its_estimate_is_within_a_factor_3(trained, monkeypa
     inside = np.mean([0.3 <= r <= 3 for r in ratios])
     print(f'step {trained}: measured / estimate {np.round(ratios, 2)}')
     assert len(ratios) == len(limits) and inside >= 0.9, ratios
+    norm = [float(optax.tree.norm(g)) for _, g in grads]
+    # the norm's estimate, as a leaf's: its noise, plus its move at the rounded parameters
+    estimate = budgets.C_EST * noises[0].norm * norm[0] + (abs(norm[2] - norm[0]) if moves else 0)
+    print(f'step {trained}: the global norm {norm[0]:.4g}, measured / estimate '
+          f'{abs(norm[1] - norm[0]) / estimate:.3g}')  # fmt: skip
+    assert 0 < abs(norm[1] - norm[0]) <= 3 * estimate, (norm, estimate)
 
 
 @pytest.mark.slow

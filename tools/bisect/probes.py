@@ -26,6 +26,7 @@ model on one device; the jittered program compiles once per process (docs/numeri
 import functools
 import itertools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -201,11 +202,19 @@ def _split(graphdef, loss_fn, blocks: int):
     return step
 
 
+class Measured(NamedTuple):
+    """What the probes measure at one state (`measure`), each relative to its clean value."""
+
+    spread: dict  # {loss metric: noise}
+    noise: list  # noise per gradient leaf, in tree order
+    elements: list  # each leaf's elements' RMS spread, an array of its shape (numerics.spread's)
+    norm: float  # the gradients' global norm's noise: what AdamW's clip divides by
+
+
 def measure(graphdef, loss_fn, params, batch, probes: int = PROBES, seed: int = 0, rows=0):
-    """({metric: noise}, [noise per gradient leaf, in tree order], [each leaf's elements' RMS
-    spread, an array of its shape: numerics.spread's scale per element]): each quantity's spread
-    under `probes` runs of side A's step, relative to its clean value (0 where the clean value
-    is 0 and no probe moved it; inf where it is 0 and a probe did). `rows` 0: every site
+    """Measured(spread, noise, elements, norm): each quantity's spread under `probes` runs of
+    side A's step, relative to its clean value (0 where the clean value is 0 and no probe moved
+    it; inf where it is 0 and a probe did). `rows` 0: every site
     jittered (a side that splits more than the rows: 'model', 'seq', 'stage', 'expert', where
     each row's own arithmetic differs); `rows` n > 0, where the sides split only the batch's rows
     (into at most n blocks): each row's arithmetic is the same on both, only the sums over rows
@@ -217,7 +226,8 @@ def measure(graphdef, loss_fn, params, batch, probes: int = PROBES, seed: int = 
     else:  # the jittered program itself, its draws off
         clean_m, clean_g = jax.device_get(step(params, batch, jax.random.key(seed), 0.0))
     flat = [np.asarray(g, np.float64) for g in jax.tree.leaves(clean_g)]
-    sq_g, sq_m = [0.0] * len(flat), dict.fromkeys(clean_m, 0.0)
+    sq_g, sq_m, sq_n = [0.0] * len(flat), dict.fromkeys(clean_m, 0.0), 0.0
+    norm = math.sqrt(sum(float(np.sum(c * c)) for c in flat))
     order = np.random.default_rng(seed)
     for p in range(probes):
         if rows:
@@ -227,13 +237,15 @@ def measure(graphdef, loss_fn, params, batch, probes: int = PROBES, seed: int = 
         else:
             key = jax.random.key(seed * 1000 + p + 1)
             m, g = jax.device_get(step(params, batch, key, 1.0))
-        for i, (x, c) in enumerate(zip(jax.tree.leaves(g), flat, strict=True)):
-            sq_g[i] = sq_g[i] + (np.asarray(x, np.float64) - c) ** 2 / probes  # per element
+        leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(g)]
+        for i, (x, c) in enumerate(zip(leaves, flat, strict=True)):
+            sq_g[i] = sq_g[i] + (x - c) ** 2 / probes  # per element
+        sq_n += (math.sqrt(sum(float(np.sum(x * x)) for x in leaves)) - norm) ** 2 / probes
         for k in sq_m:
             sq_m[k] += (float(np.asarray(m[k], np.float64)) - float(clean_m[k])) ** 2 / probes
     grads = [_relative(float(np.sum(s)), float(np.linalg.norm(c))) for s, c in zip(sq_g, flat)]
     metrics = {k: _relative(s, abs(float(clean_m[k]))) for k, s in sq_m.items()}
-    return metrics, grads, [np.sqrt(s) for s in sq_g]
+    return Measured(metrics, grads, [np.sqrt(s) for s in sq_g], _relative(sq_n, norm))
 
 
 def _relative(square: float, size: float) -> float:

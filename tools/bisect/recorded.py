@@ -296,11 +296,12 @@ def step_budget(runner, probed, apply, state, batch, grads, report):
     measured = probes.measured_or_noted(report, 'the probes could not run the live step', probed,
                                         runner.loss_fn, state.params, batch)  # fmt: skip
     if measured is None:
-        spread, found = {}, [model.gradients()] * len(named)
+        spread, found, clip = {}, [model.gradients()] * len(named), None
         elements = [model.gradients() * np.abs(np.asarray(g, np.float64)) for _, g in named]
     else:
-        spread, noise, elements = measured
+        spread, noise, elements, norm = measured
         found = budgets.gradients(model, noise, flat=True)
+        clip = budgets.gradients(model, [norm], flat=True)[0]  # the global norm's, as a leaf's
         elements = [budgets.C_EST * e for e in elements]
     sigmas = [e + reduce * np.abs(np.asarray(g, np.float64)) for e, (_, g) in zip(elements, named)]
     limits = dict(zip([p for p, _ in named], found))
@@ -309,6 +310,7 @@ def step_budget(runner, probed, apply, state, batch, grads, report):
         limits,
         lambda: numerics.spread(lambda g: apply(state, g).params, grads, None, sigmas=sigmas),
         dict(named),
+        clip,
     )
     probed_loss = spread.get('loss', 0.0)
     return budget, model, probed_loss if math.isfinite(probed_loss) else 0.0

@@ -216,17 +216,19 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     # the larger of the two sides' |m| (a metric that is 0 on both is equal); and every
     # gradient leaf's (and metric's) rounding noise at this state, measured on A alone
     sensitivity = model and ra.sensitivity(state, batch)
-    grads = elements = turns = None
+    grads = elements = turns = clip = None
     if model:
         stacked = any(p.startswith('blocks.') for p, _ in named_leaves(ga))
         rows = 0 if beyond_rows(ra.side, rb.side, stacked) else max(n, 2)
         probed, jittered = _probed(ra, report, step, state, batch, rows)
-        if probed is None:
-            spread, elements = {}, None
+        if probed is None:  # (and the clip's factor: every leaf's budget, by its size)
+            spread, elements, clip = {}, None, None
             found = [model.gradients()] * len(named_leaves(ga))
         else:  # rows cut: + the flips of a row's own roundings, or the flat budget (budgets.py)
-            spread, noise, elements = probed
+            spread, noise, elements, norm = probed
             found = budgets.gradients(model, noise, bool(rows), jittered and jittered[1])
+            # the global norm that AdamW's clip divides by: a leaf's budget from its own noise
+            clip = budgets.gradients(model, [norm], bool(rows), jittered and [jittered.norm])[0]
             if jittered:  # ...which the update's spread carries too, element by element
                 factor = budgets.flip(model.compute)
                 turns = [np.hypot(e, budgets.C_TURN * factor * j)
@@ -240,6 +242,7 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
         if cut is not None:
             _, gr = ra.loss_and_grads(state._replace(params=cut), batch)
             found = [f + budgets.C_CAST * m for f, m in zip(found, budgets.moved(ga, gr))]
+            clip = None if clip is None else clip + budgets.C_CAST * budgets.norm_moved(ga, gr)
         grads = dict(zip([p for p, _ in named_leaves(ga)], found))
 
     # the differentiated loss also moves where one side keeps a cast parameter in float32 (XLA's
@@ -272,7 +275,7 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
     report.compared['gradients'] = len(leaves) or len(jax.tree.leaves(ga))
     if leaves:
         return 'gradients', None, leaves
-    found = (ga, gb, grads, model, elements, turns)
+    found = (ga, gb, grads, model, elements, turns, clip)
     return _update(ra, rb, apply, state, batch, tolerance, report, found, seen)
 
 
@@ -282,7 +285,7 @@ def _update(ra, rb, apply, state, batch, tolerance, report, gradients, seen):
     to round-off can give updates that differ far more), and under the error model the two
     sides' steps against each other; relative to the step's own size (budgets.py)."""
     (sa, _), (sb, _) = ra.train_step(state, batch), rb.train_step(state, batch)
-    ga, gb, grads, model, elements, turns = gradients
+    ga, gb, grads, model, elements, turns, clip = gradients
     if tolerance == 'bitwise':  # the states themselves, exactly
         leaves = []
         for prefix, x, y in (('A: ', apply(state, ga), sa), ('B: ', apply(state, gb), sb)):
@@ -297,7 +300,7 @@ def _update(ra, rb, apply, state, batch, tolerance, report, gradients, seen):
         turns = turns and sigmas and [budgets.C_EST * t for t in turns]
         budget = budgets.update(model, grads, lambda: numerics.spread(
             lambda g: apply(state, g).params, ga, gb if sigmas is None else None,
-            sigmas=sigmas, turns=turns), dict(named_leaves(ga)))
+            sigmas=sigmas, turns=turns), dict(named_leaves(ga)), clip)
     else:
         budget = budgets.x64_step if tolerance == 'x64' else budgets.f32_step
     limits, leaves = {}, []
