@@ -39,7 +39,7 @@ import numpy as np
 
 from shard_parity import numerics
 
-from .leaves import Leaf, compare, named_leaves
+from .leaves import Leaf, compare, global_norm, named_leaves
 
 C_EST = 0.75  # the error two correct sides reach, per unit of the probes' noise (measured)
 C_PROBE = 11.5  # a gradient leaf's budget: x that estimate (3 x the largest measured / estimate)
@@ -151,10 +151,8 @@ def moved(grads, at_rounded) -> list[float]:
 def norm_moved(grads, at_rounded) -> float:
     """The global norm's relative move where A's program is given the rounded parameters
     (`moved`'s counterpart for the norm that AdamW's clip divides by)."""
-    norm = lambda tree: math.sqrt(sum(float(np.sum(np.asarray(x, np.float64) ** 2))
-                                      for _, x in named_leaves(tree)))  # fmt: skip
-    size = norm(grads)
-    return abs(norm(at_rounded) - size) / size if size else 0.0
+    size = global_norm(grads)
+    return abs(global_norm(at_rounded) - size) / size if size else 0.0
 
 
 def step_floor(after, step, eps: float = STEP_EPS) -> float:

@@ -113,6 +113,12 @@ def named_leaves(tree) -> list:
     return [('.'.join(name(k) for k in path if name(k) != 'value'), x) for path, x in flat]
 
 
+def global_norm(tree) -> float:
+    """Every leaf of `tree` together, one norm in float64: what AdamW's clip divides by."""
+    return math.sqrt(sum(float(np.sum(np.asarray(x, np.float64) ** 2))
+                         for x in jax.tree.leaves(tree)))  # fmt: skip
+
+
 def compare_trees(
     prefix, a, b, tolerance, budget=None, seen=None, before=None, dtypes=False
 ) -> list[Leaf]:

@@ -36,6 +36,7 @@ from shard_parity import numerics
 from shard_parity.step import bind
 
 from .intercept import intercepted
+from .leaves import global_norm
 
 PROBES = 4  # random probes per step (the minimum)
 
@@ -227,7 +228,7 @@ def measure(graphdef, loss_fn, params, batch, probes: int = PROBES, seed: int = 
         clean_m, clean_g = jax.device_get(step(params, batch, jax.random.key(seed), 0.0))
     flat = [np.asarray(g, np.float64) for g in jax.tree.leaves(clean_g)]
     sq_g, sq_m, sq_n = [0.0] * len(flat), dict.fromkeys(clean_m, 0.0), 0.0
-    norm = math.sqrt(sum(float(np.sum(c * c)) for c in flat))
+    norm = global_norm(flat)
     order = np.random.default_rng(seed)
     for p in range(probes):
         if rows:
@@ -240,7 +241,7 @@ def measure(graphdef, loss_fn, params, batch, probes: int = PROBES, seed: int = 
         leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(g)]
         for i, (x, c) in enumerate(zip(leaves, flat, strict=True)):
             sq_g[i] = sq_g[i] + (x - c) ** 2 / probes  # per element
-        sq_n += (math.sqrt(sum(float(np.sum(x * x)) for x in leaves)) - norm) ** 2 / probes
+        sq_n += (global_norm(leaves) - norm) ** 2 / probes
         for k in sq_m:
             sq_m[k] += (float(np.asarray(m[k], np.float64)) - float(clean_m[k])) ** 2 / probes
     grads = [_relative(float(np.sum(s)), float(np.linalg.norm(c))) for s, c in zip(sq_g, flat)]

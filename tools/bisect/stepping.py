@@ -221,8 +221,8 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
         stacked = any(p.startswith('blocks.') for p, _ in named_leaves(ga))
         rows = 0 if beyond_rows(ra.side, rb.side, stacked) else max(n, 2)
         probed, jittered = _probed(ra, report, step, state, batch, rows)
-        if probed is None:  # (and the clip's factor: every leaf's budget, by its size)
-            spread, elements, clip = {}, None, None
+        if probed is None:  # (and no clip: the clip's factor from every leaf's budget, by size)
+            spread, elements = {}, None
             found = [model.gradients()] * len(named_leaves(ga))
         else:  # rows cut: + the flips of a row's own roundings, or the flat budget (budgets.py)
             spread, noise, elements, norm = probed
