@@ -261,11 +261,12 @@ def judge(runner, probed, apply, state, after, batch, report, rec, logged=None):
         # what rounding the parameters to the compute dtype moves (budgets.cast): a TPU's
         # float32 dot at default rounds its operands to bfloat16, the CPU's does not
         size = max(abs(loss), abs(logged))
-        sensitivity = runner.sensitivity(state, batch)['loss']
-        dropped = budgets.cast(grads, state.params, model.compute)
-        cast = numerics.C_LOSS * dropped / size if size else 0.0
-        allowed = max(model.loss(sensitivity / size if size else 0.0) + cast,
-                      budgets.C_PROBE * budgets.C_EST * spread)  # fmt: skip
+        cast = budgets.cast(grads, state.params, model.compute) / size if size else 0.0
+        if spread:  # the probes jittered every site: the loss's own noise (budgets.loss)
+            allowed = budgets.loss(model, spread, cast)
+        else:
+            sensitivity = runner.sensitivity(state, batch)['loss']
+            allowed = model.loss(sensitivity / size if size else 0.0) + numerics.C_LOSS * cast
         report.limits['loss'] = {'loss': allowed}
         report.compared['loss'] = 1
         leaf = compare('loss', *losses, 'model', budget=allowed, seen=Seen(report, 'loss'))

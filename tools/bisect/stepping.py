@@ -254,8 +254,10 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
         if not sensitivity[path]:  # a count (the experts' dropped share): a term per flip
             return model.loss(0.0, size)
         probed = spread.get(path, 0.0) if math.isfinite(spread.get(path, 0.0)) else 0.0
-        cast = numerics.C_LOSS * dropped / size if path == 'loss' and size else 0.0
-        return max(model.loss(sensitivity[path] / size if size else 0.0) + cast,
+        cast = dropped / size if path == 'loss' and size else 0.0
+        if path == 'loss' and probed and not rows:  # every site jittered: its noise, measured
+            return budgets.loss(model, probed, cast)
+        return max(model.loss(sensitivity[path] / size if size else 0.0) + numerics.C_LOSS * cast,
                    budgets.C_PROBE * budgets.C_EST * probed)  # fmt: skip
 
     leaves = compare_trees('', ma, mb, tolerance, model and metric, seen['loss'], model and ma)
