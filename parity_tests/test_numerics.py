@@ -615,7 +615,8 @@ def test_compare_over_300_bf16_steps_keeps_twins_in_the_band_and_a_doubled_rate_
         assert done.returncode == 0, done.stderr[-2000:]
     agree = compare(tmp_path / 'auto', tmp_path / 'explicit')
     assert agree.returncode == 0, agree.stdout[-3000:] + agree.stderr
-    gaps = [float(line.split()[-2]) for line in agree.stdout.splitlines() if 'train_loss' in line]
+    gaps = [float(line.split()[-2]) for line in agree.stdout.splitlines()
+            if line.split()[1:2] == ['train_loss']]  # the table's rows: step, name, ...
     assert len(gaps) == 30 and 0 < max(gaps), agree.stdout  # they differ: not one run twice
     apart = compare(tmp_path / 'auto', tmp_path / 'explicit_lr', '--allow_other_settings')
     assert apart.returncode == 1 and 'outside the band' in apart.stderr, apart.stderr
