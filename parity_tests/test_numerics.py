@@ -165,7 +165,8 @@ def test_the_forward_budget_holds_float32s_accumulation_in_another_order():
 
 def test_a_flipped_token_is_told_from_a_bug_spread_over_the_tokens():
     """A mixture of experts in bf16: one token of 256 that took another expert is a flip (the
-    rest within budget); the same error spread over every token is not."""
+    rest within budget); the same error spread over every token is not, nor are more tokens
+    than FLIP_SHARE's flips and the two each may displace (numerics.FLIP_MOVES)."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((16, 16, 32))
     b = a * (1 + 1e-3 * rng.standard_normal(a.shape))
@@ -178,6 +179,15 @@ def test_a_flipped_token_is_told_from_a_bug_spread_over_the_tokens():
     assert numerics.error(numerics.without(a, {53}), numerics.without(flipped, {53})) < budget
     spread = a * 1.1  # every token 10% off: a bug
     assert numerics.flips(a, spread, budget) is None
+    # each flip may move two more tokens, which capacity drops or lets in: at 256 tokens, 5
+    # flips (FLIP_SHARE) and their 10 displaced tokens are flips, one token more is a bug
+    many = b.copy()
+    moved = rng.choice(256, 16, replace=False)
+    many.reshape(256, 32)[moved] = rng.standard_normal((16, 32)) * 3
+    assert numerics.flips(a, many, budget) is None
+    fifteen = many.copy()
+    fifteen.reshape(256, 32)[moved[0]] = b.reshape(256, 32)[moved[0]]
+    assert numerics.flips(a, fifteen, budget) == {int(t) for t in moved[1:]}
 
 
 def test_flips_out_of_the_forwards_sight_are_searched_up_to_a_plausible_count(monkeypatch):
