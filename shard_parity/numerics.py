@@ -338,10 +338,8 @@ def band(compute: str, reduce: str, step: int) -> float:
 
 FLIP_LOOK = 1 / 3  # a MoE output past this share of its budget is searched for flips
 FLIP_SHARE = 0.02  # at most this share of a mixture-of-experts layer's tokens may flip
-# ...and each flip may move two more tokens, as capacity drops one in the expert the flipped
-# token joins and lets one in where it left (a fuzzer find, 2026-12-07: 8 experts top-1 at 3
-# slots a sequence, two flips in 128 tokens and one token displaced: 3 tokens, where 2 were
-# allowed; tools/fuzz/corpus/bisect_flip_displaces_a_token.json)
+# ...each moving two more tokens, which capacity drops or lets in (fuzz corpus, 2026-12-07:
+# bisect_flip_displaces_a_token.json, 3 tokens of 128 where 2 were allowed)
 FLIP_MOVES = 3
 
 

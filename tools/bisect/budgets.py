@@ -86,11 +86,15 @@ def gradients(
     return found
 
 
-def loss(model: numerics.Budget, noise: float, cast: float) -> float:
-    """The loss's budget at this state, from its own noise under the probes that jitter every
-    site (relative to |loss|) and `cast` / |loss|, above float32's floor and the flips' terms
-    (the module docstring)."""
-    return C_LOSS_NOISE * noise + C_LOSS_CAST * cast + model.loss(0.0)
+def loss(model: numerics.Budget, sensitivity: float, cast: float, noise: float,
+         jittered: bool) -> float:  # fmt: skip
+    """A loss metric's budget, each term relative to |loss|: where the probes `jittered` every
+    site and measured its `noise`, from that noise and `cast`, above float32's floor and the
+    flips' terms; else the error model's, from its first-order `sensitivity`, plus
+    C_LOSS x `cast`, at least the probes' noise as a gradient leaf's (the module docstring)."""
+    if jittered and noise:
+        return C_LOSS_NOISE * noise + C_LOSS_CAST * cast + model.loss(0.0)
+    return max(model.loss(sensitivity) + numerics.C_LOSS * cast, C_PROBE * C_EST * noise)
 
 
 def flip(compute: str) -> float:

@@ -262,11 +262,9 @@ def judge(runner, probed, apply, state, after, batch, report, rec, logged=None):
         # float32 dot at default rounds its operands to bfloat16, the CPU's does not
         size = max(abs(loss), abs(logged))
         cast = budgets.cast(grads, state.params, model.compute) / size if size else 0.0
-        if spread:  # the probes jittered every site: the loss's own noise (budgets.loss)
-            allowed = budgets.loss(model, spread, cast)
-        else:
-            sensitivity = runner.sensitivity(state, batch)['loss']
-            allowed = model.loss(sensitivity / size if size else 0.0) + numerics.C_LOSS * cast
+        # the probes jittered every site: the loss's own noise, else its sensitivity (one pass)
+        sensitivity = 0.0 if spread or not size else runner.sensitivity(state, batch)['loss'] / size
+        allowed = budgets.loss(model, sensitivity, cast, spread, jittered=True)
         report.limits['loss'] = {'loss': allowed}
         report.compared['loss'] = 1
         leaf = compare('loss', *losses, 'model', budget=allowed, seen=Seen(report, 'loss'))

@@ -255,10 +255,9 @@ def compare_step(ra: Runner, rb: Runner, apply, state, batch, tolerance, report,
             return model.loss(0.0, size)
         probed = spread.get(path, 0.0) if math.isfinite(spread.get(path, 0.0)) else 0.0
         cast = dropped / size if path == 'loss' and size else 0.0
-        if path == 'loss' and probed and not rows:  # every site jittered: its noise, measured
-            return budgets.loss(model, probed, cast)
-        return max(model.loss(sensitivity[path] / size if size else 0.0) + numerics.C_LOSS * cast,
-                   budgets.C_PROBE * budgets.C_EST * probed)  # fmt: skip
+        # the differentiated loss by its own noise where every site was jittered (not rows)
+        return budgets.loss(model, sensitivity[path] / size if size else 0.0, cast, probed,
+                            path == 'loss' and not rows)  # fmt: skip
 
     leaves = compare_trees('', ma, mb, tolerance, model and metric, seen['loss'], model and ma)
     if leaves:
